@@ -1,0 +1,5 @@
+import sys
+
+from hlat.cli import main
+
+sys.exit(main())

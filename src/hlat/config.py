@@ -1,0 +1,175 @@
+"""Compose the run configuration from component configs, TOML presets and command-line overrides.
+
+Each component owns a small dataclass next to its code; a run is one section per component.
+Everything is validated before any work starts, and every problem names its field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from hlat.checkpoint.config import CheckpointConfig
+from hlat.data.config import DataConfig
+from hlat.errors import ConfigError
+from hlat.model.config import ModelConfig
+from hlat.optim.config import OptimConfig, ScheduleConfig
+from hlat.train.config import PrecisionConfig, TrainConfig
+
+DEFAULT_PRESET = "tiny"
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    name: str = "run"  # preset or config-file name; names the default run directory
+
+    def sections(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if dataclasses.is_dataclass(getattr(self, f.name))}
+
+    def validate(self) -> None:
+        problems = [(f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()]
+        if self.data.seq_len > self.model.max_seq_len:
+            problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        return self.train.global_batch // self.train.micro_batch
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.train.run_dir or f"runs/{self.name}")
+
+    def to_toml(self) -> str:
+        lines = [f"name = {_toml_value(self.name)}"]
+        for name, section in self.sections().items():
+            lines.append(f"\n[{name}]")
+            lines += [f"{f.name} = {_toml_value(getattr(section, f.name))}" for f in dataclasses.fields(section)]
+        return "\n".join(lines) + "\n"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name.removesuffix(".toml") for p in resources.files("hlat.configs").iterdir() if p.name.endswith(".toml"))
+
+
+def load_config(preset: str | None = None, config_file: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Preset <- config file <- command-line overrides, then validate.
+
+    The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
+    A file without a preset applies over the built-in defaults, which are the HLAT 7B recipe.
+    """
+    cfg = RunConfig()
+    table: dict[str, Any] = {}
+    if config_file is not None:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError([("--config", f"no such file: {path}")])
+        try:
+            table = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError([("--config", f"{path} is not valid TOML: {err}")]) from err
+        cfg.name = path.stem
+    base = preset or table.pop("preset", None) or (None if config_file else DEFAULT_PRESET)
+    if base is not None:
+        if base not in preset_names():
+            raise ConfigError([("preset", f"unknown preset{_did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}")])
+        _apply_table(cfg, tomllib.loads(resources.files("hlat.configs").joinpath(f"{base}.toml").read_text()), source=f"preset {base}")
+        cfg.name = base if config_file is None else cfg.name
+    _apply_table(cfg, table, source=str(config_file))
+    for key, value in parse_overrides(overrides or []):
+        set_field(cfg, key, value, source="command line")
+    cfg.validate()
+    return cfg
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """`--optim.lr 1e-4` and `--optim.lr=1e-4` -> [("optim.lr", "1e-4")]."""
+    pairs, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
+            raise ConfigError([(arg, "expected an override like --section.field VALUE (e.g. --optim.lr 1e-4)")])
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError([(arg[2:], "missing value; write --section.field VALUE")])
+            key, value = arg[2:], args[i + 1]
+            i += 2
+        pairs.append((key, value))
+    return pairs
+
+
+def set_field(cfg: RunConfig, key: str, value: Any, source: str) -> None:
+    section_name, _, field_name = key.partition(".")
+    sections = cfg.sections()
+    if section_name not in sections or not field_name:
+        raise ConfigError([(key, f"unknown section{_did_you_mean(section_name, list(sections))} (from {source}); sections: {', '.join(sections)}")])
+    section = sections[section_name]
+    fields = {f.name: f for f in dataclasses.fields(section)}
+    if field_name not in fields:
+        raise ConfigError([(key, f"unknown field{_did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
+    expected = type(getattr(type(section)(), field_name))
+    setattr(section, field_name, _coerce(key, value, expected, source))
+
+
+def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str) -> None:
+    for key, value in table.items():
+        if key == "name":
+            cfg.name = str(value)
+        elif isinstance(value, dict):
+            for sub, sub_value in value.items():
+                set_field(cfg, f"{key}.{sub}", sub_value, source)
+        else:
+            raise ConfigError([(key, f"top-level keys must be [sections] (from {source}); did you mean to put it under a section such as [train]?")])
+
+
+def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
+    """Convert TOML values and command-line strings to the field's type, or say what was wrong."""
+    if isinstance(value, str) and expected is not str:
+        text = value.strip().lower()
+        if expected is bool:
+            if text in ("true", "1", "yes", "on"):
+                return True
+            if text in ("false", "0", "no", "off"):
+                return False
+        else:
+            try:
+                number = float(text.replace("_", ""))
+            except ValueError:
+                number = None
+            if number is not None and (expected is float or number.is_integer()):
+                return expected(number)
+        raise ConfigError([(key, f"expected {expected.__name__}, got {value!r} (from {source})")])
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise ConfigError([(key, f"expected {expected.__name__}, got {type(value).__name__} {value!r} (from {source})")])
+    return value
+
+
+def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)

@@ -1,0 +1,1 @@
+"""The training loop, its metrics and its precision modes."""

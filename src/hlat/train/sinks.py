@@ -1,0 +1,95 @@
+"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file and a loss plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+PLOT_FILE = "loss.png"
+
+
+class MetricSinks:
+    """Fan one record per log step out to every sink; resumed runs drop records past the resume step."""
+
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
+        self.run_dir = run_dir
+        self.metrics_path = run_dir / METRICS_FILE
+        _truncate_after(self.metrics_path, start_step)
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when wanted
+
+            # purge_step hides events a crashed run wrote after the checkpoint we resume from.
+            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        # A live bar on terminals; plain lines (below) carry the history in logs and CI.
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+
+    def advance(self, steps: int = 1) -> None:
+        self.bar.update(steps)
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"train/{key}", value, record["step"])
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=f"{record['mfu']:.1%}")
+        line = (
+            f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
+            f"grad {record['grad_norm']:.3f} | param {record['param_norm']:.1f} | {record['tokens_per_s']:,.0f} tok/s | "
+            f"mfu {record['mfu']:.1%} | {record['tokens']:,} tokens"
+        )
+        self.bar.write(line, file=sys.stdout)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_loss(run_dir: Path, title: str) -> Path | None:
+    """Training loss against tokens seen, as a PNG in the run directory."""
+    records = read_metrics(run_dir)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], lw=1.5)
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("training loss (nats/token)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(run_dir) / PLOT_FILE
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))  # capped: a diverged run should print a number, not overflow
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))

@@ -1,0 +1,88 @@
+import pytest
+
+from hlat.config import load_config, parse_overrides, preset_names
+from hlat.errors import ConfigError
+
+
+def test_presets_load_and_validate():
+    assert {"tiny", "small", "125m", "1b", "hlat-7b", "hlat-70b"} <= set(preset_names())
+    for name in preset_names():
+        cfg = load_config(name)
+        assert cfg.name == name
+
+
+def test_default_is_tiny_and_overrides_apply_in_both_spellings():
+    cfg = load_config(None, None, ["--optim.lr", "1e-4", "--train.steps=7", "--train.tensorboard", "false"])
+    assert cfg.name == "tiny" and cfg.optim.lr == 1e-4 and cfg.train.steps == 7 and cfg.train.tensorboard is False
+
+
+def test_config_file_over_preset(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text("[train]\nsteps = 3\n[optim]\nlr = 0.01\n")
+    cfg = load_config("small", path, ["--train.steps", "4"])
+    assert cfg.model.d_model == 512 and cfg.optim.lr == 0.01 and cfg.train.steps == 4
+
+
+def test_hlat_presets_match_the_paper():
+    seven, seventy = load_config("hlat-7b"), load_config("hlat-70b")
+    assert (seven.model.n_layers, seven.model.d_model, seven.model.ffn_dim, seven.model.init_std) == (32, 4096, 11008, 0.021)
+    assert (seventy.model.n_heads, seventy.model.n_kv_heads, seventy.optim.lr) == (64, 8, 1.5e-4)
+    assert seven.train.global_batch * seven.data.seq_len == 4_194_304
+
+
+@pytest.mark.parametrize(
+    "overrides, field, words",
+    [
+        (["--optim.lrr", "1"], "optim.lrr", "did you mean 'optim.lr'"),
+        (["--optimm.lr", "1"], "optimm.lr", "did you mean 'optim'"),
+        (["--train.steps", "ten"], "train.steps", "expected int"),
+        (["--train.steps", "1.5"], "train.steps", "expected int"),
+        (["--model.n_kv_heads", "3"], "model.n_kv_heads", "divisible"),
+        (["--train.global_batch", "10", "--train.micro_batch", "4"], "train.global_batch", "not divisible"),
+        (["--precision.mode", "fp8"], "precision.mode", "choose one of"),
+        (["--data.seq_len", "100000"], "data.seq_len", "max_seq_len"),
+        (["--schedule.name", "linear"], "schedule.name", "hlat-cosine"),
+    ],
+)
+def test_bad_configs_name_the_field_and_fix(overrides, field, words):
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", None, overrides)
+    fields = [f for f, _ in info.value.problems]
+    assert field in fields, info.value
+    assert words in str(info.value)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", None, ["--optim.lr", "-1", "--train.steps", "0"])
+    assert {"optim.lr", "train.steps"} <= {f for f, _ in info.value.problems}
+
+
+def test_unknown_preset_and_bad_override_syntax():
+    with pytest.raises(ConfigError, match="did you mean 'tiny'"):
+        load_config("tinny")
+    with pytest.raises(ConfigError, match="--section.field"):
+        parse_overrides(["lr=3"])
+    with pytest.raises(ConfigError, match="missing value"):
+        parse_overrides(["--optim.lr"])
+
+
+def test_bad_toml_types(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[train]\nsteps = "many"\n')
+    with pytest.raises(ConfigError, match="train.steps: expected int"):
+        load_config(None, path)
+    path.write_text("steps = 3\n")
+    with pytest.raises(ConfigError, match="sections"):
+        load_config(None, path)
+    path.write_text("[train\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(None, path)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config("hlat-70b", None, ["--train.steps", "5"])
+    path = tmp_path / "resolved.toml"
+    path.write_text(cfg.to_toml())
+    again = load_config(None, path)
+    assert again == cfg
