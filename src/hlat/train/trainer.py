@@ -17,7 +17,7 @@ from hlat.config import RunConfig
 from hlat.data import PackedLoader, build_tokenizer, open_source
 from hlat.model import Llama, count_params, flops_per_token
 from hlat.optim import build_adamw, lr_multiplier
-from hlat.train.peak import peak_tflops
+from hlat.train.peak import peak_tflops, slow_bf16_warning
 from hlat.train.precision import compute_dtype
 from hlat.train.rng import load_rng_state, rng_state
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE, MetricSinks, perplexity, plot_loss
@@ -75,6 +75,9 @@ class Trainer:
             f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, {self.flops_per_token / 1e9:.3f} GFLOP/token; "
             f"{cfg.precision.mode} precision on {self.device}; MFU against {self.peak_tflops:.3g} TFLOP/s ({peak_source})"
         )
+        warning = slow_bf16_warning(self.device, cfg.precision.mode)
+        if warning:
+            out(warning)
         if resume != "fresh":
             self._resume()
 

@@ -1,0 +1,219 @@
+"""Tokenizers: a thin wrapper over Hugging Face ``tokenizers``, and a cached byte-level BPE trainer.
+
+The wrapper is the only tokenizer type the rest of hlat sees; a SentencePiece backend can later
+implement the same members (``vocab_size``, ``eos_id``, ``encode_batch``, ``decode``, ``save``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+if TYPE_CHECKING:
+    from hlat.data.config import DataConfig
+    from hlat.data.sources import DocumentSource
+
+EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>")
+BPE_EOS = "<|endoftext|>"
+# Bump when the BPE recipe below changes, so cached tokenizers trained the old way are not reused.
+_BPE_RECIPE = "bytelevel-bpe-v1"
+
+
+class Tokenizer:
+    """A text <-> token-id mapping with a known EOS id. Encoding never adds BOS or any other
+    special token, and special-token text inside documents (a literal "<|endoftext|>") is encoded
+    as ordinary text, so only the packer ever emits EOS."""
+
+    def __init__(self, tk: tokenizers.Tokenizer, eos_token: str, origin: str = ""):
+        eos_id = tk.token_to_id(eos_token)
+        if eos_id is None:
+            where = f" {origin}" if origin else ""
+            raise ValueError(f"tokenizer{where} has no token {eos_token!r}")
+        self.tk = tk
+        self.eos_token = eos_token
+        self.eos_id: int = eos_id
+        self.origin = origin  # where it came from, for messages
+        try:  # documents' text must never turn into control tokens
+            tk.encode_special_tokens = True
+        except AttributeError:  # tokenizers < 0.19
+            pass
+        vocab = tk.get_vocab(with_added_tokens=True)
+        # The embedding needs max id + 1 rows (ids may have holes, so len(vocab) is not enough).
+        self.vocab_size: int = max(vocab.values()) + 1 if vocab else 0
+        self._fingerprint: str | None = None
+        self._encode_batch = getattr(tk, "encode_batch_fast", tk.encode_batch)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Load a Hugging Face tokenizer.json; its EOS is the first of ``</s>``,
+        ``<|endoftext|>``, ``<eos>`` that it knows."""
+        path = Path(path).expanduser()
+        try:
+            tk = tokenizers.Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust error says what is wrong with the JSON
+            raise ValueError(
+                f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}"
+            ) from e
+        for tok in EOS_CANDIDATES:
+            if tk.token_to_id(tok) is not None:
+                return cls(tk, tok, origin=str(path))
+        raise ValueError(
+            f"tokenizer {path} has no end-of-document token: looked for "
+            f"{', '.join(EOS_CANDIDATES)}; add one of them as a special token"
+        )
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text (Rust, parallel); no BOS/EOS or other special tokens added."""
+        if not texts:
+            return []
+        return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def fingerprint(self) -> str:
+        """Identity of the mapping (vocab, merges, normalization, pre-tokenization) and EOS."""
+        if self._fingerprint is None:
+            h = hashlib.sha256(self.tk.to_str().encode())
+            h.update(f"|eos={self.eos_id}".encode())
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write tokenizer.json atomically (a temp file in the same folder, then rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            self.tk.save(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
+            f"origin={self.origin!r})"
+        )
+
+
+def _sample_order(n: int) -> list[int]:
+    """A fixed pseudo-random order of n documents (a hash, so it is the same everywhere), so the
+    BPE is trained on a spread of the corpus rather than on its alphabetically first files."""
+    return sorted(range(n), key=lambda i: hashlib.blake2b(str(i).encode(), digest_size=8).digest())
+
+
+def _training_texts(source: DocumentSource, max_chars: int, stats: dict) -> Iterator[str]:
+    budget = max_chars
+    chars = nbytes = docs = 0
+    for i in _sample_order(len(source)):
+        if budget <= 0:
+            break
+        text = source[i]
+        if not text.strip():
+            continue
+        text = text[:budget]
+        budget -= len(text)
+        chars += len(text)
+        nbytes += len(text.encode("utf-8", errors="replace"))
+        docs += 1
+        yield text
+    stats.update(chars=chars, bytes=nbytes, docs=docs)
+
+
+def train_bpe(
+    source: DocumentSource, vocab_size: int, max_chars: int = 8_000_000, _stats: dict | None = None
+) -> Tokenizer:
+    """Train a byte-level BPE (GPT-2 style pre-tokenization without prefix space, all 256 bytes in
+    the base alphabet, EOS ``<|endoftext|>``) on up to ``max_chars`` characters of the source's
+    documents, taken in a fixed pseudo-random order."""
+    base = len(pre_tokenizers.ByteLevel.alphabet()) + 1
+    if vocab_size < base:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs at least {base} "
+            f"(256 bytes + EOS); set --model.vocab_size {base} or more"
+        )
+    tk = tokenizers.Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BPE_EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    stats = _stats if _stats is not None else {}
+    tk.train_from_iterator(_training_texts(source, max_chars, stats), trainer=trainer)
+    return Tokenizer(tk, BPE_EOS, origin=f"byte-level BPE trained on {source.name}")
+
+
+def bpe_cache_path(
+    cache_dir: str | os.PathLike, source: DocumentSource, vocab_size: int, max_chars: int
+) -> Path:
+    """Where the BPE for (source, vocab size, training budget, tokenizers version) is cached."""
+    key = (
+        f"{_BPE_RECIPE}|{source.fingerprint()}|{vocab_size}|{max_chars}"
+        f"|tokenizers-{tokenizers.__version__}"
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return Path(cache_dir) / "tokenizers" / f"bpe-{vocab_size}-{digest}.json"
+
+
+def build_tokenizer(
+    cfg: DataConfig, vocab_size: int, source: DocumentSource
+) -> tuple[Tokenizer, str]:
+    """The tokenizer a DataConfig names, and one line for the start-up log.
+
+    With ``cfg.tokenizer`` empty, a byte-level BPE of ``vocab_size`` tokens is trained on the
+    source and cached under ``<cache_dir>/tokenizers/``; a later run on the same data loads it.
+    Several processes may race to train it: each writes atomically, and the result is the same.
+    """
+    if cfg.tokenizer:
+        tok = Tokenizer.from_file(cfg.tokenizer)
+        if tok.vocab_size > vocab_size:
+            raise ValueError(
+                f"tokenizer {cfg.tokenizer} has {tok.vocab_size} tokens but the model's vocab_size "
+                f"is {vocab_size}; set --model.vocab_size {tok.vocab_size} (or larger)"
+            )
+        line = (
+            f"tokenizer: {cfg.tokenizer}, {tok.vocab_size} tokens, "
+            f"EOS {tok.eos_token!r} = {tok.eos_id}"
+        )
+        return tok, line
+
+    path = bpe_cache_path(cfg.resolved_cache_dir(), source, vocab_size, cfg.tokenizer_train_chars)
+    if path.is_file():
+        try:
+            tok = Tokenizer.from_file(path)
+        except ValueError:
+            tok = None  # corrupt or foreign file: train again and overwrite it
+        if tok is not None:
+            return tok, (
+                f"tokenizer: byte-level BPE, {tok.vocab_size} tokens, trained on {source.name}, "
+                f"loaded from cache {path}"
+            )
+    t0 = time.perf_counter()
+    stats: dict = {}
+    tok = train_bpe(source, vocab_size, cfg.tokenizer_train_chars, _stats=stats)
+    seconds = time.perf_counter() - t0
+    tok.save(path)
+    tok.origin = str(path)
+    line = (
+        f"tokenizer: byte-level BPE, {tok.vocab_size} tokens, trained on "
+        f"{stats.get('bytes', 0) / 1e6:.1f} MB of {source.name} in {seconds:.1f} s, "
+        f"cached at {path}"
+    )
+    return tok, line

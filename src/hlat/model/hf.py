@@ -1,0 +1,114 @@
+"""Mapping between hlat and Hugging Face transformers' LlamaForCausalLM (config and weights).
+
+transformers is not imported: it is only a test dependency. Both models use the rotate-half RoPE
+convention (HF's `rotate_half`; hlat's `apply_rope` splits head_dim into halves the same way), so
+wq/wk are copied as they are, without the q/k row permutation that Meta's interleaved-pair
+checkpoints need.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+from hlat.model.config import ModelConfig
+
+T = TypeVar("T")
+
+# hlat name pattern -> HF name pattern; {i} is the layer index.
+_LAYER_NAMES: dict[str, str] = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+    "feed_forward.w1.weight": "mlp.gate_proj.weight",
+    "feed_forward.w3.weight": "mlp.up_proj.weight",
+    "feed_forward.w2.weight": "mlp.down_proj.weight",
+    "attention_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+_TOP_NAMES: dict[str, str] = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_HLAT_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_HF_IGNORED = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.(original_)?inv_freq")
+
+
+def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """Keyword arguments for transformers.LlamaConfig describing the same architecture."""
+    return {
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_seq_len,
+        "initializer_range": cfg.init_std,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+    }
+
+
+def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
+    """ModelConfig from a LlamaConfig dict (`config.to_dict()` or a config.json). Features hlat
+    does not implement raise ValueError naming the key, rather than loading a different model."""
+    unsupported = {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
+                   "hidden_act": "silu"}
+    for key, ok in unsupported.items():
+        if d.get(key, ok) != ok:
+            raise ValueError(f"{key}={d[key]!r} is not supported by hlat (needs {ok!r})")
+    rope = d.get("rope_parameters") or {}  # transformers >= 5 nests rope_theta here
+    rope_type = rope.get("rope_type", "default")
+    if d.get("rope_scaling") or rope_type != "default":
+        raise ValueError(f"rope scaling {d.get('rope_scaling') or rope!r} is not supported by hlat")
+    n_heads = d["num_attention_heads"]
+    head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
+    if head_dim * n_heads != d["hidden_size"]:
+        raise ValueError(f"head_dim={head_dim} with num_attention_heads={n_heads} != hidden_size="
+                         f"{d['hidden_size']} is not supported by hlat")
+    return ModelConfig(
+        vocab_size=d["vocab_size"],
+        d_model=d["hidden_size"],
+        n_layers=d["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=d.get("num_key_value_heads") or n_heads,
+        ffn_dim=d["intermediate_size"],
+        # Missing optional keys take LlamaConfig's defaults, which is what HF would use.
+        norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
+        max_seq_len=d.get("max_position_embeddings", 2048),
+        init_std=float(d.get("initializer_range", 0.02)),
+    )
+
+
+def _rename(name: str, layer_re: re.Pattern[str], layer_names: dict[str, str],
+            top_names: dict[str, str], layer_prefix: str) -> str:
+    if name in top_names:
+        return top_names[name]
+    m = layer_re.fullmatch(name)
+    if m and m.group(2) in layer_names:
+        return f"{layer_prefix}{m.group(1)}.{layer_names[m.group(2)]}"
+    raise KeyError(f"unknown parameter name {name!r}")
+
+
+def hf_to_hlat(state_dict: dict[str, T]) -> dict[str, T]:
+    """Rename a LlamaForCausalLM state dict to hlat names (tensors are not copied)."""
+    layer_names = {hf: ours for ours, hf in _LAYER_NAMES.items()}
+    top_names = {hf: ours for ours, hf in _TOP_NAMES.items()}
+    return {_rename(k, _HF_LAYER, layer_names, top_names, "layers."): v
+            for k, v in state_dict.items() if not _HF_IGNORED.fullmatch(k)}
+
+
+def hlat_to_hf(state_dict: dict[str, T]) -> dict[str, T]:
+    """Rename an hlat state dict to LlamaForCausalLM names (tensors are not copied)."""
+    return {_rename(k, _HLAT_LAYER, _LAYER_NAMES, _TOP_NAMES, "model.layers."): v
+            for k, v in state_dict.items()}

@@ -1,0 +1,190 @@
+"""LLaMA decoder (HLAT 7B/70B shape) as single-device code.
+
+Parallelism is applied from outside (hlat.parallel), so this file relies on two conventions:
+module names are stable (tensor-parallel plans and the HF mapping target them), and head counts
+are read from tensor shapes at runtime, so sharding heads across ranks needs no code change here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hlat.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with HF LlamaRMSNorm numerics: normalise in fp32, cast back, then scale."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float,
+                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of the RoPE angles, [max_seq_len, head_dim // 2], always fp32 (bf16 angles at
+    position ~4000 would be off by whole radians)."""
+    dims = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device)
+    inv_freq = 1.0 / theta ** (dims / head_dim)
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32, device=device), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the HF transformers convention): x [B, T, H, D], cos/sin [B|1, T, 1, D/2].
+    The rotation is done in fp32 and cast back."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
+
+
+def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(QK^T/sqrt(d)) V on [B, H, T, D]; a standalone function so selective activation
+    checkpointing can recompute exactly this (including the GQA repeat, whose copies of k/v
+    would otherwise be saved for backward)."""
+    n_rep = q.size(1) // k.size(1)  # from shapes: correct for local (tensor-parallel) head counts
+    if n_rep > 1:
+        k = k.repeat_interleave(n_rep, dim=1)  # kv head j serves q heads j*n_rep .. (j+1)*n_rep-1
+        v = v.repeat_interleave(n_rep, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU product silu(gate) * up; standalone so selective checkpointing can target it."""
+    return F.silu(gate) * up
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, _ = x.shape
+        # -1 = local head count: under tensor parallelism wq/wk/wv hold a slice of the heads.
+        q = apply_rope(self.wq(x).view(B, T, -1, self.head_dim), cos, sin)
+        k = apply_rope(self.wk(x).view(B, T, -1, self.head_dim), cos, sin)
+        v = self.wv(x).view(B, T, -1, self.head_dim)
+        out = core_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # gate
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)  # down
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # up
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def init_weights(self, std: float, out_std: float) -> None:
+        for linear in (self.attention.wq, self.attention.wk, self.attention.wv,
+                       self.feed_forward.w1, self.feed_forward.w3):
+            nn.init.normal_(linear.weight, mean=0.0, std=std)
+        # Scaled init of the projections that write into the residual stream (GPT-2/Megatron).
+        nn.init.normal_(self.attention.wo.weight, mean=0.0, std=out_std)
+        nn.init.normal_(self.feed_forward.w2.weight, mean=0.0, std=out_std)
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attn_mask: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, attn_mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Llama(nn.Module):
+    """Decoder-only LLaMA. Construction initialises the weights; it also works under
+    `torch.device("meta")`, after which call `to_empty(device=...)` and `init_weights()`."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied from embeddings
+        # Non-persistent: derived from the config, so they stay out of checkpoints.
+        table_shape = (cfg.max_seq_len, cfg.head_dim // 2)
+        self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
+        self.init_weights()
+
+    def _init_rope(self) -> None:
+        cfg = self.cfg
+        self.rope_cos, self.rope_sin = rope_tables(
+            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.rope_cos.device)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """HLAT init: N(0, init_std) everywhere, N(0, init_std/sqrt(2L)) for wo and w2, norms 1.
+        Modules set to None (pipeline stages) are skipped."""
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # L of the full model, also on a PP stage
+        if self.tok_embeddings is not None:
+            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
+        for layer in self.layers:
+            layer.init_weights(std, out_std)
+        if self.norm is not None:
+            self.norm.reset_parameters()
+        if self.output is not None:
+            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+        self._init_rope()
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+        # A dtype cast (model.to(torch.bfloat16)) would quantise the RoPE tables: rebuild in fp32.
+        super()._apply(fn, recurse)
+        if self.rope_cos.dtype != torch.float32:
+            self._init_rope()
+        return self
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, vocab] in the compute dtype.
+
+        positions: [B, T] token positions (default 0..T-1), e.g. reset at document starts.
+        attn_mask: bool, broadcastable to [B, 1, T, T], True = may attend. It replaces the causal
+        mask, so it must include causality itself (e.g. causal AND same-document).
+        On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
+        """
+        T = tokens.shape[1]
+        if positions is None:
+            cos, sin = self.rope_cos[:T][None, :, None], self.rope_sin[:T][None, :, None]
+        else:
+            cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
+        if attn_mask is not None and attn_mask.dtype != torch.bool:
+            raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers:
+            h = layer(h, cos, sin, attn_mask)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h

@@ -1,0 +1,43 @@
+import json
+import os
+import subprocess
+import sys
+
+from hlat.cli import main
+
+
+def test_params_reports_llama2_counts(capsys):
+    assert main(["params", "hlat-7b"]) == 0
+    assert "6,738,415,616 parameters" in capsys.readouterr().out
+    assert main(["params", "hlat-70b"]) == 0
+    assert "68,976,648,192 parameters" in capsys.readouterr().out
+
+
+def test_config_errors_exit_2_with_the_field(capsys):
+    assert main(["train", "--model.n_heads", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "model.n_heads" in err or "model.d_model" in err
+
+
+def test_help_texts_stand_alone():
+    for args in ([], ["train"], ["params"], ["config"]):
+        out = subprocess.run([sys.executable, "-m", "hlat", *args, "--help"], capture_output=True, text=True, check=True).stdout
+        assert "usage: hlat" in out
+    train_help = subprocess.run([sys.executable, "-m", "hlat", "train", "--help"], capture_output=True, text=True).stdout
+    assert "--optim.lr" in train_help and "--resume" in train_help
+
+
+def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
+    """The README's first command, shortened: the default corpus, tokenizer and tiny preset."""
+    run = tmp_path / "run"
+    env = {**os.environ, "HLAT_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "hlat", "train", "--train.steps", "4", "--train.log_every", "2",
+           "--data.tokenizer_train_chars", "300000", "--train.run_dir", str(run)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "tokenizer:" in out.stdout and "standard library" in out.stdout
+    assert "done: step 4" in out.stdout
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [2, 4]
+    assert {"loss", "ppl", "lr", "grad_norm", "param_norm", "tokens_per_s", "tokens", "mfu"} <= set(records[0])
+    assert (run / "checkpoints" / "step_00000004" / "manifest.json").is_file()
