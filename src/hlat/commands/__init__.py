@@ -1,0 +1,1 @@
+"""One module per `hlat` subcommand: each defines `register(subparsers)` and `run(args, overrides)`."""
