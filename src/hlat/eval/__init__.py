@@ -1,0 +1,16 @@
+"""Evaluation: the HLAT benchmark suite on hlat or Hugging Face checkpoints, during and after
+training. `hlat eval` is the command; these are the pieces it is built from."""
+
+from hlat.eval.harness import EvalOptions, TaskResult, evaluate, evaluate_task
+from hlat.eval.lm import LanguageModel
+from hlat.eval.loading import LoadedModel, load_checkpoint_weights, load_model
+from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
+from hlat.eval.sandbox import ExecResult, SandboxLimits, run_program
+from hlat.eval.tasks import SUITES, TASKS, Task, resolve_tasks
+
+__all__ = [
+    "EvalOptions", "ExecResult", "GenerateRequest", "LanguageModel", "LoadedModel",
+    "LoglikelihoodRequest", "RollingRequest", "SUITES", "SandboxLimits", "TASKS", "Task",
+    "TaskResult", "evaluate", "evaluate_task", "load_checkpoint_weights", "load_model",
+    "resolve_tasks", "run_program",
+]

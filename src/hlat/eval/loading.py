@@ -1,0 +1,187 @@
+"""Find and load what to evaluate: an hlat checkpoint, an hlat run directory, or a local Hugging
+Face LLaMA directory (config.json + safetensors or pytorch_model.bin + tokenizer.json).
+
+`load_checkpoint_weights` is the only function that knows hlat's checkpoint format, so the move
+to sharded (torch.distributed.checkpoint) checkpoints changes it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hlat.checkpoint.manager import MANIFEST, CheckpointManager
+from hlat.data.config import DataConfig
+from hlat.data.tokenizer import Tokenizer, build_tokenizer
+from hlat.model import Llama, ModelConfig
+from hlat.model.hf import hf_to_hlat, model_config_from_hf
+from hlat.model.llama import rope_tables
+
+
+@dataclass
+class LoadedModel:
+    model: Llama
+    tokenizer: Tokenizer
+    name: str  # what was loaded, for results and messages
+    prefix_token: int  # conditions an empty context: BOS when the model has one, else EOS
+    step: int | None = None  # hlat checkpoints: optimizer step and tokens seen
+    tokens: int | None = None
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.toml").is_file() and (path / "checkpoints").is_dir()
+
+
+def run_checkpoints(run_dir: Path) -> list[Path]:
+    """Saved checkpoints of a run directory, oldest first."""
+    return CheckpointManager(Path(run_dir) / "checkpoints", keep_last=1).checkpoints()
+
+
+def load_checkpoint_weights(checkpoint: Path, model: Llama) -> dict[str, int]:
+    """Fill `model` (an hlat Llama on the CPU) from one saved checkpoint; return its progress
+    {"step", "tokens"}. Reads format 1 (state.pt) and format 2 (dcp/ + shared.pt, sharded by
+    torch.distributed.checkpoint and keyed by parameter name, so any training layout loads)."""
+    checkpoint = Path(checkpoint)
+    if (checkpoint / "dcp").is_dir():
+        import torch.distributed.checkpoint as dcp
+
+        from hlat.checkpoint.safe_metadata import check_metadata
+
+        check_metadata(checkpoint / "dcp" / ".metadata")  # nothing unpickled off an allow-list
+        state = {"model": model.state_dict()}  # DCP fills these tensors (the parameters) in place
+        dcp.load(state, checkpoint_id=str(checkpoint / "dcp"), no_dist=True)
+        shared = torch.load(checkpoint / "shared.pt", map_location="cpu", weights_only=True)
+        return dict(shared.get("progress", {}))
+    state_file = checkpoint / "state.pt"
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{checkpoint} has neither dcp/ nor state.pt: not an hlat checkpoint")
+    state = torch.load(state_file, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"], strict=True)
+    return dict(state.get("progress", {}))
+
+
+def load_model(path: str | Path, tokenizer: str | Path | None = None,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The model at `path` (see the module docstring); a run directory loads its newest checkpoint.
+    `tokenizer` (a tokenizer.json) overrides the one found next to the model."""
+    path = Path(path).expanduser()
+    if (path / "config.json").is_file():
+        return _load_hf(path, tokenizer, dtype)
+    if is_run_dir(path):
+        saved = run_checkpoints(path)
+        if not saved:
+            raise FileNotFoundError(f"run directory {path} has no checkpoints under checkpoints/; "
+                                    "train it first or pass a checkpoint directory")
+        path = saved[-1]
+    if (path / MANIFEST).is_file():
+        return load_hlat_checkpoint(path, tokenizer, dtype)
+    raise FileNotFoundError(
+        f"{path} is neither an hlat checkpoint (step_NNNNNNNN/ with {MANIFEST}), an hlat run "
+        "directory (config.toml + checkpoints/) nor a Hugging Face model directory (config.json)")
+
+
+def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
+                         dtype: torch.dtype = torch.float32,
+                         cached: tuple[ModelConfig, Tokenizer] | None = None) -> LoadedModel:
+    """One checkpoint of a run; `cached` (config, tokenizer) skips re-reading them in a sweep."""
+    run_dir = checkpoint.parent.parent
+    if cached is None:
+        model_cfg, data_cfg = read_run_config(run_dir)
+        tok = run_tokenizer(run_dir, data_cfg, model_cfg.vocab_size, tokenizer)
+    else:
+        model_cfg, tok = cached
+    model = empty_model(model_cfg, dtype)
+    progress = load_checkpoint_weights(checkpoint, model)
+    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", tok.eos_id,
+                       progress.get("step"), progress.get("tokens"))
+
+
+def read_run_config(run_dir: Path) -> tuple[ModelConfig, DataConfig]:
+    """The model and data sections of a run's config.toml. Read directly rather than through
+    load_config, so a training corpus that has moved does not stop an evaluation."""
+    file = run_dir / "config.toml"
+    try:
+        table = tomllib.loads(file.read_text())
+        model = ModelConfig(**table.get("model", {}))
+        data = DataConfig(**{k: v for k, v in table.get("data", {}).items()
+                             if k in {f.name for f in fields(DataConfig)}})
+    except (OSError, tomllib.TOMLDecodeError, TypeError) as err:
+        raise ValueError(f"cannot read the run config {file}: {err}") from err
+    problems = model.validate()
+    if problems:
+        raise ValueError(f"{file}: invalid [model]: " + "; ".join(f"{k}: {m}" for k, m in problems))
+    return model, data
+
+
+def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
+                  override: str | Path | None = None) -> Tokenizer:
+    """The tokenizer a run trained with: an explicit file, else <run_dir>/tokenizer.json, else the
+    config's data.tokenizer, else the cached BPE that build_tokenizer trained on the corpus."""
+    if override is not None:
+        if not Path(override).expanduser().is_file():
+            raise FileNotFoundError(f"--tokenizer {override}: no such file")
+        return Tokenizer.from_file(override)
+    for candidate in (run_dir / "tokenizer.json", data.tokenizer):
+        if candidate and Path(candidate).expanduser().is_file():
+            return Tokenizer.from_file(candidate)
+    from hlat.data.sources import open_source
+
+    try:
+        source = open_source(data)
+    except Exception as err:
+        raise FileNotFoundError(
+            f"cannot find the tokenizer of {run_dir}: it was a BPE trained on data.source="
+            f"{data.source or '(embedded corpus)'}, which cannot be opened ({err}); pass "
+            "--tokenizer PATH/tokenizer.json") from err
+    return build_tokenizer(data, vocab_size, source)[0]
+
+
+def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
+    hf_cfg = json.loads((directory / "config.json").read_text())
+    cfg = model_config_from_hf(hf_cfg)
+    tok_file = Path(tokenizer) if tokenizer else directory / "tokenizer.json"
+    if not tok_file.is_file():
+        raise FileNotFoundError(f"{directory} has no tokenizer.json; pass --tokenizer PATH "
+                                "(a Hugging Face tokenizer.json)")
+    tok = Tokenizer.from_file(tok_file)
+    bos = hf_cfg.get("bos_token_id")
+    prefix = bos if isinstance(bos, int) and bos < cfg.vocab_size else tok.eos_id
+    model = empty_model(cfg, dtype)
+    model.load_state_dict(hf_to_hlat(_hf_weights(directory)), strict=True)
+    return LoadedModel(model.eval(), tok, directory.name, prefix)
+
+
+def _hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    for index_name, loader in (("model.safetensors.index.json", load_file),
+                               ("pytorch_model.bin.index.json", _load_bin)):
+        index = directory / index_name
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return {k: v for shard in shards for k, v in loader(str(directory / shard)).items()}
+    if (directory / "model.safetensors").is_file():
+        return load_file(str(directory / "model.safetensors"))
+    if (directory / "pytorch_model.bin").is_file():
+        return _load_bin(str(directory / "pytorch_model.bin"))
+    raise FileNotFoundError(f"{directory} has config.json but no weights (model.safetensors, "
+                            "pytorch_model.bin or a sharded index of either)")
+
+
+def _load_bin(file: str) -> dict[str, Any]:
+    return torch.load(file, map_location="cpu", weights_only=True)
+
+
+def empty_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Llama:
+    """A Llama with uninitialised weights on the CPU, to be filled from a checkpoint: a 7B model
+    is not randomly initialised only to be overwritten."""
+    with torch.device("meta"):
+        model = Llama(cfg)
+    model = model.to_empty(device="cpu")
+    model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    return model.to(dtype)  # Llama keeps its RoPE tables in fp32 through a cast

@@ -1,0 +1,83 @@
+"""A tiny byte-level BPE and a tiny random LLaMA: every evaluation test runs on them in seconds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import tokenizers
+import torch
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from hlat.data.tokenizer import Tokenizer
+from hlat.eval import LanguageModel
+from hlat.model import Llama, ModelConfig
+
+TEXT = [
+    "Question: What is the capital of France?\nAnswer: Paris",
+    "The quick brown fox jumps over the lazy dog. A man is sitting on a roof.",
+    "def add(a, b):\n    return a + b\n",
+    "Photosynthesis turns light into chemical energy in plants and algae.",
+    "Which tool is best for cutting wood? A saw. Which for nails? A hammer.",
+] * 20
+
+
+@pytest.fixture(scope="session")
+def tokenizer_file(tmp_path_factory) -> Path:
+    tk = tokenizers.Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator(TEXT, trainer=trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tk.save(str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tokenizer_file) -> Tokenizer:
+    return Tokenizer.from_file(tokenizer_file)
+
+
+@pytest.fixture(scope="session")
+def model_config(tokenizer) -> ModelConfig:
+    return ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
+                       n_kv_heads=2, ffn_dim=64, max_seq_len=96, norm_eps=1e-6)
+
+
+@pytest.fixture(scope="session")
+def model(model_config) -> Llama:
+    torch.manual_seed(0)
+    m = Llama(model_config).eval()
+    with torch.no_grad():  # larger weights than init, so choices get clearly different scores
+        for p in m.parameters():
+            p.mul_(4.0)
+    return m
+
+
+@pytest.fixture
+def lm(model, tokenizer) -> LanguageModel:
+    return LanguageModel(model, tokenizer, batch_size=3, progress=False)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ARC_ROWS = [
+    {"id": f"q{i}", "question": q, "answerKey": key,
+     "choices": {"label": ["A", "B", "C"], "text": choices}}
+    for i, (q, choices, key) in enumerate([
+        ("What is the capital of France?", ["Paris", "a dog", "the roof"], "A"),
+        ("Which tool cuts wood?", ["a hammer", "a saw", "light"], "B"),
+        ("What do plants turn light into?", ["nails", "foxes", "chemical energy"], "C"),
+        ("Which animal is quick and brown?", ["the fox", "the algae", "Paris"], "A"),
+        ("Where is the man sitting?", ["on a roof", "in France", "on a saw"], "A"),
+        ("What does add return?", ["a + b", "wood", "the dog"], "A"),
+    ])
+]
