@@ -23,6 +23,15 @@ TEXT = [
 ] * 20
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models run fastest single-threaded, and the machine's cores are shared."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_file(tmp_path_factory) -> Path:
     tk = tokenizers.Tokenizer(models.BPE())
