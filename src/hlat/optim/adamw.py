@@ -1,10 +1,13 @@
-"""AdamW with the HLAT settings and a choice of which parameters are decayed."""
+"""AdamW with the HLAT settings, a choice of which parameters are decayed, and of fp32 or bf16 state."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
 
+from hlat.optim.bf16_adamw import BF16AdamW
 from hlat.optim.config import OptimConfig
 
 
@@ -25,13 +28,20 @@ def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     ]
 
 
-def build_adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    # foreach keeps the step vectorised over all parameters; `fused` is CUDA/CPU-kernel specific
-    # and does not compose with DTensor on every backend, so it is not the default.
-    return torch.optim.AdamW(
-        decay_groups(model, cfg),
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        foreach=True,
-    )
+def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
+
+    `bf16_rounding` None: torch AdamW for fp32 state. "stochastic"/"nearest": BF16AdamW for bf16
+    parameters, rounding each update that way (noise seeded by `seed`).
+    """
+    kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    if bf16_rounding is None:
+        # foreach keeps the step vectorised over all parameters; `fused` is CUDA/CPU-kernel specific
+        # and does not compose with DTensor on every backend, so it is not the default.
+        return torch.optim.AdamW, {**kwargs, "foreach": True}
+    return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed}
+
+
+def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0) -> torch.optim.Optimizer:
+    cls, kwargs = adamw_class(cfg, bf16_rounding, seed)
+    return cls(decay_groups(model, cfg), **kwargs)

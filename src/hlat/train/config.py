@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISION_MODES = ("fp32", "mixed")
+PRECISION_MODES = ("fp32", "mixed", "bf16-sr", "bf16")
 
 
 @dataclass
@@ -36,8 +36,10 @@ class TrainConfig:
 
 @dataclass
 class PrecisionConfig:
-    # "fp32": everything in fp32. "mixed": bf16 autocast compute with fp32 weights, gradients and
-    # optimizer state; norms, softmax and the loss stay in fp32 (HLAT's 70B mode).
+    # "fp32": everything fp32. "mixed" (HLAT 70B): bf16 autocast compute, fp32 weights, gradients
+    # and Adam state. "bf16-sr" (HLAT 7B): weights, gradients and Adam moments in bf16, each update
+    # computed in fp32 and stochastically rounded back. "bf16": the same rounded to nearest, the
+    # baseline that loses small updates. The bf16 modes compute in fp32 on CPUs (docs/precision.md).
     mode: str = "fp32"
 
     def validate(self) -> list[tuple[str, str]]:

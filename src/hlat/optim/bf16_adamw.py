@@ -1,0 +1,133 @@
+"""AdamW for parameters, gradients and moments all stored in bf16 (HLAT 7B's precision).
+
+Each update is computed in fp32 from the bf16 values and written back to bf16, by stochastic
+rounding (Trainium's hardware mode, the one HLAT trained with) or to nearest (the baseline that
+shows why stochastic rounding exists: updates smaller than half a bf16 ulp are lost).
+
+Works on each rank's local shard: DTensor parameters (FSDP2, tensor parallel) are updated
+through `.to_local()`, and the class takes plain keyword arguments so ZeroRedundancyOptimizer can
+build it. The rounding noise is a function of (seed, step, parameter position, global element
+index), so the optimizer's ordinary state_dict (step counts, seed in the param groups) is all a
+resume needs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
+
+ROUNDINGS = ("stochastic", "nearest")
+
+
+def adamw_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, lr: float, beta1: float,
+                  beta2: float, eps: float, weight_decay: float, bias1: float, bias2_sqrt: float,
+                  stochastic: bool, offset: int, seed: int) -> None:
+    """One AdamW update of flat bf16 tensors, in fp32, in torch.optim.AdamW's order of operations."""
+    g32 = g.float()
+    m32 = m.float().lerp(g32, 1 - beta1)
+    v32 = v.float() * beta2 + (1 - beta2) * g32 * g32
+    p32 = p.float() * (1 - lr * weight_decay) - (lr / bias1) * m32 / (v32.sqrt() / bias2_sqrt + eps)
+    if stochastic:
+        a, b = random_bits(p.numel(), offset, seed, p.device)
+        p.copy_(round_to_bf16(p32, a & 0xFFFF))
+        m.copy_(round_to_bf16(m32, a >> 16))
+        v.copy_(round_to_bf16(v32, b & 0xFFFF))
+    else:
+        p.copy_(round_to_bf16(p32, None))
+        m.copy_(round_to_bf16(m32, None))
+        v.copy_(round_to_bf16(v32, None))
+
+
+@functools.cache
+def compiled_update() -> Callable[..., None]:
+    """The update fused into one kernel per parameter by torch.compile (built on first use: importing
+    the compiler costs seconds). Flat inputs and dynamic sizes and scalars: one kernel for all shapes."""
+    return torch.compile(adamw_update_, dynamic=True)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _shard_position(p: torch.Tensor) -> tuple[int, int]:
+    """(global flat index of this rank's first element, salt for the noise seed).
+
+    Row-sharded (Shard(0)) and replicated tensors hold a contiguous range of the full tensor: the
+    offset makes their noise identical to the single-device run's. Other layouts (e.g. tensor
+    parallel column shards) fold the shard's coordinates into the seed instead: still unbiased and
+    independent per shard, but not bit-identical to one device. Replicas share noise either way,
+    so DDP/HSDP replicas stay identical.
+    """
+    if not isinstance(p, DTensor):
+        return 0, 0
+    _, offsets = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    if all(pl.is_replicate() or type(pl) is Shard and pl.dim == 0 for pl in p.placements):
+        return offsets[0] * math.prod(p.shape[1:]), 0
+    coords = p.device_mesh.get_coordinate() or []
+    sharded = tuple(c for c, pl in zip(coords, p.placements) if not pl.is_replicate())
+    return 0, 1 + int.from_bytes(hashlib.blake2b(repr(sharded).encode(), digest_size=4).digest(), "little")
+
+
+def noise_seed(seed: int, step: int, position: int, salt: int) -> int:
+    """A 32-bit seed per (run seed, step, parameter, shard): fresh noise every step."""
+    digest = hashlib.blake2b(f"{seed}|{step}|{position}|{salt}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+class BF16AdamW(torch.optim.Optimizer):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, *, rounding: str = "stochastic", seed: int = 0,
+                 compile: bool = True) -> None:
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+        # rounding and seed live in the param groups so that they travel with the state_dict.
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed)
+        super().__init__(params, defaults)
+        self.update = compiled_update() if compile else adamw_update_
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype != torch.bfloat16:
+                    raise TypeError(f"BF16AdamW updates bf16 parameters, got a {p.dtype} one of shape {tuple(p.shape)}; "
+                                    "cast the model with hlat.train.precision.cast_parameters first")
+                if p.numel() >= MAX_ELEMENTS:
+                    raise ValueError(f"a parameter of {p.numel():,} elements exceeds the 2^31 of the rounding counter")
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        position = 0  # parameter position across groups: the same on every data-parallel replica
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                position += 1
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU: reading it never syncs
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                step = int(state["step"].item())
+                offset, salt = _shard_position(p)
+                self.update(
+                    _local(p).view(-1), _local(p.grad).view(-1), _local(state["exp_avg"]).view(-1),
+                    _local(state["exp_avg_sq"]).view(-1),
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                    bias1=1 - beta1**step, bias2_sqrt=math.sqrt(1 - beta2**step),
+                    stochastic=group["rounding"] == "stochastic", offset=offset,
+                    seed=noise_seed(group["seed"], step, position, salt),
+                )
+        return loss
