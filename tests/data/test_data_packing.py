@@ -79,6 +79,15 @@ def test_stream_structure(source, tok):
     assert tok.tk.token_to_id("<s>") is None  # there is no BOS to add
 
 
+def head_of(state, source=0):
+    """(epoch, cursor in the reference order, offset) of the document being read. With one rank
+    and more virtual shards than documents, shard v holds exactly document perm[v] of each epoch."""
+    shards = state["shards"][source]
+    e, c, v = min((p[0], p[1], int(v)) for v, p in shards.items())
+    assert c == 0
+    return e, v, shards[str(v)][2]
+
+
 def test_position_is_what_was_returned(source, tok):
     """The state after k batches names the exact next token of the reference stream, however far
     the loader tokenized ahead."""
@@ -91,10 +100,12 @@ def test_position_is_what_was_returned(source, tok):
     for k in range(1, 120):
         loader.next_batch()
         s = loader.state_dict()
-        start, n = starts[(s["epoch"], s["cursor"])]
-        assert 0 <= s["offset"] < max(n, 1)
-        assert start + s["offset"] == k * SEQ * BATCH, (k, s)
-        assert loader.documents_seen == s["epoch"] * len(source) + s["cursor"]
+        epoch, cursor, offset = head_of(s)
+        start, n = starts[(epoch, cursor)]
+        assert 0 <= offset < max(n, 1)
+        assert start + offset == k * SEQ * BATCH, (k, s)
+        assert loader.documents_seen == epoch * len(source) + cursor
+        assert s["tokens_emitted"] == [k * SEQ * BATCH]
 
 
 def test_exact_resume_everywhere(source, tok):
@@ -114,14 +125,14 @@ def test_exact_resume_everywhere(source, tok):
     inside_long = across_epoch = 0
     for k in range(n):
         s = states[k]
-        assert all(type(v) in (int, str) for v in s.values())
-        order = base.documents_for_epoch(s["epoch"])
-        inside_long += s["offset"] > 0 and order[s["cursor"]] == long_index
+        epoch, cursor, offset = head_of(s)
+        order = base.documents_for_epoch(epoch)
+        inside_long += offset > 0 and order[cursor] == long_index
         resumed = PackedLoader(source, tok, SEQ, BATCH, seed=11)
         resumed.load_state_dict(s)
         for j in range(ahead):
             b = resumed.next_batch()
-            across_epoch += s["epoch"] != states[k + j + 1]["epoch"]
+            across_epoch += epoch != head_of(states[k + j + 1])[0]
             assert torch.equal(b.tokens, batches[k + j].tokens), (k, j)
             assert torch.equal(b.labels, batches[k + j].labels)
         assert resumed.state_dict() == states[k + ahead]
@@ -132,12 +143,14 @@ def test_resume_refuses_other_layouts(source, tok, tmp_path, corpus_factory):
     loader = PackedLoader(source, tok, SEQ, BATCH, seed=0)
     loader.next_batch()
     state = loader.state_dict()
-    with pytest.raises(ValueError, match="seq_len.*later release"):
+    with pytest.raises(ValueError, match="different seq_len"):
         PackedLoader(source, tok, SEQ * 2, BATCH, seed=0).load_state_dict(state)
-    with pytest.raises(ValueError, match="data-parallel size.*later release"):
+    with pytest.raises(ValueError, match="rank 0 of 1.*merge_states"):
         PackedLoader(source, tok, SEQ, BATCH, seed=0, dp_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="different seed"):
         PackedLoader(source, tok, SEQ, BATCH, seed=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="virtual_shards"):
+        PackedLoader(source, tok, SEQ, BATCH, seed=0, virtual_shards=64).load_state_dict(state)
     corpus_factory(tmp_path / "other", n_docs=5)
     other = TextFiles(tmp_path / "other")
     with pytest.raises(ValueError, match="different data"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hlat.data import DataConfig, DocumentSource, StdlibCorpus, TextFiles, open_source
+from hlat.data import BadDocument, DataConfig, DocumentSource, StdlibCorpus, TextFiles, open_source
 
 
 def test_stdlib_corpus():
@@ -34,7 +34,9 @@ def test_text_files_directory(tmp_path):
     src = TextFiles(tmp_path)
     assert isinstance(src, DocumentSource)
     assert src.relpaths == ["a.txt", "b/z.md", "c.py"]
-    assert [src[i] for i in range(len(src))] == ["alpha", "zed", "bad \ufffd byte"]
+    assert [src[i] for i in range(2)] == ["alpha", "zed"]
+    with pytest.raises(BadDocument, match=r"c\.py \(document 2\): not UTF-8.*bad_documents=skip"):
+        src[2]
     fp = src.fingerprint()
     assert TextFiles(tmp_path).fingerprint() == fp
     (tmp_path / "d.txt").write_text("more")
@@ -51,25 +53,13 @@ def test_text_file_single(tmp_path):
     assert len(src) == 1 and src[0] == "one document" and str(path) in src.name
 
 
-@pytest.mark.parametrize(
-    "name,kind", [("x.parquet", "Parquet"), ("x.jsonl", "JSONL"), ("x.arrow", "Arrow")]
-)
-def test_later_formats_are_refused(tmp_path, name, kind):
-    (tmp_path / name).write_bytes(b"\0")
-    with pytest.raises(ValueError, match=f"{kind} sources are not supported yet.*later"):
-        TextFiles(tmp_path / name)
-    # also when they sit in a directory
-    (tmp_path / "readme.md").write_text("about the data")
-    with pytest.raises(ValueError, match=f"{kind} sources"):
-        TextFiles(tmp_path)
-
-
 def test_missing_source(tmp_path):
     with pytest.raises(ValueError, match="no such file or directory"):
         open_source(DataConfig(source=str(tmp_path / "nope")))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no text files"):
         TextFiles(tmp_path / "empty")
+    assert "no data or text files" in dict(DataConfig(source=str(tmp_path / "empty")).validate())["source"]
 
 
 def test_validate_ok(tmp_path):
@@ -99,15 +89,12 @@ def test_validate_problems(tmp_path):
     assert "embedded corpus" in problems["source"]
     assert "seq_len=1" in problems["seq_len"] and "at least 2" in problems["seq_len"]
     assert "tokenizer.json" in problems["tokenizer"]
-    problems = dict(DataConfig(source=str(tmp_path / "d.parquet")).validate())
-    assert "Parquet" in problems["source"] and "later" in problems["source"]
-    problems = dict(DataConfig(source=str(tmp_path)).validate())
-    assert "Parquet" in problems["source"]
     problems = dict(DataConfig(tokenizer=str(tmp_path)).validate())
     assert "directory" in problems["tokenizer"]
-    (tmp_path / "sp.model").write_bytes(b"\0")
-    problems = dict(DataConfig(tokenizer=str(tmp_path / "sp.model")).validate())
-    assert "SentencePiece" in problems["tokenizer"]
+    problems = dict(DataConfig(source=f"{tmp_path / 'file'},{tmp_path / 'file'}", weights="1").validate())
+    assert "2 positive numbers" in problems["weights"]
+    problems = dict(DataConfig(bad_documents="ignore", val_fraction=2.0).validate())
+    assert set(problems) == {"bad_documents", "val_fraction"}
 
 
 def test_cache_dir_default(monkeypatch, tmp_path):

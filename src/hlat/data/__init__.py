@@ -1,30 +1,31 @@
-"""Data pipeline: document sources, tokenizers, and HLAT's online packing loader."""
+"""Data pipeline: document sources, tokenizers, HLAT's online packing, offline shards, mixtures."""
 
+from hlat.data.batch import IGNORE_INDEX, Batch, make_batch
+from hlat.data.catalog import check_source_path, entry_kind, open_entry, source_entries
 from hlat.data.config import DataConfig, default_cache_dir
-from hlat.data.packing import IGNORE_INDEX, Batch, PackedLoader, epoch_permutation, split_document
-from hlat.data.sources import (
-    DocumentSource,
-    StdlibCorpus,
-    TextFiles,
-    check_source_path,
-    open_source,
+from hlat.data.documents import DocumentTokens, OnlineDocuments, split_document
+from hlat.data.loader import (
+    Validation,
+    build_data_tokenizer,
+    build_loader,
+    holdout_split,
+    open_documents,
+    tokenizer_corpus,
 )
-from hlat.data.tokenizer import Tokenizer, build_tokenizer, train_bpe
+from hlat.data.order import epoch_permutation
+from hlat.data.packing import PackedLoader, merge_states
+from hlat.data.records import RowSource
+from hlat.data.shards import ShardDocuments, prepare_shards, verify_shards
+from hlat.data.sources import BadDocument, Concat, DocumentSource, StdlibCorpus, TextFiles, open_source
+from hlat.data.spm import SentencePieceTokenizer
+from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, train_bpe
 
 __all__ = [
-    "IGNORE_INDEX",
-    "Batch",
-    "DataConfig",
-    "DocumentSource",
-    "PackedLoader",
-    "StdlibCorpus",
-    "TextFiles",
-    "Tokenizer",
-    "build_tokenizer",
-    "check_source_path",
-    "default_cache_dir",
-    "epoch_permutation",
-    "open_source",
-    "split_document",
-    "train_bpe",
+    "IGNORE_INDEX", "BadDocument", "Batch", "Concat", "DataConfig", "DocumentSource",
+    "DocumentTokens", "OnlineDocuments", "PackedLoader", "RowSource", "SentencePieceTokenizer",
+    "ShardDocuments", "StdlibCorpus", "TextFiles", "Tokenizer", "Validation", "build_data_tokenizer",
+    "build_loader", "build_tokenizer", "check_source_path", "default_cache_dir", "entry_kind",
+    "epoch_permutation", "holdout_split", "load_tokenizer", "make_batch", "merge_states",
+    "open_documents", "open_entry", "open_source", "prepare_shards", "source_entries", "split_document",
+    "tokenizer_corpus", "train_bpe", "verify_shards",
 ]

@@ -15,28 +15,58 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class DataConfig:
-    # "" = the embedded corpus (the Python standard library's source); otherwise a path to a plain
-    # text file or a directory of text files (one document per file).
+    # "" = the embedded corpus (the Python standard library's source). Otherwise a data file or
+    # directory (Arrow, Parquet, JSONL[.gz|.zst], text, a datasets.save_to_disk directory, token
+    # shards from `hlat prepare`) or hf:NAME; several, comma-separated, make a mixture.
     source: str = ""
-    # "" = train a byte-level BPE on the source with the model's vocab size (cached);
-    # otherwise a path to a Hugging Face tokenizer.json.
+    # Mixture weights, comma-separated, one per source entry ("" = equal weights).
+    weights: str = ""
+    # The column / JSON field holding each document's text.
+    text_field: str = "text"
+    # The split of a Hugging Face dataset (hf:NAME or a saved DatasetDict), and hf:NAME's config.
+    split: str = "train"
+    hf_config: str = ""
+    # A document that cannot be read (bad UTF-8, missing text field, bad JSON): "error" stops
+    # with its file and row; "skip" counts it, logs it, and goes on.
+    bad_documents: str = "error"
+    # "" = train a byte-level BPE on the source with the model's vocab size (cached); otherwise a
+    # Hugging Face tokenizer.json or a SentencePiece .model.
     tokenizer: str = ""
     # Every training row is exactly seq_len tokens (the HLAT reference hard-coded 4096).
     seq_len: int = 4096
     # Documents longer than this many characters are split (at newlines if possible) before
     # tokenization; they still get a single EOS at their end.
     max_doc_chars: int = 100_000
+    # Beyond HLAT: attention stays inside each document and positions restart at its start.
+    document_masking: bool = False
+    # With document_masking, do not train EOS -> first token of the next (unrelated) document.
+    mask_eos_target: bool = True
+    # Each source's documents are dealt into this many virtual shards, owned round-robin by the
+    # data-parallel ranks; it bounds the data-parallel size and makes resharding exact.
+    virtual_shards: int = 512
+    # Validation: "" = none; "holdout" = a fraction of the (first) source's documents, never
+    # trained on; otherwise a separate source entry.
+    val_source: str = ""
+    val_fraction: float = 0.001
     # Cap on the characters used to train the BPE tokenizer, to keep training fast.
     tokenizer_train_chars: int = 8_000_000
-    # "" = $HLAT_CACHE or ~/.cache/hlat.
+    # "" = $HLAT_CACHE or ~/.cache/hlat (tokenizers, and Arrow copies of Parquet/JSONL files).
     cache_dir: str = ""
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
 
+    def weight_list(self) -> list[float]:
+        from hlat.data.catalog import source_entries
+
+        n = len(source_entries(self.source))
+        if not self.weights.strip():
+            return [1.0] * n
+        return [float(w) for w in self.weights.split(",")]
+
     def validate(self) -> list[tuple[str, str]]:
         """Problems as (field, message naming the fix); empty when the config is usable."""
-        from hlat.data.sources import check_source_path  # local: sources imports this module
+        from hlat.data.catalog import check_source_path, source_entries  # catalog imports this
 
         problems: list[tuple[str, str]] = []
         if self.seq_len < 2:
@@ -58,41 +88,38 @@ class DataConfig:
                     "(default 8000000)",
                 )
             )
-        if self.source:
-            problem = check_source_path(self.source)
+        if self.bad_documents not in ("error", "skip"):
+            problems.append(("bad_documents", f"{self.bad_documents!r}: use error or skip"))
+        if self.virtual_shards < 1:
+            problems.append(("virtual_shards", f"{self.virtual_shards} must be positive (default 512)"))
+        if not 0 < self.val_fraction < 1:
+            problems.append(("val_fraction", f"{self.val_fraction} must be in (0, 1) (default 0.001)"))
+        entries = source_entries(self.source)
+        for entry in entries + ([self.val_source] if self.val_source not in ("", "holdout") else []):
+            problem = check_source_path(entry)
             if problem:
-                problems.append(("source", problem))
+                problems.append(("val_source" if entry == self.val_source else "source", problem))
+        try:
+            weights = self.weight_list()
+            if len(weights) != len(entries) or any(not w > 0 for w in weights):
+                raise ValueError
+        except ValueError:
+            problems.append(("weights", f"{self.weights!r}: give {len(entries)} positive numbers, "
+                             "comma-separated, one per data.source entry"))
         if self.tokenizer:
             path = Path(self.tokenizer).expanduser()
             if not path.exists():
                 problems.append(
                     (
                         "tokenizer",
-                        f"no such file: {self.tokenizer}; give a path to a Hugging Face "
-                        "tokenizer.json or leave empty to train a byte-level BPE on the source",
+                        f"no such file: {self.tokenizer}; give a Hugging Face tokenizer.json, a "
+                        "SentencePiece .model, or leave empty to train a byte-level BPE",
                     )
                 )
             elif path.is_dir():
-                if (path / "tokenizer.json").is_file():
-                    fix = path / "tokenizer.json"
-                    problems.append(("tokenizer", f"{self.tokenizer} is a directory; use {fix}"))
-                else:
-                    problems.append(
-                        (
-                            "tokenizer",
-                            f"{self.tokenizer} is a directory without tokenizer.json; give the "
-                            "path of a Hugging Face tokenizer.json (SentencePiece .model files "
-                            "come later)",
-                        )
-                    )
-            elif path.suffix == ".model":
-                problems.append(
-                    (
-                        "tokenizer",
-                        f"{self.tokenizer}: SentencePiece .model files are not supported yet (they "
-                        "come later); convert it to a Hugging Face tokenizer.json or leave empty",
-                    )
-                )
+                found = [path / n for n in ("tokenizer.json", "tokenizer.model") if (path / n).is_file()]
+                fix = f"use {found[0]}" if found else "give a tokenizer.json or SentencePiece .model"
+                problems.append(("tokenizer", f"{self.tokenizer} is a directory; {fix}"))
         if self.cache_dir and Path(self.cache_dir).expanduser().is_file():
             problems.append(
                 ("cache_dir", f"{self.cache_dir} is a file; give a directory or leave empty")

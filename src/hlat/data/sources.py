@@ -2,21 +2,19 @@
 
 A source is anything with ``len(source)``, ``source[i] -> str``, a human ``name`` and a stable
 ``fingerprint()`` (used as a cache key and to refuse resuming a loader on different data). The
-loader only ever asks for documents by index, so Arrow/Parquet/JSONL/HF-datasets sources (rows
-with a ``text`` field) slot in by implementing the same four members.
+loader only ever asks for documents by index. Text files live here; row formats (Arrow, Parquet,
+JSONL, Hugging Face datasets) in ``records.py``; ``catalog.py`` picks one for a path.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 import sys
 import sysconfig
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
-
-if TYPE_CHECKING:
-    from hlat.data.config import DataConfig
+from typing import Protocol, runtime_checkable
 
 # Files read as plain text documents when they sit in a source directory.
 TEXT_SUFFIXES = frozenset(
@@ -27,22 +25,12 @@ TEXT_SUFFIXES = frozenset(
     }
 )  # fmt: skip
 
-# Data formats that later sources will read; until then they are refused with a clear message.
-LATER_FORMATS = {
-    ".parquet": "Parquet",
-    ".arrow": "Arrow",
-    ".jsonl": "JSONL",
-    ".json": "JSON/JSONL",
-    ".gz": "compressed",
-    ".zst": "compressed",
-    ".bz2": "compressed",
-    ".xz": "compressed",
-    ".bin": "pre-tokenized memmap shard",
-    ".npy": "pre-tokenized memmap shard",
-}
-# In a directory, a stray .json (a config, a package.json) is just skipped; these are refused.
-_LATER_IN_DIRECTORY = frozenset(LATER_FORMATS) - {".json"}
 _SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
+
+
+class BadDocument(ValueError):
+    """A document that cannot be read (bad UTF-8, no text field, ...). The message names the file
+    and the row. The loader raises it, or counts and logs a skip when data.bad_documents=skip."""
 
 
 @runtime_checkable
@@ -60,57 +48,15 @@ class DocumentSource(Protocol):
         ...
 
 
-def _later_message(path: Path, kind: str) -> str:
-    return (
-        f"{path}: {kind} sources are not supported yet (they come in a later release); "
-        "for now give a plain text file, a directory of text files, or leave empty for the "
-        "embedded corpus"
-    )
-
-
-def _scan_directory(root: Path) -> tuple[list[str], list[str]]:
-    """Sorted relative paths of text files under root, and of files in formats that come later."""
+def scan_text_files(root: Path) -> list[str]:
+    """Sorted relative paths of the text files under root (hidden entries and caches skipped)."""
     texts: list[str] = []
-    later: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
         for fname in filenames:
-            if fname.startswith("."):
-                continue
-            suffix = Path(fname).suffix.lower()
-            rel = os.path.relpath(os.path.join(dirpath, fname), root)
-            if suffix in TEXT_SUFFIXES:
-                texts.append(rel)
-            elif suffix in _LATER_IN_DIRECTORY:
-                later.append(rel)
-    texts.sort()
-    later.sort()
-    return texts, later
-
-
-def check_source_path(source: str) -> str | None:
-    """None if ``source`` can be read as text documents, else a message naming the fix."""
-    path = Path(source).expanduser()
-    if not path.exists():
-        return (
-            f"no such file or directory: {source}; give a path to a text file/directory or leave "
-            "empty for the embedded corpus"
-        )
-    if path.is_file():
-        suffix = path.suffix.lower()
-        if suffix in LATER_FORMATS:
-            return _later_message(path, LATER_FORMATS[suffix])
-        return None
-    texts, later = _scan_directory(path)
-    if later:
-        kind = LATER_FORMATS[Path(later[0]).suffix.lower()]
-        return _later_message(path / later[0], kind) + f" ({len(later)} such files under {path})"
-    if not texts:
-        return (
-            f"no text files under {source} (looked for {', '.join(sorted(TEXT_SUFFIXES))}); give "
-            "a directory of text files or leave empty for the embedded corpus"
-        )
-    return None
+            if not fname.startswith(".") and Path(fname).suffix.lower() in TEXT_SUFFIXES:
+                texts.append(os.path.relpath(os.path.join(dirpath, fname), root))
+    return sorted(texts)
 
 
 class _Files:
@@ -118,10 +64,11 @@ class _Files:
 
     name: str
 
-    def __init__(self, root: Path, relpaths: list[str], kind: str):
+    def __init__(self, root: Path, relpaths: list[str], kind: str, strict_utf8: bool = True):
         self.root = root
         self.relpaths = relpaths
         self._kind = kind
+        self._strict = strict_utf8
         self._fingerprint: str | None = None
 
     def __len__(self) -> int:
@@ -130,7 +77,16 @@ class _Files:
     def __getitem__(self, i: int) -> str:
         if not -len(self.relpaths) <= i < len(self.relpaths):
             raise IndexError(f"document {i} out of range for {len(self.relpaths)} documents")
-        return (self.root / self.relpaths[i]).read_bytes().decode("utf-8", errors="replace")
+        data = (self.root / self.relpaths[i]).read_bytes()
+        if not self._strict:
+            return data.decode("utf-8", errors="replace")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadDocument(
+                f"{self.root / self.relpaths[i]} (document {i}): not UTF-8 ({e.reason} at byte "
+                f"{e.start}); re-encode the file as UTF-8 or set data.bad_documents=skip"
+            ) from None
 
     def path(self, i: int) -> Path:
         return self.root / self.relpaths[i]
@@ -168,30 +124,58 @@ class StdlibCorpus(_Files):
                 "sources (some minimal images strip them): give data.source a text corpus instead"
             )
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
-        super().__init__(root_path, relpaths, kind=f"stdlib{version}")
+        # A handful of stdlib test modules are deliberately Latin-1/KOI8-R: replace, never fail.
+        super().__init__(root_path, relpaths, kind=f"stdlib{version}", strict_utf8=False)
         self.name = f"the Python {version} standard library"
 
 
 class TextFiles(_Files):
     """A plain text file (one document) or a directory of text files (one document per file,
-    sorted by relative path)."""
+    sorted by relative path). Files must be UTF-8 (a bad file raises BadDocument when read)."""
 
     def __init__(self, path: str | os.PathLike):
         p = Path(path).expanduser()
-        problem = check_source_path(str(p))
-        if problem:
-            raise ValueError(problem)
         if p.is_file():
             super().__init__(p.parent, [p.name], kind="textfile")
             self.name = f"text file {p}"
-        else:
-            texts, _ = _scan_directory(p)
-            super().__init__(p, texts, kind="textfiles")
-            self.name = f"{len(texts)} text files under {p}"
+            return
+        texts = scan_text_files(p) if p.is_dir() else []
+        if not texts:
+            raise ValueError(
+                f"no text files under {p} (looked for {', '.join(sorted(TEXT_SUFFIXES))}); give a "
+                "directory of text files, a data file, or leave empty for the embedded corpus"
+            )
+        super().__init__(p, texts, kind="textfiles")
+        self.name = f"{len(texts)} text files under {p}"
 
 
-def open_source(cfg: DataConfig) -> DocumentSource:
-    """The document source a DataConfig names ("" = the embedded standard-library corpus)."""
-    if not cfg.source:
-        return StdlibCorpus()
-    return TextFiles(cfg.source)
+class Concat:
+    """Several sources read as one (to train a tokenizer on every source of a mixture)."""
+
+    def __init__(self, sources: list[DocumentSource]):
+        self.sources = sources
+        self.name = " + ".join(s.name for s in sources)
+        self._starts = [0]
+        for s in sources:
+            self._starts.append(self._starts[-1] + len(s))
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def __getitem__(self, i: int) -> str:
+        k = bisect.bisect_right(self._starts, i) - 1
+        return self.sources[k][i - self._starts[k]]
+
+    def fingerprint(self) -> str:
+        return "+".join(s.fingerprint() for s in self.sources)
+
+
+def open_source(cfg) -> DocumentSource:  # type: ignore[no-untyped-def]
+    """The documents data.source names, as one source (a mixture's entries concatenated; token
+    shards excluded): what a BPE is trained on. Kept here for callers of the first API."""
+    from hlat.data.loader import tokenizer_corpus  # loader imports this module
+
+    source = tokenizer_corpus(cfg)
+    if source is None:
+        raise ValueError(f"data.source={cfg.source!r} holds only token shards, no documents")
+    return source

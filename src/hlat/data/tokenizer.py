@@ -1,7 +1,8 @@
 """Tokenizers: a thin wrapper over Hugging Face ``tokenizers``, and a cached byte-level BPE trainer.
 
-The wrapper is the only tokenizer type the rest of hlat sees; a SentencePiece backend can later
-implement the same members (``vocab_size``, ``eos_id``, ``encode_batch``, ``decode``, ``save``).
+``Tokenizer`` (tokenizer.json) and ``SentencePieceTokenizer`` (``.model``, in spm.py) have the same
+members (``vocab_size``, ``eos_id``, ``encode_batch``, ``decode``, ``fingerprint``, ``save``);
+``load_tokenizer`` picks one by the file.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -19,6 +20,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 if TYPE_CHECKING:
     from hlat.data.config import DataConfig
     from hlat.data.sources import DocumentSource
+    from hlat.data.spm import SentencePieceTokenizer
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>")
 BPE_EOS = "<|endoftext|>"
@@ -110,19 +112,38 @@ class Tokenizer:
         )
 
 
+def load_tokenizer(path: str | os.PathLike) -> "Tokenizer | SentencePieceTokenizer":
+    """A tokenizer.json (Hugging Face) or a SentencePiece .model (told apart by content: a .model
+    is a protobuf, a tokenizer.json starts with '{')."""
+    from hlat.data.spm import SentencePieceTokenizer
+
+    path = Path(path).expanduser()
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    return Tokenizer.from_file(path) if head.startswith(b"{") else SentencePieceTokenizer(path)
+
+
 def _sample_order(n: int) -> list[int]:
     """A fixed pseudo-random order of n documents (a hash, so it is the same everywhere), so the
     BPE is trained on a spread of the corpus rather than on its alphabetically first files."""
     return sorted(range(n), key=lambda i: hashlib.blake2b(str(i).encode(), digest_size=8).digest())
 
 
-def _training_texts(source: DocumentSource, max_chars: int, stats: dict) -> Iterator[str]:
+def _training_texts(
+    source: DocumentSource, max_chars: int, stats: dict, progress: Callable[[int], object] | None
+) -> Iterator[str]:
+    from hlat.data.sources import BadDocument
+
     budget = max_chars
-    chars = nbytes = docs = 0
+    chars = nbytes = docs = bad = 0
     for i in _sample_order(len(source)):
         if budget <= 0:
             break
-        text = source[i]
+        try:
+            text = source[i]
+        except BadDocument:
+            bad += 1  # unreadable documents do not shape the vocabulary; counted in the stats
+            continue
         if not text.strip():
             continue
         text = text[:budget]
@@ -130,16 +151,23 @@ def _training_texts(source: DocumentSource, max_chars: int, stats: dict) -> Iter
         chars += len(text)
         nbytes += len(text.encode("utf-8", errors="replace"))
         docs += 1
+        if progress is not None:
+            progress(len(text))
         yield text
-    stats.update(chars=chars, bytes=nbytes, docs=docs)
+    stats.update(chars=chars, bytes=nbytes, docs=docs, bad=bad)
 
 
 def train_bpe(
-    source: DocumentSource, vocab_size: int, max_chars: int = 8_000_000, _stats: dict | None = None
+    source: DocumentSource,
+    vocab_size: int,
+    max_chars: int = 8_000_000,
+    _stats: dict | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> Tokenizer:
     """Train a byte-level BPE (GPT-2 style pre-tokenization without prefix space, all 256 bytes in
     the base alphabet, EOS ``<|endoftext|>``) on up to ``max_chars`` characters of the source's
-    documents, taken in a fixed pseudo-random order."""
+    documents, taken in a fixed pseudo-random order. ``progress`` is called with each document's
+character count as it is read (a progress bar)."""
     base = len(pre_tokenizers.ByteLevel.alphabet()) + 1
     if vocab_size < base:
         raise ValueError(
@@ -156,7 +184,7 @@ def train_bpe(
         show_progress=False,
     )
     stats = _stats if _stats is not None else {}
-    tk.train_from_iterator(_training_texts(source, max_chars, stats), trainer=trainer)
+    tk.train_from_iterator(_training_texts(source, max_chars, stats, progress), trainer=trainer)
     return Tokenizer(tk, BPE_EOS, origin=f"byte-level BPE trained on {source.name}")
 
 
@@ -173,8 +201,8 @@ def bpe_cache_path(
 
 
 def build_tokenizer(
-    cfg: DataConfig, vocab_size: int, source: DocumentSource
-) -> tuple[Tokenizer, str]:
+    cfg: DataConfig, vocab_size: int, source: DocumentSource | None
+) -> tuple[Tokenizer | SentencePieceTokenizer, str]:
     """The tokenizer a DataConfig names, and one line for the start-up log.
 
     With ``cfg.tokenizer`` empty, a byte-level BPE of ``vocab_size`` tokens is trained on the
@@ -182,7 +210,7 @@ def build_tokenizer(
     Several processes may race to train it: each writes atomically, and the result is the same.
     """
     if cfg.tokenizer:
-        tok = Tokenizer.from_file(cfg.tokenizer)
+        tok = load_tokenizer(cfg.tokenizer)
         if tok.vocab_size > vocab_size:
             raise ValueError(
                 f"tokenizer {cfg.tokenizer} has {tok.vocab_size} tokens but the model's vocab_size "
@@ -194,6 +222,8 @@ def build_tokenizer(
         )
         return tok, line
 
+    if source is None:
+        raise ValueError("no data.tokenizer and no source to train a BPE on; give data.tokenizer")
     path = bpe_cache_path(cfg.resolved_cache_dir(), source, vocab_size, cfg.tokenizer_train_chars)
     if path.is_file():
         try:

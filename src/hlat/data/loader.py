@@ -1,0 +1,124 @@
+"""Building the data pipeline from a DataConfig: tokenizer, training loader, validation batches."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hlat.data.batch import Batch
+from hlat.data.catalog import entry_kind, open_entry, source_entries
+from hlat.data.config import DataConfig
+from hlat.data.documents import DocTokens, DocumentTokens, OnlineDocuments
+from hlat.data.packing import PackedLoader
+from hlat.data.shards import ShardDocuments, shard_tokenizer_path
+from hlat.data.sources import Concat, DocumentSource
+from hlat.data.tokenizer import build_tokenizer
+
+VAL_SEED = 0  # validation always reads the same documents in the same order
+
+
+class DocumentsSubset:
+    """Some documents of a provider (what remains for training after a held-out split)."""
+
+    def __init__(self, docs: DocumentTokens, indices: np.ndarray, label: str):
+        self.docs, self.indices = docs, indices
+        self.name = f"{label} of {docs.name}"
+        self.eos_id = docs.eos_id
+        digest = hashlib.sha256(indices.tobytes()).hexdigest()[:12]
+        self._fingerprint = f"{docs.fingerprint()}[{label}:{digest}]"
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def tokens(self, indices: list[int]) -> list[DocTokens]:
+        return self.docs.tokens([int(self.indices[i]) for i in indices])
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+
+def holdout_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) document indices: a fixed pseudo-random fraction (at least one)."""
+    keys = np.array([int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=4).digest(), "little")
+                     for i in range(n)], dtype=np.uint64)
+    val = keys < np.uint64(fraction * 2**32)
+    if not val.any():
+        val[int(np.argmin(keys))] = True
+    return np.flatnonzero(~val), np.flatnonzero(val)
+
+
+def tokenizer_corpus(cfg: DataConfig) -> DocumentSource | None:
+    """What a byte-level BPE is trained on when data.tokenizer is empty: every document source."""
+    sources = [open_entry(e, cfg) for e in source_entries(cfg.source) if entry_kind(e) != "shards"]
+    return None if not sources else sources[0] if len(sources) == 1 else Concat(sources)
+
+
+def build_data_tokenizer(cfg: DataConfig, vocab_size: int) -> tuple[Any, str]:
+    """data.tokenizer; else the tokenizer that token shards were made with; else a cached BPE."""
+    first = source_entries(cfg.source)[0]
+    if not cfg.tokenizer and entry_kind(first) == "shards":
+        cfg = DataConfig(**{**cfg.__dict__, "tokenizer": str(shard_tokenizer_path(Path(first)))})
+    return build_tokenizer(cfg, vocab_size, None if cfg.tokenizer else tokenizer_corpus(cfg))
+
+
+def open_documents(cfg: DataConfig, tokenizer: Any) -> list[DocumentTokens]:
+    """One token-document provider per data.source entry: online, or token shards."""
+    out: list[DocumentTokens] = []
+    for entry in source_entries(cfg.source):
+        if entry_kind(entry) == "shards":
+            out.append(ShardDocuments(Path(entry), tokenizer, cfg.bad_documents == "skip"))
+        else:
+            out.append(OnlineDocuments(open_entry(entry, cfg), tokenizer, cfg.max_doc_chars))
+    return out
+
+
+def _split(cfg: DataConfig, tokenizer: Any) -> tuple[list[DocumentTokens], DocumentTokens | None]:
+    docs = open_documents(cfg, tokenizer)
+    if cfg.val_source == "holdout":
+        train, val = holdout_split(len(docs[0]), cfg.val_fraction)
+        return [DocumentsSubset(docs[0], train, "training split"), *docs[1:]], \
+            DocumentsSubset(docs[0], val, "held-out split")
+    if cfg.val_source:
+        (val,) = open_documents(DataConfig(**{**cfg.__dict__, "source": cfg.val_source}), tokenizer)
+        return docs, val
+    return docs, None
+
+
+def build_loader(cfg: DataConfig, tokenizer: Any, seed: int, batch_size: int, dp_rank: int = 0,
+                 dp_size: int = 1, log_fn: Callable[[str], None] | None = None) -> PackedLoader:
+    """The training loader of one data-parallel rank (without the held-out split, if any)."""
+    docs, _ = _split(cfg, tokenizer)
+    loader = PackedLoader(
+        docs, tokenizer, cfg.seq_len, batch_size, seed, dp_rank, dp_size,
+        weights=cfg.weight_list(), virtual_shards=cfg.virtual_shards,
+        document_masking=cfg.document_masking, mask_eos_target=cfg.mask_eos_target,
+        bad_documents=cfg.bad_documents, log_fn=log_fn,
+    )
+    if log_fn is not None:
+        shares = ", ".join(f"{d.name} x{w:g}" for d, w in zip(loader.docs, loader.weights))
+        log_fn(f"data: {shares}; rank {dp_rank} of {dp_size} reads {loader.docs_per_epoch:,} documents per epoch")
+    return loader
+
+
+class Validation:
+    """Validation batches: the same rows, from the same position, at every evaluation."""
+
+    def __init__(self, cfg: DataConfig, tokenizer: Any, batch_size: int, num_batches: int,
+                 dp_rank: int = 0, dp_size: int = 1):
+        _, docs = _split(cfg, tokenizer)
+        if docs is None:
+            raise ValueError("no validation data: set data.val_source to a source or to holdout")
+        self.docs, self.tokenizer, self.cfg = docs, tokenizer, cfg
+        self.batch_size, self.num_batches, self.dp_rank, self.dp_size = batch_size, num_batches, dp_rank, dp_size
+
+    def batches(self) -> list[Batch]:
+        loader = PackedLoader(self.docs, self.tokenizer, self.cfg.seq_len, self.batch_size, VAL_SEED,
+                              self.dp_rank, self.dp_size, virtual_shards=self.cfg.virtual_shards,
+                              document_masking=self.cfg.document_masking,
+                              mask_eos_target=self.cfg.mask_eos_target,
+                              bad_documents=self.cfg.bad_documents, prefetch=False)
+        return [loader.next_batch() for _ in range(self.num_batches)]

@@ -1,0 +1,192 @@
+"""Offline token shards (``hlat prepare``): documents tokenized once, read back by memory map.
+
+A shard directory holds ``manifest.json``, the tokenizer it was made with, and per shard
+``tokens-NNNNN.bin`` (a flat array of uint16 when every id fits, else uint32) and
+``offsets-NNNNN.npy`` (int64, where each document starts; one more entry than documents). Shard
+``k`` holds source documents ``[k * docs_per_shard, (k+1) * docs_per_shard)`` in source order,
+each one's tokens followed by EOS, exactly what online tokenization yields, so the packed rows
+are identical. Shards are written atomically and recorded in the manifest as they finish: an
+interrupted ``prepare`` resumes with the first missing shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hlat.data.documents import DocTokens, OnlineDocuments, tokens_fingerprint
+from hlat.data.sources import BadDocument
+from hlat.data.spm import SentencePieceTokenizer
+
+FORMAT = "hlat_shards"
+VERSION = 1
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+def shard_tokenizer_path(root: Path) -> Path:
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (root / name).is_file():
+            return root / name
+    raise ValueError(f"{root} has no tokenizer.json or tokenizer.model: it is not a complete shard "
+                     "directory; run `hlat prepare` again")
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((root / "manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {root / 'manifest.json'}: {e}; run `hlat prepare` again") from e
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(f"{root} is not a version-{VERSION} hlat shard directory; run `hlat prepare` again")
+    return manifest
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_000, skip_bad: bool = False,
+                   progress: Callable[[int, int], object] | None = None, batch_docs: int = 2048) -> dict[str, Any]:
+    """Tokenize every document of ``docs`` into shards under ``out``; resumes a partial run.
+    ``progress(documents, tokens)`` is called after each batch. Returns the manifest."""
+    tok = docs.tokenizer
+    out.mkdir(parents=True, exist_ok=True)
+    expected = {
+        "format": FORMAT, "version": VERSION, "fingerprint": docs.fingerprint(), "source": docs.name,
+        "tokenizer": tok.fingerprint(), "eos_id": docs.eos_id, "vocab_size": tok.vocab_size,
+        "max_doc_chars": docs.max_doc_chars, "dtype": token_dtype(tok.vocab_size).name,
+        "num_docs": len(docs), "docs_per_shard": docs_per_shard,
+    }
+    manifest: dict[str, Any] = {**expected, "shards": [], "bad": {}, "complete": False}
+    if (out / "manifest.json").is_file():
+        old = read_manifest(out)
+        changed = [k for k in expected if old.get(k) != expected[k]]
+        if changed:
+            raise ValueError(f"{out} holds shards made differently ({', '.join(changed)} differ, e.g. "
+                             f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
+                             "refusing to mix them: use a new directory or delete this one")
+        manifest = old
+    tok_name = "tokenizer.model" if isinstance(tok, SentencePieceTokenizer) else "tokenizer.json"
+    tok.save(out / tok_name)
+    dtype = token_dtype(tok.vocab_size)
+    num_shards = -(-len(docs) // docs_per_shard)
+    done = len(manifest["shards"])
+    if progress is not None and done:
+        progress(min(done * docs_per_shard, len(docs)), sum(s["num_tokens"] for s in manifest["shards"]))
+    for k in range(done, num_shards):
+        first, last = k * docs_per_shard, min((k + 1) * docs_per_shard, len(docs))
+        offsets = np.zeros(last - first + 1, dtype=np.int64)
+        tokens_path, offsets_path = out / f"tokens-{k:05d}.bin", out / f"offsets-{k:05d}.npy"
+        fd, tmp = tempfile.mkstemp(prefix=f".{tokens_path.name}.", dir=out)
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as f:
+            for a in range(first, last, batch_docs):
+                b = min(a + batch_docs, last)
+                for j, toks in enumerate(docs.tokens(list(range(a, b))), start=a - first):
+                    if isinstance(toks, BadDocument):
+                        if not skip_bad:
+                            os.unlink(tmp)
+                            raise toks
+                        manifest["bad"][str(first + j)] = str(toks)
+                        toks = np.empty(0, dtype=np.int64)
+                    data = toks.astype(dtype).tobytes()
+                    f.write(data)
+                    h.update(data)
+                    offsets[j + 1] = offsets[j] + len(toks)
+                if progress is not None:
+                    progress(b - a, int(offsets[b - first] - offsets[a - first]))
+        os.replace(tmp, tokens_path)
+        buf = tempfile.SpooledTemporaryFile()
+        np.save(buf, offsets)
+        buf.seek(0)
+        _write_atomic(offsets_path, buf.read())
+        manifest["shards"].append({
+            "tokens": tokens_path.name, "offsets": offsets_path.name, "num_docs": last - first,
+            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: h.hexdigest(),
+                                                       offsets_path.name: _sha256(offsets_path)},
+        })
+        manifest["complete"] = k + 1 == num_shards
+        _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+    if num_shards == 0 or done == num_shards:
+        manifest["complete"] = True
+        _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+    return manifest
+
+
+def verify_shards(root: Path) -> list[str]:
+    """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
+    manifest = read_manifest(root)
+    return [name for s in manifest["shards"] for name, digest in s["sha256"].items()
+            if not (root / name).is_file() or _sha256(root / name) != digest]
+
+
+class ShardDocuments:
+    """Documents read from token shards by memory map: the same ``DocumentTokens`` as online."""
+
+    def __init__(self, root: Path, tokenizer: Any, skip_bad: bool = False):
+        m = read_manifest(root)
+        self.root, self.name = root, f"token shards {root} ({m['source']})"
+        if not m["complete"]:
+            raise ValueError(f"{root} is incomplete ({len(m['shards'])} shards written): run the same "
+                             "`hlat prepare` command again to finish it")
+        dtype = np.dtype(m["dtype"])
+        if tokenizer.vocab_size > np.iinfo(dtype).max + 1:
+            raise ValueError(f"{root} stores {m['dtype']} tokens but the tokenizer has {tokenizer.vocab_size} "
+                             "ids, more than fit: these shards were made with another tokenizer; run "
+                             "`hlat prepare` again with this one, into a new directory")
+        if tokenizer.fingerprint() != m["tokenizer"]:
+            raise ValueError(f"{root} was made with another tokenizer (fingerprint {m['tokenizer']}, this "
+                             f"one is {tokenizer.fingerprint()}); use {shard_tokenizer_path(root)} as "
+                             "data.tokenizer, or run `hlat prepare` again")
+        self.eos_id: int = m["eos_id"]
+        self.docs_per_shard = m["docs_per_shard"]
+        self._num_docs = m["num_docs"]
+        self._fingerprint = m["fingerprint"]
+        self._bad = {int(i): msg for i, msg in m["bad"].items()}
+        self._skip_bad = skip_bad
+        self._tokens, self._offsets = [], []
+        for s in m["shards"]:
+            path = root / s["tokens"]
+            if not path.is_file() or path.stat().st_size != s["num_tokens"] * dtype.itemsize:
+                raise ValueError(f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
+                                 f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again")
+            self._tokens.append(np.memmap(path, dtype=dtype, mode="r") if s["num_tokens"] else np.empty(0, dtype))
+            self._offsets.append(np.load(root / s["offsets"]))
+
+    def __len__(self) -> int:
+        return self._num_docs
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def tokens(self, indices: list[int]) -> list[DocTokens]:
+        out: list[DocTokens] = []
+        for i in indices:
+            if i in self._bad:
+                out.append(BadDocument(self._bad[i]))
+                continue
+            k, j = divmod(i, self.docs_per_shard)
+            offsets = self._offsets[k]
+            out.append(self._tokens[k][offsets[j] : offsets[j + 1]].astype(np.int64))
+        return out

@@ -1,0 +1,54 @@
+"""SentencePiece ``.model`` files (LLaMA-2's tokenizer ships as one), with the members the rest of
+hlat uses from ``Tokenizer``: ``vocab_size``, ``eos_id``, ``eos_token``, ``encode_batch``,
+``decode``, ``fingerprint``, ``save``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+
+class SentencePieceTokenizer:
+    """Encoding adds no BOS/EOS, and control-symbol text inside a document ("</s>") stays text,
+    so only the packer emits EOS. Batches are encoded by SentencePiece's own C++ threads."""
+
+    def __init__(self, path: str | os.PathLike):
+        import sentencepiece as spm
+
+        self.path = Path(path).expanduser()
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (OSError, RuntimeError) as e:
+            raise ValueError(f"cannot load {self.path} as a SentencePiece model: {e}") from e
+        self.eos_id: int = self.sp.eos_id()
+        if self.eos_id < 0:
+            raise ValueError(f"SentencePiece model {self.path} has no EOS piece (eos_id=-1); "
+                             "train it with eos_id set (the default is 2)")
+        self.eos_token: str = self.sp.id_to_piece(self.eos_id)
+        self.vocab_size: int = self.sp.get_piece_size()
+        self.origin = str(self.path)
+        self._threads = os.cpu_count() or 1
+        self._fingerprint = hashlib.sha256(self.sp.serialized_model_proto()).hexdigest()[:16]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.sp.encode(texts, out_type=int, num_threads=self._threads)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.sp.decode(list(ids))
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def save(self, path: str | os.PathLike) -> None:
+        shutil.copyfile(self.path, path)
+
+    def __repr__(self) -> str:
+        return f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, origin={self.origin!r})"
