@@ -142,18 +142,25 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
 
 
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
-    hf_cfg = json.loads((directory / "config.json").read_text())
-    cfg = model_config_from_hf(hf_cfg)
+    cfg = model_config_from_hf(json.loads((directory / "config.json").read_text()))
     tok_file = Path(tokenizer) if tokenizer else directory / "tokenizer.json"
     if not tok_file.is_file():
         raise FileNotFoundError(f"{directory} has no tokenizer.json; pass --tokenizer PATH "
                                 "(a Hugging Face tokenizer.json)")
     tok = Tokenizer.from_file(tok_file)
-    bos = hf_cfg.get("bos_token_id")
-    prefix = bos if isinstance(bos, int) and bos < cfg.vocab_size else tok.eos_id
     model = empty_model(cfg, dtype)
     model.load_state_dict(hf_to_hlat(_hf_weights(directory)), strict=True)
-    return LoadedModel(model.eval(), tok, directory.name, prefix)
+    return LoadedModel(model.eval(), tok, directory.name, _hf_prefix_token(directory, tok))
+
+
+def _hf_prefix_token(directory: Path, tok: Tokenizer) -> int:
+    """The tokenizer's BOS (tokenizer_config.json), else EOS: what lm-eval conditions on."""
+    config = directory / "tokenizer_config.json"
+    bos = json.loads(config.read_text()).get("bos_token") if config.is_file() else None
+    if isinstance(bos, dict):
+        bos = bos.get("content")
+    bos_id = tok.tk.token_to_id(bos) if isinstance(bos, str) else None
+    return tok.eos_id if bos_id is None else bos_id
 
 
 def _hf_weights(directory: Path) -> dict[str, torch.Tensor]:

@@ -1,0 +1,47 @@
+"""Loading hlat run directories, checkpoints and Hugging Face directories gives the same model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hlat.eval import load_model
+from hlat.eval.loading import run_checkpoints
+
+from export import save_hf, save_run
+
+
+def logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(tokens)
+
+
+def test_run_dir_and_checkpoint(model, tokenizer, tokenizer_file, tmp_path) -> None:
+    run = save_run(tmp_path / "run", model, tokenizer_file, [10, 20])
+    assert [p.name for p in run_checkpoints(run)] == ["step_00000010", "step_00000020"]
+    latest = load_model(run)  # the newest checkpoint
+    assert (latest.step, latest.tokens) == (20, 20 * 512) and latest.name == "run/step_00000020"
+    first = load_model(run / "checkpoints" / "step_00000010")
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 12))
+    expected = torch.func.functional_call(
+        model, {k: v * 1.1 for k, v in model.state_dict().items()}, (tokens,))
+    assert torch.allclose(logits(first.model, tokens), expected, atol=1e-5)
+    assert first.tokenizer.fingerprint() == tokenizer.fingerprint()
+    assert first.prefix_token == tokenizer.eos_id
+
+
+def test_hf_directory(model, tokenizer, tokenizer_file, tmp_path) -> None:
+    pytest.importorskip("transformers")
+    loaded = load_model(save_hf(tmp_path / "hf", model, tokenizer_file))
+    tokens = torch.randint(0, tokenizer.vocab_size, (2, 12))
+    assert torch.allclose(logits(loaded.model, tokens), logits(model, tokens), atol=1e-5)
+    assert loaded.prefix_token == tokenizer.eos_id  # no BOS in this tokenizer
+
+
+def test_clear_errors(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="neither an hlat checkpoint"):
+        load_model(tmp_path)
+    (tmp_path / "config.toml").write_text("[model]\nd_model = 30\nn_heads = 4\n")
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoints"):
+        load_model(tmp_path)
