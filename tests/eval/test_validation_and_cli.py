@@ -1,0 +1,58 @@
+"""The in-training validation hook, and `hlat eval` on a checkpoint, a HF directory and a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hlat.cli import main
+from hlat.eval.validation import EvalConfig, validation_loss
+
+from conftest import ARC_ROWS, write_jsonl
+from export import save_hf, save_run
+
+
+class FakeBatch:
+    def __init__(self, tokens: torch.Tensor) -> None:
+        self.tokens = tokens
+        self.labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], dim=1)
+
+
+def test_validation_loss_is_the_mean_target_loss(model, tokenizer) -> None:
+    gen = torch.Generator().manual_seed(0)
+    batches = [FakeBatch(torch.randint(0, tokenizer.vocab_size, (2, 16), generator=gen)) for _ in range(3)]
+    model.train()
+    loss = validation_loss(model, batches, "fp32")
+    assert model.training  # restored
+    model.eval()
+    with torch.no_grad():
+        parts = [F.cross_entropy(model(b.tokens).flatten(0, 1), b.labels.flatten(), ignore_index=-100,
+                                 reduction="sum") for b in batches]
+    assert loss == pytest.approx(sum(p.item() for p in parts) / (3 * 2 * 15), rel=1e-6)
+    assert validation_loss(model, batches, "fp32") == loss  # fixed data: the same number
+    assert EvalConfig(every=100).due(200) and not EvalConfig().due(200)
+    assert [f for f, _ in EvalConfig(every=-1, batches=0).validate()] == ["every", "batches"]
+
+
+def test_cli_on_hf_dir_and_run_sweep(model, tokenizer_file, tmp_path, capsys) -> None:
+    pytest.importorskip("transformers")
+    write_jsonl(tmp_path / "data" / "arc_easy" / "test.jsonl", ARC_ROWS)
+    hf = save_hf(tmp_path / "hf", model, tokenizer_file)
+    out = tmp_path / "out"
+    assert main(["eval", "--checkpoint", str(hf), "--tasks", "arc_easy,mmlu", "--data-dir",
+                 str(tmp_path / "data"), "--output", str(out), "--device", "cpu"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["tasks"]["arc_easy"]["n"] == 6 and "mmlu" in results["skipped"]
+    assert "| arc_easy | commonsense | acc |" in capsys.readouterr().out
+
+    run = save_run(tmp_path / "run", model, tokenizer_file, [10, 20, 30])
+    assert main(["eval", "--checkpoint", str(run), "--tasks", "arc_easy", "--data-dir",
+                 str(tmp_path / "data"), "--limit", "3", "--device", "cpu"]) == 0
+    rows = json.loads((run / "eval" / "sweep.json").read_text())
+    assert [r["tokens"] for r in rows] == [5120, 10240, 15360]
+    assert (run / "eval" / "sweep.png").stat().st_size > 1000
+    assert main(["eval", "--checkpoint", str(tmp_path / "nowhere"), "--tasks", "arc_easy"]) == 2
+    assert "neither an hlat checkpoint" in capsys.readouterr().err
