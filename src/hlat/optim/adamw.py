@@ -28,20 +28,22 @@ def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     ]
 
 
-def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
+                compile: bool = True) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
 
     `bf16_rounding` None: torch AdamW for fp32 state. "stochastic"/"nearest": BF16AdamW for bf16
-    parameters, rounding each update that way (noise seeded by `seed`).
+    parameters, rounding each update that way (noise seeded by `seed`; `compile` fuses the update).
     """
     kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if bf16_rounding is None:
         # foreach keeps the step vectorised over all parameters; `fused` is CUDA/CPU-kernel specific
         # and does not compose with DTensor on every backend, so it is not the default.
         return torch.optim.AdamW, {**kwargs, "foreach": True}
-    return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed}
+    return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile}
 
 
-def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0) -> torch.optim.Optimizer:
-    cls, kwargs = adamw_class(cfg, bf16_rounding, seed)
+def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
+                compile: bool = True) -> torch.optim.Optimizer:
+    cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile)
     return cls(decay_groups(model, cfg), **kwargs)

@@ -41,6 +41,10 @@ class PrecisionConfig:
     # computed in fp32 and stochastically rounded back. "bf16": the same rounded to nearest, the
     # baseline that loses small updates. The bf16 modes compute in fp32 on CPUs (docs/precision.md).
     mode: str = "fp32"
+    # bf16 modes: fuse the optimizer's update into one kernel with torch.compile (seconds to build
+    # on the first step); false runs the same arithmetic eagerly, several times slower, for
+    # platforms without a working compiler.
+    compile_optimizer: bool = True
 
     def validate(self) -> list[tuple[str, str]]:
         if self.mode not in PRECISION_MODES:
