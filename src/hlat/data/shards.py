@@ -171,7 +171,9 @@ class ShardDocuments:
             if not path.is_file() or path.stat().st_size != s["num_tokens"] * dtype.itemsize:
                 raise ValueError(f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
                                  f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again")
-            self._tokens.append(np.memmap(path, dtype=dtype, mode="r") if s["num_tokens"] else np.empty(0, dtype))
+            # a plain ndarray over the map: slicing an np.memmap costs ~100 us of bookkeeping
+            mapped = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray) if s["num_tokens"] else np.empty(0, dtype)
+            self._tokens.append(mapped)
             self._offsets.append(np.load(root / s["offsets"]))
 
     def __len__(self) -> int:
