@@ -19,6 +19,7 @@ from hlat.data.config import DataConfig
 from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
 from hlat.optim.config import OptimConfig, ScheduleConfig
+from hlat.parallel.config import ParallelConfig
 from hlat.train.config import PrecisionConfig, TrainConfig
 
 DEFAULT_PRESET = "tiny"
@@ -33,6 +34,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     name: str = "run"  # preset or config-file name; names the default run directory
 
     def sections(self) -> dict[str, Any]:

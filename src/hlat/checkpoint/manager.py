@@ -1,9 +1,15 @@
-"""Atomic, verified, retained checkpoints of everything a resumed run needs.
+"""Atomic, verified, retained checkpoints of everything a resumed run needs, on any layout.
 
-A checkpoint is a directory `step_NNNNNNNN/` holding `state.pt` (a nested dict of tensors and
-plain values) and `manifest.json` (sizes and SHA-256 of every file). It is written under a
-temporary name and renamed into place only once complete, so a crash mid-save leaves the previous
-checkpoint as the newest valid one. Loading never executes pickled code (`weights_only=True`).
+A checkpoint is a directory `step_NNNNNNNN/`:
+  dcp/               model and optimizer state, sharded by torch.distributed.checkpoint and keyed
+                     by parameter name, so it loads into any other layout (resharding);
+  rank_NNNNN.pt      what belongs to one process: its data-loader position and RNG states;
+  shared.pt          what rank 0 alone holds: counters, and ZeRO-1's gathered optimizer state;
+  manifest.json      byte size and SHA-256 of every file, written last.
+It is written under a temporary name and renamed into place only when every rank has finished,
+so a crash at any moment leaves the previous checkpoint as the newest valid one. Nothing is
+unpickled without an allow-list: `.pt` files load with `weights_only=True` and DCP's metadata is
+checked first (see safe_metadata.py).
 """
 
 from __future__ import annotations
@@ -11,20 +17,43 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from hlat.checkpoint.safe_metadata import check_metadata
 
 MANIFEST = "manifest.json"
-STATE_FILE = "state.pt"
-FORMAT_VERSION = 1
+SHARED_FILE = "shared.pt"
+DCP_DIR = "dcp"
+FORMAT_VERSION = 2
 
 
 class CheckpointError(RuntimeError):
     pass
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _rank() -> int:
+    return dist.get_rank() if _distributed() else 0
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def rank_file(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
 
 
 class CheckpointManager:
@@ -33,43 +62,58 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.verify = verify
 
-    def save(self, step: int, state: dict[str, Any], metadata: dict[str, Any] | None = None) -> Path:
-        """Write `state` as the checkpoint of `step`, then prune to the newest `keep_last`."""
+    def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any], shared: dict[str, Any] | None) -> Path:
+        """Collective: every rank calls it. Returns the committed checkpoint directory."""
         final = self.directory / f"step_{step:08d}"
-        tmp = self.directory / f".tmp-step_{step:08d}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        with open(tmp / STATE_FILE, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        files = {STATE_FILE: _describe(tmp / STATE_FILE)}
-        manifest = {"format": FORMAT_VERSION, "step": step, "time": time.time(), "files": files, **(metadata or {})}
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-        if final.exists():  # a re-save of the same step (e.g. after a resume) replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(self.directory)
-        self._prune()
+        tmp = self.directory / f".tmp-step_{step:08d}"
+        if _rank() == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (tmp / DCP_DIR).mkdir(parents=True)
+        _barrier()
+        dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
+        _save_synced(rank_state, tmp / rank_file(_rank()))
+        if shared is not None:
+            _save_synced(shared, tmp / SHARED_FILE)
+        _barrier()
+        if _rank() == 0:
+            files = {str(p.relative_to(tmp)): _describe(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            world = dist.get_world_size() if _distributed() else 1
+            manifest = {"format": FORMAT_VERSION, "step": step, "world": world, "time": time.time(), "files": files}
+            _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+            if final.exists():  # a re-save of the same step replaces it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            self._prune()
+        _barrier()
         return final
 
     def checkpoints(self) -> list[Path]:
-        """Committed checkpoint directories, oldest first (validity is checked at load)."""
+        """Committed checkpoint directories, oldest first (validity is checked by `latest`)."""
         if not self.directory.is_dir():
             return []
         return sorted(p for p in self.directory.glob("step_*") if (p / MANIFEST).is_file())
 
-    def load_latest(self) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint that passes verification; corrupt ones are reported and skipped."""
-        for path in reversed(self.checkpoints()):
-            try:
-                return path, self.load(path)
-            except CheckpointError as err:
-                print(f"warning: skipping checkpoint {path}: {err}", flush=True)
-        return None
+    def latest(self) -> Path | None:
+        """Collective: the newest checkpoint that passes verification, as checked by rank 0.
 
-    def load(self, path: Path) -> dict[str, Any]:
-        path = Path(path)
+        Corrupt or partial checkpoints are reported and skipped in favour of the previous one.
+        """
+        found: list[str | None] = [None]
+        if _rank() == 0:
+            for path in reversed(self.checkpoints()):
+                try:
+                    self.check(path)
+                    found[0] = str(path)
+                    break
+                except CheckpointError as err:
+                    print(f"warning: skipping checkpoint {path}: {err}", flush=True)
+        if _distributed():
+            dist.broadcast_object_list(found, src=0)
+        return Path(found[0]) if found[0] else None
+
+    def check(self, path: Path) -> dict[str, Any]:
+        """Verify files against the manifest (and checksums if `verify`); return the manifest."""
         try:
             manifest = json.loads((path / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError) as err:
@@ -85,13 +129,33 @@ class CheckpointManager:
             if self.verify and _sha256(file) != expected["sha256"]:
                 raise CheckpointError(f"{name} fails its SHA-256 check (corrupt)")
         try:
-            return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-        except Exception as err:  # a truncated or tampered file; never fall back to full unpickling
-            raise CheckpointError(f"cannot load {STATE_FILE}: {err}") from err
+            check_metadata(path / DCP_DIR / ".metadata")
+        except (OSError, pickle.UnpicklingError, EOFError) as err:
+            raise CheckpointError(f"unsafe or unreadable {DCP_DIR}/.metadata: {err}") from err
+        return manifest
+
+    def load_sharded(self, path: Path, sharded: dict[str, Any]) -> None:
+        """Fill `sharded` (this layout's state dict) in place from the checkpoint (collective)."""
+        dcp.load(sharded, checkpoint_id=str(Path(path) / DCP_DIR), no_dist=not _distributed())
+
+    def load_rank_state(self, path: Path, rank: int) -> dict[str, Any] | None:
+        """One process's state as saved, or None if the checkpoint had no such rank."""
+        file = Path(path) / rank_file(rank)
+        return _load(file) if file.is_file() else None
+
+    def load_shared(self, path: Path) -> dict[str, Any]:
+        return _load(Path(path) / SHARED_FILE)
 
     def _prune(self) -> None:
         for old in self.checkpoints()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _load(file: Path) -> dict[str, Any]:
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated or tampered file; never fall back to full unpickling
+        raise CheckpointError(f"cannot load {file}: {err}") from err
 
 
 def _describe(file: Path) -> dict[str, Any]:
@@ -104,6 +168,13 @@ def _sha256(file: Path) -> str:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _save_synced(obj: Any, file: Path) -> None:
+    with open(file, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _write_synced(file: Path, data: bytes) -> None:

@@ -80,6 +80,9 @@ class Attention(nn.Module):
                 attn_mask: torch.Tensor | None) -> torch.Tensor:
         B, T, _ = x.shape
         # -1 = local head count: under tensor parallelism wq/wk/wv hold a slice of the heads.
+        # The tables may cover more positions than x (under sequence parallel the caller sees only
+        # its shard of the sequence; x here is the gathered full sequence): keep the first T.
+        cos, sin = cos[:, :T], sin[:, :T]
         q = apply_rope(self.wq(x).view(B, T, -1, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(B, T, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(B, T, -1, self.head_dim)
@@ -130,7 +133,9 @@ class Llama(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        # A dict keyed by the global layer index: a pipeline stage that drops layers keeps the
+        # names ("layers.40...") of the full model, so checkpoints reshard across layouts.
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied from embeddings
         # Non-persistent: derived from the config, so they stay out of checkpoints.
@@ -139,7 +144,8 @@ class Llama(nn.Module):
         self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
         self.init_weights()
 
-    def _init_rope(self) -> None:
+    def reset_rope(self) -> None:
+        """Recompute the RoPE tables (non-persistent buffers: after to_empty they hold garbage)."""
         cfg = self.cfg
         self.rope_cos, self.rope_sin = rope_tables(
             cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.rope_cos.device)
@@ -152,19 +158,32 @@ class Llama(nn.Module):
         out_std = std / math.sqrt(2 * self.cfg.n_layers)  # L of the full model, also on a PP stage
         if self.tok_embeddings is not None:
             nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for layer in self.layers:
+        for layer in self.layers.values():
             layer.init_weights(std, out_std)
         if self.norm is not None:
             self.norm.reset_parameters()
         if self.output is not None:
             nn.init.normal_(self.output.weight, mean=0.0, std=std)
-        self._init_rope()
+        self.reset_rope()
+
+    def init_std_of(self, name: str) -> float | None:
+        """Init std of parameter `name` (its state-dict name); None for norm weights (ones).
+
+        The same rule as init_weights, by name, so a sharded or staged model can initialise each
+        parameter independently and match the single-device model exactly.
+        """
+        if name.endswith("norm.weight"):
+            return None
+        std = self.cfg.init_std
+        if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            return std / math.sqrt(2 * self.cfg.n_layers)
+        return std
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         # A dtype cast (model.to(torch.bfloat16)) would quantise the RoPE tables: rebuild in fp32.
         super()._apply(fn, recurse)
         if self.rope_cos.dtype != torch.float32:
-            self._init_rope()
+            self.reset_rope()
         return self
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
@@ -176,15 +195,14 @@ class Llama(nn.Module):
         mask, so it must include causality itself (e.g. causal AND same-document).
         On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
         """
-        T = tokens.shape[1]
         if positions is None:
-            cos, sin = self.rope_cos[:T][None, :, None], self.rope_sin[:T][None, :, None]
+            cos, sin = self.rope_cos[None, :, None], self.rope_sin[None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
         if attn_mask is not None and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for layer in self.layers:
+        for layer in self.layers.values():
             h = layer(h, cos, sin, attn_mask)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

@@ -1,4 +1,8 @@
-"""The training run: build every component from the config, resume, loop, log and checkpoint."""
+"""The training run: build every component from the config, resume, loop, log and checkpoint.
+
+The same code runs as one process or under torchrun: the layout (hlat.parallel.mesh) says which
+rank does what, and only the global rank 0 writes logs.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
 from hlat.config import RunConfig
-from hlat.data import PackedLoader, build_tokenizer, open_source
-from hlat.model import Llama, count_params, flops_per_token
-from hlat.optim import build_adamw, lr_multiplier
+from hlat.data import build_data_tokenizer, build_loader
+from hlat.model import count_params, flops_per_token
+from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
+from hlat.parallel.mesh import Layout, setup
+from hlat.parallel.parallelize import build_parallel_model
+from hlat.train.optimizers import Optimizers
 from hlat.train.peak import peak_tflops, slow_bf16_warning
-from hlat.train.precision import compute_dtype
+from hlat.train.precision import bf16_rounding, compute_dtype, state_bytes_per_param
 from hlat.train.rng import load_rng_state, rng_state
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE, MetricSinks, perplexity, plot_loss
 from hlat.train.step import train_step
@@ -32,7 +42,7 @@ class TrainSummary:
     step: int
     tokens: int
     final_loss: float | None  # mean loss of the last logging window; None if no step ran
-    losses: list[float]  # the per-step losses of this invocation, in order
+    losses: list[float]  # the per-step losses of this invocation, in order (global mean)
 
 
 def pick_device(name: str) -> torch.device:
@@ -47,115 +57,154 @@ class Trainer:
     def __init__(self, cfg: RunConfig, resume: str = "auto", out: Callable[[str], None] = print):
         if resume not in RESUME_MODES:
             raise ValueError(f"resume must be one of {RESUME_MODES}, got {resume!r}")
-        self.cfg, self.resume, self.out = cfg, resume, out
-        self.run_dir = cfg.run_dir
-        if resume == "fresh":
-            for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
-                path = self.run_dir / name
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(cfg.to_toml())
-
+        self.cfg, self.resume = cfg, resume
         self.device = pick_device(cfg.train.device)
+        self.layout: Layout = setup(cfg.parallel, self.device)
+        self.out = out if self.layout.is_main else (lambda _: None)
+        self.run_dir = cfg.run_dir
+        if self.layout.is_main:
+            if resume == "fresh":
+                for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
+                    path = self.run_dir / name
+                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.toml").write_text(cfg.to_toml())
+
         torch.manual_seed(cfg.train.seed)
-        source = open_source(cfg.data)
-        self.tokenizer, tokenizer_line = build_tokenizer(cfg.data, cfg.model.vocab_size, source)
-        out(tokenizer_line)
-        self.loader = PackedLoader(
-            source, self.tokenizer, seq_len=cfg.data.seq_len, batch_size=cfg.train.micro_batch,
-            seed=cfg.train.seed, max_doc_chars=cfg.data.max_doc_chars,
-        )
-        self.model = Llama(cfg.model).to(self.device)
-        self.optimizer = build_adamw(self.model, cfg.optim)
+        self._build_data()
+        per_rank = cfg.train.global_batch // self.layout.dp
+        self.accum = per_rank // cfg.train.micro_batch
+        self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
+                                          self.accum, cfg.precision.mode)
+        self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
         self.step, self.tokens = 0, 0
         self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
-        self.peak_tflops, peak_source = peak_tflops(self.device, compute_dtype(cfg.precision.mode), cfg.train.peak_tflops)
-        out(
+        self.peak_tflops, peak_source = peak_tflops(self.device, compute_dtype(cfg.precision.mode, self.device), cfg.train.peak_tflops)
+        lay = self.layout
+        self.out(
             f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, {self.flops_per_token / 1e9:.3f} GFLOP/token; "
-            f"{cfg.precision.mode} precision on {self.device}; MFU against {self.peak_tflops:.3g} TFLOP/s ({peak_source})"
+            f"{cfg.precision.mode} precision ({state_bytes_per_param(self.model.parameters()):.0f} bytes/parameter of "
+            f"weights, grads and Adam state) on {lay.world} x {self.device.type} (pp {lay.pp} x dp {lay.dp} x tp {lay.tp}, "
+            f"{cfg.parallel.dp_sharding}); MFU against {self.peak_tflops:.3g} TFLOP/s per device ({peak_source})"
         )
         warning = slow_bf16_warning(self.device, cfg.precision.mode)
         if warning:
-            out(warning)
+            self.out(warning)
         if resume != "fresh":
             self._resume()
 
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "loader": self.loader.state_dict(),
-            "rng": rng_state(self.device),
-            "progress": {"step": self.step, "tokens": self.tokens},
-        }
+    def _build_data(self) -> None:
+        cfg, lay = self.cfg, self.layout
+        if lay.world > 1 and not lay.is_main:
+            dist.barrier()  # rank 0 trains or loads the tokenizer first; the others read its cache
+        self.tokenizer, tokenizer_line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
+        if lay.world > 1 and lay.is_main:
+            dist.barrier()
+        self.out(tokenizer_line)
+        if cfg.train.global_batch % (lay.dp * cfg.train.micro_batch):
+            from hlat.errors import ConfigError
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.loader.load_state_dict(state["loader"])
-        load_rng_state(state["rng"], self.device)
-        self.step, self.tokens = state["progress"]["step"], state["progress"]["tokens"]
+            raise ConfigError([("train.global_batch", f"{cfg.train.global_batch} sequences do not split into dp={lay.dp} ranks x "
+                                f"micro_batch={cfg.train.micro_batch}; use a multiple of {lay.dp * cfg.train.micro_batch}")])
+        self.loader = build_loader(cfg.data, self.tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
+                                   dp_rank=lay.dp_rank, dp_size=lay.dp, log_fn=self.out)
+
+    def _build_optimizer(self, part: torch.nn.Module) -> torch.optim.Optimizer:
+        rounding, seed, compile = bf16_rounding(self.cfg.precision.mode), self.cfg.train.seed, self.cfg.precision.compile_optimizer
+        if self.cfg.parallel.dp_sharding == "zero1" and self.layout.dp > 1:
+            cls, kwargs = adamw_class(self.cfg.optim, rounding, seed, compile)
+            return ZeroRedundancyOptimizer(decay_groups(part, self.cfg.optim), optimizer_class=cls,
+                                           process_group=self.layout.group("dp"), **kwargs)
+        return build_adamw(part, self.cfg.optim, rounding, seed, compile)
+
+    # --- checkpoint state -------------------------------------------------------------------
+    def _sharded_state(self) -> dict[str, Any]:
+        model = {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
+        return {"model": model, "optim": self.optimizers.sharded_state_dict()}
+
+    def save(self) -> Path:
+        shared = {"progress": {"step": self.step, "tokens": self.tokens}}
+        if self.optimizers.zero1:
+            shared["zero1_optim"] = self.optimizers.zero1_state_dict()
+        rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
+        return self.checkpoints.save(self.step, self._sharded_state(), rank_state,
+                                     shared if self.layout.is_main else None)
 
     def _resume(self) -> None:
-        found = self.checkpoints.load_latest()
-        if found is None:
+        path = self.checkpoints.latest()
+        if path is None:
             if self.resume == "require":
                 raise FileNotFoundError(f"--resume: no valid checkpoint in {self.checkpoints.directory}; drop --resume to start a new run")
             return
-        path, state = found
-        self.load_state_dict(state)
+        state = self._sharded_state()
+        self.checkpoints.load_sharded(path, state)
+        for part in self.model.parts:
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+        shared = self.checkpoints.load_shared(path)
+        if self.optimizers.zero1:
+            self.optimizers.load_zero1_state_dict(shared["zero1_optim"])
+        else:
+            self.optimizers.load_sharded_state_dict(state["optim"])
+        rank_state = self.checkpoints.load_rank_state(path, self.layout.rank)
+        if rank_state is None:
+            raise RuntimeError(f"{path} was saved by fewer processes than this run's {self.layout.world}: "
+                               "model and optimizer reshard, the data position does not yet; resume with the saved world size")
+        self.loader.load_state_dict(rank_state["loader"])
+        load_rng_state(rank_state["rng"], self.device)
+        self.step, self.tokens = shared["progress"]["step"], shared["progress"]["tokens"]
         self.out(f"resuming from {path} (step {self.step:,}, {self.tokens:,} tokens)")
 
-    def save(self) -> Path:
-        return self.checkpoints.save(self.step, self.state_dict(), {"tokens": self.tokens})
-
+    # --- the loop ---------------------------------------------------------------------------
     def fit(self) -> TrainSummary:
         cfg = self.cfg
-        total, accum = cfg.train.steps, cfg.grad_accum_steps
+        total = cfg.train.steps
         tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         if self.step >= total:
             self.out(f"run already complete at step {self.step:,} in {self.run_dir}; raise --train.steps or pass --fresh")
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
-        self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens ({accum} micro-batches of {cfg.train.micro_batch}) into {self.run_dir}")
-        sinks = MetricSinks(self.run_dir, total, self.step, cfg.train.tensorboard)
-        step_losses: list[torch.Tensor] = []  # device tensors: read on logging steps only
-        window_start, window_time = len(step_losses), time.perf_counter()
+        self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
+                 f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}")
+        sinks = MetricSinks(self.run_dir, total, self.step, cfg.train.tensorboard) if self.layout.is_main else None
+        shares: list[torch.Tensor] = []  # device tensors: read on logging steps only
+        losses: list[float] = []
+        window_start, window_time = 0, time.perf_counter()
         final_loss = None
+        self.model.train()
         try:
             while self.step < total:
-                batches = [self.loader.next_batch().to(self.device) for _ in range(accum)]
+                batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
                 lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                loss, grad_norm = train_step(self.model, self.optimizer, batches, cfg.precision.mode, cfg.optim.grad_clip)
-                step_losses.append(loss)
+                self.optimizers.set_lr(lr)
+                share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip)
+                shares.append(share)
                 self.step += 1
                 self.tokens += tokens_per_step
-                sinks.advance()
+                if sinks:
+                    sinks.advance()
                 if self.step % cfg.train.log_every == 0 or self.step == total:
-                    window = torch.stack(step_losses[window_start:]).mean().item()  # the one host sync
-                    elapsed = time.perf_counter() - window_time
-                    tokens_per_s = (len(step_losses) - window_start) * tokens_per_step / elapsed
-                    final_loss = window
-                    sinks.log({
-                        "step": self.step, "loss": window, "ppl": perplexity(window), "lr": lr,
-                        "grad_norm": grad_norm.item(), "param_norm": self._param_norm(),
+                    window = self.model.reduce_loss(torch.stack(shares[window_start:])).tolist()  # the one host sync
+                    losses += window
+                    final_loss = sum(window) / len(window)
+                    tokens_per_s = len(window) * tokens_per_step / (time.perf_counter() - window_time)
+                    record = {
+                        "step": self.step, "loss": final_loss, "ppl": perplexity(final_loss), "lr": lr,
+                        "grad_norm": grad_norm.item(), "param_norm": self.model.param_norm().item(),
                         "tokens": self.tokens, "tokens_per_s": tokens_per_s,
-                        "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12),
-                    })
-                    if not math.isfinite(window):
-                        raise FloatingPointError(f"loss is {window} at step {self.step}; lower --optim.lr or check the data")
-                    window_start, window_time = len(step_losses), time.perf_counter()
+                        "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
+                    }
+                    if sinks:
+                        sinks.log(record)
+                    if not math.isfinite(final_loss):
+                        raise FloatingPointError(f"loss is {final_loss} at step {self.step}; lower --optim.lr or check the data")
+                    window_start, window_time = len(shares), time.perf_counter()
                 if self.step % cfg.checkpoint.every == 0 or self.step == total:
-                    path = self.save()
-                    self.out(f"checkpoint: {path}")
+                    self.out(f"checkpoint: {self.save()}")
         finally:
-            sinks.close()
-        plot = plot_loss(self.run_dir, f"{cfg.name}: {count_params(cfg.model) / 1e6:,.1f}M params")
-        self.out(f"done: step {self.step:,}, {self.tokens:,} tokens, final loss {final_loss:.4f} (ln vocab = {math.log(cfg.model.vocab_size):.3f}); loss plot {plot}")
-        return TrainSummary(self.run_dir, self.step, self.tokens, final_loss, [t.item() for t in step_losses])
-
-    @torch.no_grad()
-    def _param_norm(self) -> float:
-        return torch.nn.utils.get_total_norm(list(self.model.parameters()), foreach=True).item()
+            if sinks:
+                sinks.close()
+        if self.layout.is_main:
+            plot = plot_loss(self.run_dir, f"{cfg.name}: {count_params(cfg.model) / 1e6:,.1f}M params")
+            self.out(f"done: step {self.step:,}, {self.tokens:,} tokens, final loss {final_loss:.4f} "
+                     f"(ln vocab = {math.log(cfg.model.vocab_size):.3f}); loss plot {plot}")
+        return TrainSummary(self.run_dir, self.step, self.tokens, final_loss, losses)

@@ -1,0 +1,41 @@
+"""How a run is laid out over devices: one DeviceMesh with dims (pp, dp, tp)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DP_SHARDING = ("ddp", "zero1", "zero2", "fsdp")
+PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
+ACTIVATION_CHECKPOINT = ("none", "selective", "full")
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1  # tensor (+ sequence) parallel degree: the innermost mesh dim
+    pp: int = 1  # pipeline stages over ranks: the outermost mesh dim
+    dp: int = 0  # data-parallel degree; 0 = the rest of the world size
+    # "ddp": replicated weights, all-reduced grads. "zero1": + optimizer state sharded
+    # (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2 without resharding after
+    # forward (weights gathered once per step; grads and optimizer state sharded). "fsdp": FSDP2
+    # (ZeRO-3), weights re-gathered for backward.
+    dp_sharding: str = "ddp"
+    pp_schedule: str = "1f1b"
+    pp_stages_per_rank: int = 1  # virtual stages per rank; > 1 for interleaved 1F1B
+    activation_checkpoint: str = "none"  # "selective" = HLAT's core attention + SwiGLU recompute
+    compile: bool = False  # torch.compile each transformer block
+
+    def validate(self) -> list[tuple[str, str]]:
+        problems = []
+        for name in ("tp", "pp", "pp_stages_per_rank"):
+            if getattr(self, name) < 1:
+                problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.dp < 0:
+            problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
+        for name, choices in (("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
+            if getattr(self, name) not in choices:
+                problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(choices)}"))
+        if self.pp_schedule == "interleaved-1f1b" and self.pp_stages_per_rank < 2:
+            problems.append(("pp_stages_per_rank", "interleaved-1f1b needs at least 2 virtual stages per rank; set --parallel.pp_stages_per_rank 2"))
+        if self.pp_schedule != "interleaved-1f1b" and self.pp_stages_per_rank > 1:
+            problems.append(("pp_schedule", f"{self.pp_stages_per_rank} stages per rank need --parallel.pp_schedule interleaved-1f1b"))
+        return problems

@@ -1,0 +1,88 @@
+"""Process group and DeviceMesh: the one description of the layout that everything else asks."""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from hlat.errors import ConfigError
+from hlat.parallel.config import ParallelConfig
+
+
+@dataclass
+class Layout:
+    """Sizes and this process's coordinates; `mesh` is None for a single process."""
+
+    world: int
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+    mesh: DeviceMesh | None
+
+    def coordinate(self, dim: str) -> int:
+        return 0 if self.mesh is None else self.mesh[dim].get_local_rank()
+
+    def group(self, dim: str) -> dist.ProcessGroup | None:
+        return None if self.mesh is None else self.mesh[dim].get_group()
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coordinate("dp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coordinate("pp")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def world_from_env() -> tuple[int, int, int]:
+    """(world size, global rank, local rank) as set by torchrun; a plain run is (1, 0, 0)."""
+    return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def resolve_degrees(cfg: ParallelConfig, world: int) -> tuple[int, int, int]:
+    """(pp, dp, tp) for this world size, or a ConfigError naming the field and the fix."""
+    inner = cfg.tp * cfg.pp
+    if world % inner:
+        raise ConfigError([("parallel.tp", f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes")])
+    dp = cfg.dp or world // inner
+    if dp * inner != world:
+        raise ConfigError([("parallel.dp", f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0")])
+    return cfg.pp, dp, cfg.tp
+
+
+def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
+    """Join the process group torchrun prepared (if any) and build the (pp, dp, tp) mesh."""
+    world, _, local_rank = world_from_env()
+    pp, dp, tp = resolve_degrees(cfg, world)
+    if world == 1:
+        return Layout(1, 0, 1, 1, 1, None)
+    if device.type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        backend = {"cuda": "nccl", "cpu": "gloo"}.get(device.type)  # XLA: "xla" via torch_xla
+        minutes = int(os.environ.get("HLAT_COLLECTIVE_TIMEOUT_MIN", 30))
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=minutes))
+    return make_layout(pp, dp, tp, device)
+
+
+def make_layout(pp: int, dp: int, tp: int, device: torch.device) -> Layout:
+    """A layout over the already-initialised process group (several may coexist, e.g. in tests)."""
+    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    return Layout(dist.get_world_size(), dist.get_rank(), pp, dp, tp, mesh)
+
+
+def teardown() -> None:
+    """Leave the process group cleanly: barrier first so no rank exits while others still talk."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

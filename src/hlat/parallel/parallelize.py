@@ -1,0 +1,174 @@
+"""Build this rank's share of the model for a layout, in one fixed order:
+pipeline split -> tensor/sequence parallel -> activation checkpointing -> compile -> data parallel.
+
+`ParallelModel` then runs one step's forward and backward over its micro-batches, whatever the
+layout, and computes the true global gradient norm across every shard and stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from hlat.data.packing import Batch
+from hlat.model import Llama
+from hlat.model.config import ModelConfig
+from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
+from hlat.parallel.init import init_parameters
+from hlat.parallel.mesh import Layout
+from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.train.precision import autocast, cast_parameters
+from hlat.train.loss import token_loss_sum
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+@dataclass
+class ParallelModel:
+    parts: list[nn.Module]  # what this rank runs: one module, or its pipeline stages
+    raw_parts: list[Llama]  # the same modules without the DDP wrapper (state dicts, RoPE)
+    layout: Layout
+    precision_mode: str
+    schedule: Any = None  # a torch.distributed.pipelining schedule when pp > 1
+    is_first_stage: bool = True
+    is_last_stage: bool = True
+    _loss_scale: list[torch.Tensor] = field(default_factory=list)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def train(self, mode: bool = True) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    def _context(self, device: torch.device) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        if self.layout.tp > 1:
+            stack.enter_context(loss_parallel())  # vocab-sharded cross-entropy, forward and backward
+        stack.enter_context(autocast(self.precision_mode, device))
+        return stack
+
+    def forward_backward(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
+        """Accumulate the gradients of the global-batch mean loss; return this rank's share of it.
+
+        `n_targets` is the global target count; DDP/FSDP average gradients over dp, so each loss
+        is scaled by dp / n_targets. Summing the returned shares over dp and pp ranks gives the loss.
+        """
+        device = batches[0].tokens.device
+        scale = self.layout.dp / n_targets
+        if self.schedule is not None:
+            return self._pipeline_step(batches, scale, device)
+        model, total = self.parts[0], torch.zeros((), device=device)
+        for i, batch in enumerate(batches):
+            with no_gradient_sync(model, skip=i < len(batches) - 1), self._context(device):
+                logits = model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
+                loss = token_loss_sum(logits, batch.labels)
+                (loss * scale).backward()
+            total += local_value(loss.detach())
+        return total / n_targets
+
+    def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
+        self._loss_scale[:] = [scale]
+        losses: list[torch.Tensor] = []
+        args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
+        kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+        with self._context(device):
+            self.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=device)
+        return torch.stack([local_value(x.detach()) for x in losses]).sum() / self.layout.dp
+
+    def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return token_loss_sum(logits, labels) * self._loss_scale[0]
+
+    def _global_norm(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """L2 norm over all shards (DTensor reductions) and pipeline stages (all-reduce over pp)."""
+        norm = local_value(torch.nn.utils.get_total_norm(tensors, foreach=True))
+        if self.layout.pp > 1:
+            squared = norm.pow(2)
+            dist.all_reduce(squared, group=self.layout.group("pp"))
+            norm = squared.sqrt()
+        return norm
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip every gradient by the true global norm; return that norm (before clipping)."""
+        params = [p for p in self.parameters() if p.grad is not None]
+        norm = self._global_norm([p.grad for p in params])
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm if max_norm > 0 else float("inf"), norm, foreach=True)
+        return norm
+
+    @torch.no_grad()
+    def param_norm(self) -> torch.Tensor:
+        return self._global_norm([p.detach() for p in self.parameters()])
+
+    def reduce_loss(self, share: torch.Tensor) -> torch.Tensor:
+        """Sum the per-rank loss shares over dp and pp (tp ranks hold copies): one collective."""
+        if self.layout.world == 1:
+            return share
+        total = share.clone()
+        dist.all_reduce(total)
+        return total / self.layout.tp
+
+
+def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tensor:
+    count = sum((b.labels != -100).sum() for b in batches).float()
+    if layout.dp > 1:
+        dist.all_reduce(count, group=layout.group("dp"))
+    return count.clamp_min(1.0)
+
+
+def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) -> None:
+    if layout.tp > 1:
+        check_tensor_parallel(model_cfg, layout.tp)
+    check_data_parallel(par.dp_sharding, layout.dp, layout.tp, layout.pp)
+
+
+def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,
+                         seed: int, n_microbatches: int, precision_mode: str) -> ParallelModel:
+    check_layout(model_cfg, par, layout)
+    with torch.device("meta"):
+        full = cast_parameters(Llama(model_cfg), precision_mode)  # bf16 modes store bf16 weights
+    init_std_of = full.init_std_of
+    if layout.pp > 1:
+        n_stages = layout.pp * par.pp_stages_per_rank
+        bounds = split_layers(model_cfg.n_layers, n_stages, *stage_costs(model_cfg))
+        indices = stage_indices(layout.pp_rank, layout.pp, par.pp_stages_per_rank)
+        raw = [cut_stage(copy.deepcopy(full), bounds[i], i == 0, i == n_stages - 1) for i in indices]
+    else:
+        n_stages, indices, raw = 1, [0], [full]
+    sharded = par.dp_sharding in ("zero2", "fsdp")
+    parts = []
+    for module in raw:
+        if layout.tp > 1:
+            apply_tensor_parallel(module, layout.mesh["tp"])
+        apply_activation_checkpoint(module, par.activation_checkpoint)
+        if par.compile:
+            for name, block in list(module.layers.items()):
+                module.layers[name] = torch.compile(block)
+        if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
+            apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp)
+        module.to_empty(device=device)
+        init_parameters(module, init_std_of, seed)
+        module.reset_rope()
+        parts.append(module if sharded else apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp))
+    pm = ParallelModel(parts, raw, layout, precision_mode,
+                       is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices)
+    if layout.pp > 1:
+        pm.schedule = build_schedule(parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule,
+                                     n_microbatches, pm._pipeline_loss)
+    return pm

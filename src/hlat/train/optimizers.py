@@ -1,0 +1,65 @@
+"""The optimizers of a run: one per model part (pipeline stages), stepped together.
+
+Their state is exchanged through `torch.distributed.checkpoint.state_dict`, keyed by parameter
+names rather than positions, so it loads into any layout. ZeRO-1 (ZeroRedundancyOptimizer) keeps
+its own format: the full state is gathered to rank 0 and every rank takes its partition on load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class Optimizers:
+    def __init__(self, parts: list[nn.Module], build: Callable[[nn.Module], torch.optim.Optimizer]):
+        self.parts = parts
+        self.optimizers = [build(part) for part in parts]
+        self.zero1 = any(isinstance(o, ZeroRedundancyOptimizer) for o in self.optimizers)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return [group for opt in self.optimizers for group in opt.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.param_groups:
+            group["lr"] = lr
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """Name-keyed state for torch.distributed.checkpoint (empty under ZeRO-1)."""
+        if self.zero1:
+            return {}
+        return {k: v for part, opt in zip(self.parts, self.optimizers) for k, v in get_optimizer_state_dict(part, opt, options=_FLAT).items()}
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        for part, opt in zip(self.parts, self.optimizers):
+            set_optimizer_state_dict(part, opt, state, options=_FLAT)
+
+    def zero1_state_dict(self) -> dict[str, Any] | None:
+        """ZeRO-1's full state on rank 0 (a collective: every rank must call it), else None."""
+        (opt,) = self.optimizers
+        opt.consolidate_state_dict(to=0)
+        return opt.state_dict() if torch.distributed.get_rank() == 0 else None
+
+    def load_zero1_state_dict(self, state: dict[str, Any]) -> None:
+        (opt,) = self.optimizers
+        opt.load_state_dict(state)

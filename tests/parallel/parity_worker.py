@@ -1,0 +1,85 @@
+"""Run a few training steps under each layout given on the command line and record the results.
+
+Launched by test_parity.py with torchrun (or as one plain process for the reference). Every layout
+trains the same model (same seed) on the same global batches: data-parallel rank r takes its slice
+of each global batch, so every layout must reproduce the single-process losses and weights.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from hlat.data.packing import Batch, labels_for
+from hlat.model import ModelConfig
+from hlat.optim import OptimConfig, build_adamw
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.mesh import Layout, make_layout
+from hlat.parallel.parallelize import build_parallel_model
+from hlat.train.optimizers import Optimizers
+from hlat.train.step import train_step
+
+MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 4
+
+
+def global_batches() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1234)
+    return [torch.randint(0, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
+
+
+def run(spec: str, layout: Layout, out: Path) -> None:
+    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute"."""
+    pp, dp, tp, sharding, schedule, per_rank, recompute = spec.split(",")
+    par = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), dp_sharding=sharding, pp_schedule=schedule,
+                         pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
+    per_dp = GLOBAL_BATCH // layout.dp
+    model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32")
+    if sharding == "zero1" and layout.dp > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        from hlat.optim import decay_groups
+
+        build = lambda part: ZeroRedundancyOptimizer(decay_groups(part, OptimConfig()), optimizer_class=torch.optim.AdamW,
+                                                    process_group=layout.group("dp"), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+    else:
+        build = lambda part: build_adamw(part, OptimConfig(lr=1e-3))
+    optimizers = Optimizers(model.parts, build)
+    losses, norms = [], []
+    for tokens in global_batches():
+        mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
+        batches = [Batch(mine[i:i + MICRO], labels_for(mine[i:i + MICRO])) for i in range(0, per_dp, MICRO)]
+        share, norm = train_step(model, optimizers, batches, grad_clip=1.0)
+        losses.append(model.reduce_loss(share).item())
+        norms.append(norm.item())
+    full = {}
+    for part in model.parts:
+        full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
+    tag = spec.replace(",", "_")
+    torch.save({k: v.detach().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
+    if layout.rank == 0:
+        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms}))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    specs = sys.argv[2:]
+    if "WORLD_SIZE" not in os.environ:  # the single-process reference
+        run(specs[0], Layout(1, 0, 1, 1, 1, None), out)
+        return
+    dist.init_process_group("gloo")
+    for spec in specs:
+        pp, dp, tp = (int(x) for x in spec.split(",")[:3])
+        run(spec, make_layout(pp, dp, tp, torch.device("cpu")), out)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown racing gloo's threads (a known intermittent abort)
+
+
+if __name__ == "__main__":
+    main()
