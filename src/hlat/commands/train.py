@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
@@ -22,9 +24,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.config import load_config
+    from hlat.parallel.mesh import teardown, world_from_env
     from hlat.train.trainer import Trainer
 
-    cfg = load_config(args.preset, args.config, overrides)
+    cfg = load_config(args.preset, args.config, overrides)  # validated before any process group starts
     resume = "require" if args.resume else "fresh" if args.fresh else "auto"
     Trainer(cfg, resume=resume).fit()
+    if world_from_env()[0] > 1:
+        teardown()
+        # Leave without interpreter teardown: gloo's worker threads can race it and abort a
+        # finished run (SIGABRT after all work is done), which a launcher would count as a failure.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0

@@ -1,0 +1,28 @@
+"""hlat plan: per-rank memory of a layout at any world size, computed without allocating it."""
+
+from __future__ import annotations
+
+import argparse
+
+from hlat.commands.common import OVERRIDES_HELP, add_config_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan", allow_abbrev=False, help="dry run: per-rank memory of a layout (no real memory, no devices)",
+        description="Build the model on the meta device under a fake process group of --world ranks and print, "
+        "per pipeline stage, weight, gradient, optimizer-state and activation memory. " + OVERRIDES_HELP,
+        epilog="example: hlat plan --preset hlat-70b --world 4096",
+    )
+    add_config_args(parser)
+    parser.add_argument("--world", type=int, required=True, help="number of ranks (accelerators) to plan for")
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hlat.config import load_config
+    from hlat.parallel.plan import format_plan, plan
+
+    cfg = load_config(args.preset, args.config, overrides)
+    degrees, stages = plan(cfg, args.world)
+    print(format_plan(cfg, args.world, degrees, stages))
+    return 0

@@ -1,0 +1,118 @@
+"""Dry-run memory plan: per-rank training memory of a layout, without allocating anything.
+
+The model is built on the meta device under a fake process group of the target world size, the
+pipeline split and tensor-parallel plan are applied as in training, and each stage's local
+parameter count is read off the DTensors. Data-parallel sharding then divides what it shards.
+Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"), per layer and micro-batch with sequence parallel:
+  no recompute:        s*b*h*(34 + 5*a*s/h) / t bytes (16-bit activations)
+  selective recompute: s*b*h*34 / t
+  full recompute:      s*b*h*2 / t   (each block's input only)
+doubled for fp32 compute, times the micro-batches a stage holds at once (1F1B: pp - stage,
+GPipe: all of them), plus the fp32 logits of one micro-batch on the last stage.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from hlat.config import RunConfig
+from hlat.model import Llama
+from hlat.parallel.data_parallel import check_data_parallel
+from hlat.parallel.mesh import resolve_degrees
+from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
+from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.train.precision import compute_dtype, param_dtype
+
+GIB = 1024**3
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    layers: range
+    local_params: int  # after tensor parallel, before data-parallel sharding
+    weights: float  # bytes at rest
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations
+
+
+def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
+    s, b, h, a = cfg.data.seq_len, cfg.train.micro_batch, cfg.model.d_model, cfg.model.n_heads
+    per = {"none": 34 + 5 * a * s / h, "selective": 34, "full": 2}[cfg.parallel.activation_checkpoint]
+    width = 2 if compute_dtype(cfg.precision.mode, torch.device("cuda")) == torch.float32 else 1
+    return s * b * h * per / tp * width
+
+
+def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePlan]]:
+    """((pp, dp, tp), one StagePlan per pipeline stage) for `cfg` on `world` ranks."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    pp, dp, tp = resolve_degrees(cfg.parallel, world)
+    if tp > 1:
+        check_tensor_parallel(cfg.model, tp)
+    check_data_parallel(cfg.parallel.dp_sharding, dp, tp, pp)
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+        with torch.device("meta"):
+            full = Llama(cfg.model)
+        n_stages = pp * cfg.parallel.pp_stages_per_rank
+        bounds = split_layers(cfg.model.n_layers, n_stages, *stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
+        stages = []
+        for index, layers in enumerate(bounds):
+            module = cut_stage(copy.deepcopy(full), layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
+            if tp > 1:
+                apply_tensor_parallel(module, mesh["tp"])
+            local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
+            stages.append(_stage_memory(cfg, index, layers, local, pp, dp, tp, n_stages))
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+    return (pp, dp, tp), stages
+
+
+def _stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
+    elem = torch.tensor([], dtype=param_dtype(cfg.precision.mode)).element_size()
+    weights, grads, optimizer = local * elem, local * elem, 2 * local * elem  # Adam: two moments
+    sharding = cfg.parallel.dp_sharding
+    if sharding == "zero1":
+        optimizer /= dp
+    elif sharding == "zero2":  # weights are gathered for the whole step: count them whole
+        grads, optimizer = grads / dp, optimizer / dp
+    elif sharding == "fsdp":
+        weights, grads, optimizer = weights / dp, grads / dp, optimizer / dp
+    micro = cfg.train.global_batch // dp // cfg.train.micro_batch
+    stage_of_rank = index % pp
+    in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
+    acts = activation_bytes_per_layer(cfg, tp) * len(layers) * (1 if pp == 1 else in_flight)
+    if index == n_stages - 1:
+        acts += cfg.train.micro_batch * cfg.data.seq_len * cfg.model.vocab_size / tp * 4
+    return StagePlan(index, layers, local, weights, grads, optimizer, acts)
+
+
+def format_plan(cfg: RunConfig, world: int, degrees: tuple[int, int, int], stages: list[StagePlan]) -> str:
+    pp, dp, tp = degrees
+    lines = [
+        f"{cfg.name} on {world} ranks: pp {pp} x dp {dp} x tp {tp}, {cfg.parallel.dp_sharding}, "
+        f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}",
+        f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",
+    ]
+    for st in stages:
+        span = f"{st.layers.start}-{st.layers.stop - 1}" if len(st.layers) else "-"
+        lines.append(f"{st.stage:>5} {span:>9} {st.local_params:>14,} {st.weights / GIB:>9.2f} {st.grads / GIB:>9.2f} "
+                     f"{st.optimizer / GIB:>9.2f} {st.activations / GIB:>9.2f} {st.total / GIB:>10.2f}")
+    return "\n".join(lines)

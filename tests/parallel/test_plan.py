@@ -1,0 +1,45 @@
+"""The dry-run plan against a hand calculation, for the HLAT presets at cluster scale."""
+
+import pytest
+
+from hlat.config import load_config
+from hlat.errors import ConfigError
+from hlat.parallel.plan import plan
+
+GIB = 1024**3
+
+
+def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
+    cfg = load_config("hlat-7b")  # TP 8, zero2, bf16-sr (2-byte state), selective recompute
+    (pp, dp, tp), (stage,) = plan(cfg, world=64 * 16)
+    assert (pp, dp, tp) == (1, 128, 8)
+    L, d, f, V = 32, 4096, 11008, 32000
+    # Matrices split 8 ways; the 65 RMSNorm weights are replicated on every TP rank.
+    local = L * (4 * d * d + 3 * d * f) // 8 + 2 * V * d // 8 + (2 * L + 1) * d
+    assert stage.local_params == local == 842_534_912
+    assert stage.weights == 2 * local  # bf16, gathered whole for the step (zero2)
+    assert stage.grads == 2 * local / 128 and stage.optimizer == 4 * local / 128
+    # Selective recompute with sequence parallel: 34 s b h / t bytes per layer, plus fp32 logits.
+    assert stage.activations == pytest.approx(34 * 4096 * d / 8 * L + 4096 * V / 8 * 4)
+
+
+def test_hlat_70b_pipeline_stages():
+    cfg = load_config("hlat-70b")  # TP 8 x PP 8, zero2, fp32 weights (mixed)
+    (pp, dp, tp), stages = plan(cfg, world=4096)
+    assert (pp, dp, tp) == (8, 64, 8) and len(stages) == 8
+    assert [len(s.layers) for s in stages] == [10] * 8
+    d, kv, f, V = 8192, 1024, 28672, 32000
+    layer = (2 * d * d + 2 * d * kv + 3 * d * f) // 8 + 2 * d
+    assert stages[1].local_params == 10 * layer
+    assert stages[0].local_params == 10 * layer + V * d // 8  # + vocab-parallel embedding
+    assert stages[7].local_params == 10 * layer + V * d // 8 + d  # + head and final norm
+    # 1F1B: stage i holds pp - i micro-batches in flight, so activations fall along the pipeline.
+    acts = [s.activations for s in stages]
+    assert acts == sorted(acts, reverse=True)
+    assert stages[0].activations == pytest.approx(34 * 4096 * d / 8 * 10 * 8)
+
+
+def test_kv_heads_fewer_than_tp_are_refused():
+    cfg = load_config("hlat-70b", None, ["--parallel.tp", "32"])
+    with pytest.raises(ConfigError, match="n_kv_heads=8"):
+        plan(cfg, world=4096)
