@@ -17,6 +17,7 @@ from typing import Any
 from hlat.checkpoint.config import CheckpointConfig
 from hlat.data.config import DataConfig
 from hlat.errors import ConfigError
+from hlat.eval.validation import EvalConfig
 from hlat.model.config import ModelConfig
 from hlat.optim.config import OptimConfig, ScheduleConfig
 from hlat.parallel.config import ParallelConfig
@@ -35,6 +36,7 @@ class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     name: str = "run"  # preset or config-file name; names the default run directory
 
     def sections(self) -> dict[str, Any]:
@@ -44,6 +46,10 @@ class RunConfig:
         problems = [(f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()]
         if self.data.seq_len > self.model.max_seq_len:
             problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
+        if self.eval.every and not self.data.val_source:
+            problems.append(("eval.every", "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0"))
+        if self.data.document_masking and self.parallel.pp > 1:
+            problems.append(("data.document_masking", "is not yet passed between pipeline stages; use parallel.pp 1 or turn masking off"))
         if problems:
             raise ConfigError(problems)
 

@@ -92,6 +92,34 @@ class ParallelModel:
             return torch.zeros((), device=device)
         return torch.stack([local_value(x.detach()) for x in losses]).sum() / self.layout.dp
 
+    @torch.no_grad()
+    def validation_loss(self, batches: Sequence[Batch]) -> float:
+        """Mean loss per target token over `batches` (each dp rank passes its own), forward only.
+
+        Collective over the whole world; one host sync.
+        """
+        device = batches[0].tokens.device
+        self.train(False)
+        try:
+            if self.schedule is not None:
+                self._loss_scale[:] = [torch.ones((), device=device)]
+                losses: list[torch.Tensor] = []
+                args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
+                kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+                with self._context(device):
+                    self.schedule.eval(*args, **kwargs)
+                total = torch.stack([local_value(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
+            else:
+                total = torch.zeros((), device=device)
+                for batch in batches:
+                    with self._context(device):
+                        logits = self.parts[0](batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
+                        total += local_value(token_loss_sum(logits, batch.labels))
+        finally:
+            self.train(True)
+        count = global_target_count(batches, self.layout)
+        return (self.reduce_loss(total) / count).item()
+
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) * self._loss_scale[0]
 

@@ -48,6 +48,14 @@ class MetricSinks:
         )
         self.bar.write(line, file=sys.stdout)
 
+    def log_validation(self, step: int, tokens: int, loss: float) -> None:
+        record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            self.writer.add_scalar("val/loss", loss, step)
+        self.bar.write(f"step {step:>7} | validation loss {loss:.4f} | ppl {record['val_ppl']:.1f}", file=sys.stdout)
+
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:
@@ -72,9 +80,14 @@ def plot_loss(run_dir: Path, title: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    ax.plot([r["tokens"] for r in records], [r["loss"] for r in records], lw=1.5)
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], lw=1.5, label="train")
+    if val:
+        ax.plot([r["tokens"] for r in val], [r["val_loss"] for r in val], "o-", lw=1.5, label="validation")
+        ax.legend()
     ax.set_xlabel("tokens seen")
-    ax.set_ylabel("training loss (nats/token)")
+    ax.set_ylabel("loss (nats/token)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -21,7 +21,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
 from hlat.config import RunConfig
-from hlat.data import build_data_tokenizer, build_loader
+from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, build_loader
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
 from hlat.parallel.mesh import Layout, setup
@@ -102,6 +102,9 @@ class Trainer:
         if lay.world > 1 and lay.is_main:
             dist.barrier()
         self.out(tokenizer_line)
+        if lay.is_main:  # the run directory is self-contained: evaluation and export read it here
+            name = "tokenizer.model" if isinstance(self.tokenizer, SentencePieceTokenizer) else "tokenizer.json"
+            self.tokenizer.save(self.run_dir / name)
         if cfg.train.global_batch % (lay.dp * cfg.train.micro_batch):
             from hlat.errors import ConfigError
 
@@ -109,6 +112,9 @@ class Trainer:
                                 f"micro_batch={cfg.train.micro_batch}; use a multiple of {lay.dp * cfg.train.micro_batch}")])
         self.loader = build_loader(cfg.data, self.tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
                                    dp_rank=lay.dp_rank, dp_size=lay.dp, log_fn=self.out)
+        # Built once: every evaluation sees the same held-out tokens.
+        self.val_batches = [] if cfg.eval.every == 0 else [
+            b.to(self.device) for b in Validation(cfg.data, self.tokenizer, cfg.train.micro_batch, cfg.eval.batches, lay.dp_rank, lay.dp).batches()]
 
     def _build_optimizer(self, part: torch.nn.Module) -> torch.optim.Optimizer:
         rounding, seed, compile = bf16_rounding(self.cfg.precision.mode), self.cfg.train.seed, self.cfg.precision.compile_optimizer
@@ -198,6 +204,10 @@ class Trainer:
                     if not math.isfinite(final_loss):
                         raise FloatingPointError(f"loss is {final_loss} at step {self.step}; lower --optim.lr or check the data")
                     window_start, window_time = len(shares), time.perf_counter()
+                if cfg.eval.due(self.step) or (self.val_batches and self.step == total):
+                    val_loss = self.model.validation_loss(self.val_batches)
+                    if sinks:
+                        sinks.log_validation(self.step, self.tokens, val_loss)
                 if self.step % cfg.checkpoint.every == 0 or self.step == total:
                     self.out(f"checkpoint: {self.save()}")
         finally:
