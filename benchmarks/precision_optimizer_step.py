@@ -1,0 +1,74 @@
+"""Optimizer-step time of the bf16 AdamW against the plain fp32 foreach AdamW, on the `small` preset.
+
+Alternates the optimizers step by step (the CPUs are shared: ratios within one run, medians) and
+writes benchmarks/precision_optimizer_step.md. Usage: python benchmarks/precision_optimizer_step.py [--steps 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from hlat.config import load_config
+from hlat.model import Llama
+from hlat.optim import build_adamw
+from hlat.train.precision import cast_parameters
+
+
+def with_grads(model: torch.nn.Module) -> torch.nn.Module:
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-3).to(p.dtype)
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=9)
+    parser.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
+    args = parser.parse_args()
+    cfg = load_config("small")
+    torch.manual_seed(0)
+    fp32 = with_grads(Llama(cfg.model))
+    n_params = sum(p.numel() for p in fp32.parameters())
+    candidates = {
+        "fp32 torch AdamW (foreach)": build_adamw(fp32, cfg.optim),
+        "bf16 stochastic (compiled)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic"),
+        "bf16 nearest (compiled)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16")), cfg.optim, "nearest"),
+        "bf16 stochastic (eager)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic", compile=False),
+    }
+    first = {}
+    for name, opt in candidates.items():  # first steps: state allocation and compilation
+        start = time.perf_counter()
+        opt.step()
+        first[name] = time.perf_counter() - start
+    times: dict[str, list[float]] = {name: [] for name in candidates}
+    for _ in range(args.steps):
+        for name, opt in candidates.items():
+            start = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - start)
+    base = statistics.median(times["fp32 torch AdamW (foreach)"])
+    lines = [
+        "# Optimizer step: bf16 AdamW against fp32 AdamW",
+        "",
+        f"`small` preset, {n_params / 1e6:.1f}M parameters, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"median of {args.steps} alternating steps (shared CPU: compare ratios).",
+        "",
+        "| optimizer | first step (s) | step (s) | vs fp32 |",
+        "|---|---|---|---|",
+    ]
+    for name, ts in times.items():
+        median = statistics.median(ts)
+        lines.append(f"| {name} | {first[name]:.2f} | {median:.3f} | {median / base:.2f}x |")
+    text = "\n".join(lines) + "\n"
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
