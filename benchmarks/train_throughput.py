@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from hlat.config import load_config
 from hlat.model import Llama, count_params, flops_per_token
+from hlat.train.loss import token_loss_sum
 from hlat.model.hf import hf_config_dict
 from hlat.optim import OptimConfig, build_adamw
 from hlat.train.peak import measure_matmul_tflops
@@ -33,8 +33,7 @@ def make_step(model: torch.nn.Module, tokens: torch.Tensor, bf16: bool, hf: bool
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(tokens).logits if hf else model(tokens)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        loss.backward()
+        (token_loss_sum(logits, labels) / labels.numel()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -58,6 +57,8 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bf16-steps", type=int, default=1,
+                        help="timed steps per round for bf16 autocast (CPUs without native bf16 run it ~6x slower)")
     parser.add_argument("--out", help="also write the markdown report to this file")
     args = parser.parse_args()
 
@@ -83,10 +84,11 @@ def main() -> None:
         step()
     for round_ in range(args.rounds):
         for name, step in runs.items():
+            n = args.bf16_steps if "bf16" in name else args.steps
             start = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(n):
                 step()
-            times[name].append((time.perf_counter() - start) / args.steps)
+            times[name].append((time.perf_counter() - start) / n)
             print(f"round {round_ + 1}/{args.rounds}: {name}: {times[name][-1]:.3f} s/step", flush=True)
 
     tokens_per_step = args.micro_batch * seq
@@ -106,7 +108,7 @@ def main() -> None:
         f"- hardware: {cpu_name()}, {torch.get_num_threads()} threads",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}, transformers {__import__('transformers').__version__}",
         f"- batch: {args.micro_batch} x {seq} tokens, full training step (forward, backward, clip, AdamW), "
-        f"{args.steps} steps x {args.rounds} alternating rounds after one warm-up step",
+        f"{args.steps} steps (bf16: {args.bf16_steps}) x {args.rounds} alternating rounds after one warm-up step",
         f"- MFU: {flops / 1e9:.3f} GFLOP/token (6N + 12·L·d·T) against the matmul peak measured in the same run: "
         f"fp32 {peaks[False] * 1e3:.0f} GFLOP/s, bf16 {peaks[True] * 1e3:.0f} GFLOP/s",
         "",

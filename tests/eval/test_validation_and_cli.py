@@ -9,30 +9,30 @@ import torch
 import torch.nn.functional as F
 
 from hlat.cli import main
-from hlat.eval.validation import EvalConfig, validation_loss
+from hlat.data.batch import Batch, labels_for
+from hlat.eval.validation import EvalConfig
+from hlat.model import ModelConfig
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.mesh import Layout
+from hlat.parallel.parallelize import build_parallel_model
 
 from conftest import ARC_ROWS, write_jsonl
 from export import save_hf, save_run
 
 
-class FakeBatch:
-    def __init__(self, tokens: torch.Tensor) -> None:
-        self.tokens = tokens
-        self.labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], dim=1)
-
-
-def test_validation_loss_is_the_mean_target_loss(model, tokenizer) -> None:
+def test_validation_loss_is_the_mean_target_loss() -> None:
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+    model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, 1, 1, 1, None), torch.device("cpu"), 0, 1, "fp32")
     gen = torch.Generator().manual_seed(0)
-    batches = [FakeBatch(torch.randint(0, tokenizer.vocab_size, (2, 16), generator=gen)) for _ in range(3)]
-    model.train()
-    loss = validation_loss(model, batches, "fp32")
-    assert model.training  # restored
-    model.eval()
+    tokens = [torch.randint(0, 64, (2, 16), generator=gen) for _ in range(3)]
+    batches = [Batch(t, labels_for(t)) for t in tokens]
+    loss = model.validation_loss(batches)
+    assert model.parts[0].training  # restored
     with torch.no_grad():
-        parts = [F.cross_entropy(model(b.tokens).flatten(0, 1), b.labels.flatten(), ignore_index=-100,
+        parts = [F.cross_entropy(model.parts[0](b.tokens).flatten(0, 1), b.labels.flatten(), ignore_index=-100,
                                  reduction="sum") for b in batches]
     assert loss == pytest.approx(sum(p.item() for p in parts) / (3 * 2 * 15), rel=1e-6)
-    assert validation_loss(model, batches, "fp32") == loss  # fixed data: the same number
+    assert model.validation_loss(batches) == loss  # fixed data: the same number
     assert EvalConfig(every=100).due(200) and not EvalConfig().due(200)
     assert [f for f, _ in EvalConfig(every=-1, batches=0).validate()] == ["every", "batches"]
 
