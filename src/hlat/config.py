@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hlat.checkpoint.config import CheckpointConfig
+from hlat.checkpoint.recovery import RecoveryConfig
 from hlat.data.config import DataConfig
 from hlat.errors import ConfigError
 from hlat.eval.validation import EvalConfig
@@ -35,6 +36,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     name: str = "run"  # preset or config-file name; names the default run directory

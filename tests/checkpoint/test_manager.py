@@ -9,7 +9,7 @@ from hlat.checkpoint import CheckpointError, CheckpointManager
 
 def save(mgr: CheckpointManager, step: int):
     sharded = {"model": {"w": torch.full((4,), float(step))}}
-    return mgr.save(step, sharded, {"loader": {"cursor": step}}, {"progress": {"step": step}})
+    return mgr.save(step, sharded, {"loader": {"cursor": step}}, {"progress": {"step": step}}).path
 
 
 def test_round_trip_and_retention(tmp_path):

@@ -7,7 +7,11 @@ A checkpoint is a directory `step_NNNNNNNN/`:
   shared.pt          what rank 0 alone holds: counters, and ZeRO-1's gathered optimizer state;
   manifest.json      byte size and SHA-256 of every file, written last.
 It is written under a temporary name and renamed into place only when every rank has finished,
-so a crash at any moment leaves the previous checkpoint as the newest valid one. Nothing is
+so a crash at any moment leaves the previous checkpoint as the newest valid one. With
+`background=True` the DCP data is written by a thread (dcp.async_save) while training goes on; the
+saving step blocks only while the state is copied, and rank 0 commits (manifest, rename, pruning)
+in that thread once every rank's data is on disk. At most one save is in flight: the next save,
+and `wait()` at the end of training, wait for it first. Nothing is
 unpickled without an allow-list: `.pt` files load with `weights_only=True` and DCP's metadata is
 checked first (see safe_metadata.py).
 """
@@ -19,7 +23,10 @@ import json
 import os
 import pickle
 import shutil
+import threading
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.safe_metadata import check_metadata
 
 MANIFEST = "manifest.json"
@@ -56,37 +64,107 @@ def rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
 
+@dataclass
+class SaveStats:
+    path: Path  # the committed directory (for a background save: once `wait` returned)
+    blocking_s: float  # how long the saving step was held up (staging, for a background save)
+    write_s: float | None = None  # from the start of the save to its commit; None while in flight
+    background: bool = False
+
+
+@dataclass
+class _Pending:
+    future: Future
+    tmp: Path
+    stats: SaveStats
+    started: float
+    committed: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
 class CheckpointManager:
-    def __init__(self, directory: Path, keep_last: int, verify: bool = True):
+    def __init__(self, directory: Path, keep_last: int | None, verify: bool = True):
+        """keep_last None keeps every checkpoint (archives)."""
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.verify = verify
+        self._pending: _Pending | None = None
+        self._group: dist.ProcessGroup | None = None  # background saves talk on their own group
 
-    def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any], shared: dict[str, Any] | None) -> Path:
-        """Collective: every rank calls it. Returns the committed checkpoint directory."""
+    def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any] | None,
+             shared: dict[str, Any] | None, background: bool = False) -> SaveStats:
+        """Collective: every rank calls it. A background save returns once the state is staged."""
+        started = time.perf_counter()
+        self.wait()
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
         if _rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
+            for stale in self.directory.glob(".tmp-step_*"):  # saves killed before their commit
+                shutil.rmtree(stale, ignore_errors=True)
             (tmp / DCP_DIR).mkdir(parents=True)
         _barrier()
-        dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
-        _save_synced(rank_state, tmp / rank_file(_rank()))
+        if rank_state is not None:
+            _save_synced(rank_state, tmp / rank_file(_rank()))
         if shared is not None:
             _save_synced(shared, tmp / SHARED_FILE)
+        if not background:
+            dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
+            _barrier()
+            maybe_kill("commit", step, _rank())
+            if _rank() == 0:
+                self._commit(tmp, final, step)
+            _barrier()
+            elapsed = time.perf_counter() - started
+            return SaveStats(final, elapsed, elapsed)
+        if _distributed() and self._group is None:
+            # DCP's collectives run in the writer thread while training uses the default group:
+            # sharing one gloo group between two threads would interleave their messages.
+            self._group = dist.new_group(backend="gloo")
+        future = dcp.async_save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(),
+                                process_group=self._group)
+        pending = _Pending(future, tmp, SaveStats(final, time.perf_counter() - started, background=True), started)
+        if _rank() == 0:  # done only once every rank's data is written (DCP gathers their results)
+            future.add_done_callback(lambda _: self._commit_pending(pending, step))
+        else:
+            pending.committed.set()
+        self._pending = pending
+        return pending.stats
+
+    def wait(self) -> SaveStats | None:
+        """Collective: finish the background save in flight, if any; return its stats."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        pending.future.result()
+        maybe_kill("commit", int(pending.stats.path.name.removeprefix("step_")), _rank())
+        pending.committed.wait()
+        if pending.error is not None:
+            raise CheckpointError(f"committing {pending.stats.path} failed: {pending.error}") from pending.error
         _barrier()
-        if _rank() == 0:
-            files = {str(p.relative_to(tmp)): _describe(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-            world = dist.get_world_size() if _distributed() else 1
-            manifest = {"format": FORMAT_VERSION, "step": step, "world": world, "time": time.time(), "files": files}
-            _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
-            if final.exists():  # a re-save of the same step replaces it
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            _fsync_dir(self.directory)
-            self._prune()
-        _barrier()
-        return final
+        return pending.stats
+
+    def _commit_pending(self, pending: _Pending, step: int) -> None:
+        try:
+            pending.future.result()
+            maybe_kill("commit", step, 0)
+            self._commit(pending.tmp, pending.stats.path, step)
+            pending.stats.write_s = time.perf_counter() - pending.started
+        except BaseException as err:  # re-raised by wait() in the training thread
+            pending.error = err
+        finally:
+            pending.committed.set()
+
+    def _commit(self, tmp: Path, final: Path, step: int) -> None:
+        """Rank 0: manifest last, then an atomic rename; then retention."""
+        files = {str(p.relative_to(tmp)): _describe(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        world = dist.get_world_size() if _distributed() else 1
+        manifest = {"format": FORMAT_VERSION, "step": step, "world": world, "time": time.time(), "files": files}
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        if final.exists():  # a re-save of the same step replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.directory)
+        self._prune()
 
     def checkpoints(self) -> list[Path]:
         """Committed checkpoint directories, oldest first (validity is checked by `latest`)."""
@@ -147,6 +225,8 @@ class CheckpointManager:
         return _load(Path(path) / SHARED_FILE)
 
     def _prune(self) -> None:
+        if self.keep_last is None:
+            return
         for old in self.checkpoints()[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -70,9 +70,26 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         backend = {"cuda": "nccl", "cpu": "gloo"}.get(device.type)  # XLA: "xla" via torch_xla
-        minutes = int(os.environ.get("HLAT_COLLECTIVE_TIMEOUT_MIN", 30))
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=minutes))
+        timeout = datetime.timedelta(minutes=int(os.environ.get("HLAT_COLLECTIVE_TIMEOUT_MIN", 30)))
+        store = restart_store(timeout)
+        if store is None:
+            dist.init_process_group(backend=backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
     return make_layout(pp, dp, tp, device)
+
+
+def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """Under torchrun's shared agent store, a namespace per restart attempt; else None (env://).
+
+    torchrun (--max-restarts) keeps one TCP store across attempts, so a restarted group would
+    read the previous attempt's gloo addresses and fail with "connectFullMesh ... Connection
+    refused". Prefixing every key with the attempt number gives each attempt clean keys.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"hlat/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def make_layout(pp: int, dp: int, tp: int, device: torch.device) -> Layout:

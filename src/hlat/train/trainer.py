@@ -20,6 +20,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import SaveStats
+from hlat.checkpoint.faults import maybe_kill
+from hlat.checkpoint.recovery import SpikeDetector
+from hlat.checkpoint.restore import init_weights, rank_state_for
 from hlat.config import RunConfig
 from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, build_loader
 from hlat.model import count_params, flops_per_token
@@ -78,7 +82,9 @@ class Trainer:
                                           self.accum, cfg.precision.mode)
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
-        self.step, self.tokens = 0, 0
+        self.archive = CheckpointManager(self.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
+        self.step, self.tokens, self.rollbacks = 0, 0, 0
+        self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)  # read on logging steps only
         self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_tflops, peak_source = peak_tflops(self.device, compute_dtype(cfg.precision.mode, self.device), cfg.train.peak_tflops)
         lay = self.layout
@@ -91,8 +97,13 @@ class Trainer:
         warning = slow_bf16_warning(self.device, cfg.precision.mode)
         if warning:
             self.out(warning)
-        if resume != "fresh":
-            self._resume()
+        path = None if resume == "fresh" else self.checkpoints.latest()
+        if path is not None:
+            self._restore(path)
+        elif resume == "require":
+            raise FileNotFoundError(f"--resume: no valid checkpoint in {self.checkpoints.directory}; drop --resume to start a new run")
+        elif cfg.checkpoint.init_from:
+            self.out(f"initialised from {init_weights(cfg.checkpoint.init_from, self.model.parts)} (new optimizer)")
 
     def _build_data(self) -> None:
         cfg, lay = self.cfg, self.layout
@@ -129,37 +140,76 @@ class Trainer:
         model = {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
         return {"model": model, "optim": self.optimizers.sharded_state_dict()}
 
-    def save(self) -> Path:
-        shared = {"progress": {"step": self.step, "tokens": self.tokens}}
+    def _layout(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
+
+    def save(self) -> SaveStats:
+        """Collective. Under checkpoint.async_save it returns once the state is staged."""
+        progress = {"step": self.step, "tokens": self.tokens, "skipped_steps": int(self.skipped.item())}
+        shared = {"progress": progress, "layout": self._layout()}
         if self.optimizers.zero1:
             shared["zero1_optim"] = self.optimizers.zero1_state_dict()
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
         return self.checkpoints.save(self.step, self._sharded_state(), rank_state,
-                                     shared if self.layout.is_main else None)
+                                     shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
 
-    def _resume(self) -> None:
-        path = self.checkpoints.latest()
-        if path is None:
-            if self.resume == "require":
-                raise FileNotFoundError(f"--resume: no valid checkpoint in {self.checkpoints.directory}; drop --resume to start a new run")
-            return
+    def _archive_due(self, tokens_per_step: int) -> bool:
+        every = self.cfg.checkpoint.archive_every_tokens
+        return every > 0 and self.tokens // every > (self.tokens - tokens_per_step) // every
+
+    def _restore(self, path: Path) -> None:
+        """Load everything from checkpoint `path` (collective), whatever layout saved it."""
+        shared = self.checkpoints.load_shared(path)
+        if ("zero1_optim" in shared) != self.optimizers.zero1:
+            raise RuntimeError(f"{path} was saved {'with' if 'zero1_optim' in shared else 'without'} ZeRO-1, whose optimizer "
+                               f"state is positional and does not convert; resume with --parallel.dp_sharding "
+                               f"{shared.get('layout', {}).get('dp_sharding', 'zero1')}, or start with --checkpoint.init_from {path}")
         state = self._sharded_state()
         self.checkpoints.load_sharded(path, state)
         for part in self.model.parts:
             set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-        shared = self.checkpoints.load_shared(path)
         if self.optimizers.zero1:
             self.optimizers.load_zero1_state_dict(shared["zero1_optim"])
         else:
             self.optimizers.load_sharded_state_dict(state["optim"])
-        rank_state = self.checkpoints.load_rank_state(path, self.layout.rank)
-        if rank_state is None:
-            raise RuntimeError(f"{path} was saved by fewer processes than this run's {self.layout.world}: "
-                               "model and optimizer reshard, the data position does not yet; resume with the saved world size")
-        self.loader.load_state_dict(rank_state["loader"])
-        load_rng_state(rank_state["rng"], self.device)
-        self.step, self.tokens = shared["progress"]["step"], shared["progress"]["tokens"]
-        self.out(f"resuming from {path} (step {self.step:,}, {self.tokens:,} tokens)")
+        same = shared.get("layout") == self._layout()
+        loader, rng = rank_state_for(self.checkpoints, path, self.layout.rank, self.layout.dp_rank, self.layout.dp, same)
+        self.loader.load_state_dict(loader)
+        if rng is not None:
+            load_rng_state(rng, self.device)
+        progress = shared["progress"]
+        self.step, self.tokens = progress["step"], progress["tokens"]
+        self.skipped.fill_(progress.get("skipped_steps", 0))
+        note = "" if same else f", resharded from {shared.get('layout')} to {self._layout()}"
+        self.out(f"resuming from {path} (step {self.step:,}, {self.tokens:,} tokens{note})")
+
+    def _roll_back(self, bad_step: int) -> bool:
+        """Restore the last checkpoint and skip the data read since; False if there is none."""
+        self.checkpoints.wait()
+        path = self.checkpoints.latest()
+        recovery = self.cfg.recovery
+        if path is None or self.rollbacks >= recovery.max_rollbacks:
+            return False
+        now = self.step
+        self._restore(path)
+        for _ in range((now - self.step) * self.accum):  # the offending data window
+            self.loader.next_batch()
+        self.rollbacks += 1
+        self.out(f"loss spike at step {bad_step}: rolled back to step {self.step} ({path.name}) and skipped the "
+                 f"{now - self.step} steps of data read since (rollback {self.rollbacks} of at most {recovery.max_rollbacks})")
+        return True
+
+    def _log_save(self, stats: SaveStats | None) -> None:
+        """Report a save; a background one is reported once at launch and once when committed."""
+        if stats is None:
+            return
+        if stats.write_s is None:
+            self.out(f"checkpoint: writing {stats.path.name} in the background (training blocked {stats.blocking_s:.2f} s)")
+        elif stats.background:
+            self.out(f"checkpoint: {stats.path} committed (written in {stats.write_s:.2f} s, training blocked {stats.blocking_s:.2f} s)")
+        else:
+            self.out(f"checkpoint: {stats.path} ({stats.write_s:.2f} s)")
 
     # --- the loop ---------------------------------------------------------------------------
     def fit(self) -> TrainSummary:
@@ -176,40 +226,75 @@ class Trainer:
         losses: list[float] = []
         window_start, window_time = 0, time.perf_counter()
         final_loss = None
+        recovery = cfg.recovery
+        spikes = SpikeDetector(recovery.spike_sigmas, recovery.spike_window)
+        skipped_logged = int(self.skipped.item())
         self.model.train()
         try:
             while self.step < total:
+                maybe_kill("step", self.step + 1, self.layout.rank)
                 batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
                 lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
                 self.optimizers.set_lr(lr)
-                share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip)
+                share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
+                                              self.skipped, recovery.max_grad_norm)
                 shares.append(share)
                 self.step += 1
                 self.tokens += tokens_per_step
                 if sinks:
                     sinks.advance()
-                if self.step % cfg.train.log_every == 0 or self.step == total:
-                    window = self.model.reduce_loss(torch.stack(shares[window_start:])).tolist()  # the one host sync
+                save_due = self.step % cfg.checkpoint.every == 0 or self.step == total
+                # A checkpoint closes the window too: only steps judged good are ever saved.
+                if self.step % cfg.train.log_every == 0 or self.step == total or save_due:
+                    # the one host sync: the window's losses and the skipped-step counter together
+                    *window, skipped = torch.cat([self.model.reduce_loss(torch.stack(shares[window_start:])),
+                                                  self.skipped.reshape(1).to(torch.float32)]).tolist()
+                    skipped = int(skipped)
+                    window_start = len(shares)
+                    first_step = self.step - len(window) + 1
+                    new_skips = skipped - skipped_logged
+                    spike = spikes.first_spike(window)
+                    if new_skips and recovery.nonfinite == "error":
+                        raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{self.step} "
+                                                 "(recovery.nonfinite=error); lower --optim.lr or check the data")
+                    if spike is not None or (new_skips and recovery.nonfinite == "rollback"):
+                        bad = first_step + (spike or 0)
+                        what = f"loss {window[spike]:.4f} at step {bad}" if spike is not None else f"{new_skips} non-finite step(s)"
+                        action = recovery.spike_action if spike is not None else "rollback"
+                        if action == "error":
+                            raise FloatingPointError(f"{what} (recovery.spike_action=error); lower --optim.lr or check the data")
+                        if action == "rollback" and self._roll_back(bad):
+                            skipped_logged, window_time = int(self.skipped.item()), time.perf_counter()
+                            continue
+                        self.out(f"warning: {what}; continuing (no checkpoint to roll back to, or "
+                                 f"recovery.max_rollbacks={recovery.max_rollbacks} reached)")
+                    skipped_logged = skipped
                     losses += window
-                    final_loss = sum(window) / len(window)
+                    finite = [x for x in window if math.isfinite(x)]  # a skipped step's loss may be NaN
+                    final_loss = sum(finite) / len(finite) if finite else math.nan
                     tokens_per_s = len(window) * tokens_per_step / (time.perf_counter() - window_time)
                     record = {
                         "step": self.step, "loss": final_loss, "ppl": perplexity(final_loss), "lr": lr,
                         "grad_norm": grad_norm.item(), "param_norm": self.model.param_norm().item(),
                         "tokens": self.tokens, "tokens_per_s": tokens_per_s,
                         "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
+                        "skipped_steps": skipped,
                     }
                     if sinks:
                         sinks.log(record)
-                    if not math.isfinite(final_loss):
-                        raise FloatingPointError(f"loss is {final_loss} at step {self.step}; lower --optim.lr or check the data")
-                    window_start, window_time = len(shares), time.perf_counter()
+                    window_time = time.perf_counter()
                 if cfg.eval.due(self.step) or (self.val_batches and self.step == total):
                     val_loss = self.model.validation_loss(self.val_batches)
                     if sinks:
                         sinks.log_validation(self.step, self.tokens, val_loss)
-                if self.step % cfg.checkpoint.every == 0 or self.step == total:
-                    self.out(f"checkpoint: {self.save()}")
+                if save_due:
+                    self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
+                    self._log_save(self.save())
+                if self._archive_due(tokens_per_step):
+                    stats = self.archive.save(self.step, {"model": self._sharded_state()["model"]}, None,
+                                              {"progress": {"step": self.step, "tokens": self.tokens}} if self.layout.is_main else None)
+                    self.out(f"archived weights: {stats.path} ({stats.blocking_s:.2f} s)")
+            self._log_save(self.checkpoints.wait())
         finally:
             if sinks:
                 sinks.close()

@@ -1,0 +1,72 @@
+"""Putting saved state back into a run of any layout: the data position, and initial weights.
+
+Model and optimizer state reshard through torch.distributed.checkpoint (keyed by name). The data
+position is per data-parallel rank: a run with the saved layout takes its own rank's file; any
+other layout merges every saved rank's loader state (hlat.data.merge_states) and deals the
+virtual shards to its own ranks, so no document is skipped or repeated within an epoch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+from hlat.checkpoint.manager import CheckpointError, CheckpointManager, rank_file
+from hlat.data import merge_states
+
+HF_PREFIX = "hf:"
+
+
+def rank_state_for(manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int,
+                   same_layout: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(loader state, RNG state or None) for this process from checkpoint `path`.
+
+    RNG states belong to a process of the saved layout; a resharded run keeps its seeded ones.
+    """
+    if same_layout:
+        own = manager.load_rank_state(path, rank)
+        if own is None:
+            raise CheckpointError(f"{path} lacks {rank_file(rank)} although it was saved with this layout")
+        return own["loader"], own["rng"]
+    # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state.
+    by_dp: dict[int, dict[str, Any]] = {}
+    for file in sorted(Path(path).glob("rank_*.pt")):
+        loader = manager.load_rank_state(path, int(file.stem.removeprefix("rank_")))["loader"]
+        by_dp.setdefault(loader["dp_rank"], loader)
+    if not by_dp:
+        raise CheckpointError(f"{path} has no rank_*.pt files: it holds weights only (an archive); "
+                              "start from it with --checkpoint.init_from instead")
+    saved_dp = next(iter(by_dp.values()))["dp_size"]
+    if saved_dp == dp:  # only tensor/pipeline degrees changed: every rank keeps its position
+        return by_dp[dp_rank], None
+    return merge_states(list(by_dp.values())), None
+
+
+def init_weights(spec: str, parts: list[nn.Module]) -> str:
+    """Fill the model parts (any layout) from `spec`: hf:DIR (a Hugging Face LLaMA directory) or
+    an hlat checkpoint or run directory. Collective under torchrun. Returns what was loaded."""
+    if spec.startswith(HF_PREFIX):
+        from hlat.eval.loading import _hf_weights
+        from hlat.model.hf import hf_to_hlat
+
+        directory = Path(spec.removeprefix(HF_PREFIX)).expanduser()
+        full = hf_to_hlat(_hf_weights(directory))
+        for part in parts:  # every rank holds the full tensors and keeps its own shard of them
+            set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        return f"Hugging Face weights from {directory}"
+    path = Path(spec).expanduser()
+    if (path / "checkpoints").is_dir():  # a run directory: its newest valid checkpoint
+        found = CheckpointManager(path / "checkpoints", keep_last=None).latest()
+        if found is None:
+            raise FileNotFoundError(f"checkpoint.init_from={spec}: no valid checkpoint under {path / 'checkpoints'}")
+        path = found
+    manager = CheckpointManager(path.parent, keep_last=None)
+    manager.check(path)
+    state = {"model": {k: v for part in parts for k, v in get_model_state_dict(part).items()}}
+    manager.load_sharded(path, state)
+    for part in parts:
+        set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+    return f"weights of {path}"
