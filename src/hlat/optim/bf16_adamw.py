@@ -56,6 +56,19 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _local_grad(p: torch.Tensor) -> torch.Tensor:
+    """This rank's gradient for its shard of `p`.
+
+    Under tensor parallelism a gradient can come back in another layout than its parameter (e.g.
+    replicated for a vocabulary-sharded embedding, or a pending sum for a sequence-parallel norm):
+    bring it to the parameter's placements first, as DTensor's own ops would for torch AdamW.
+    """
+    g = p.grad
+    if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+        g = g.redistribute(p.device_mesh, p.placements)
+    return _local(g)
+
+
 def _shard_position(p: torch.Tensor) -> tuple[int, int]:
     """(global flat index of this rank's first element, salt for the noise seed).
 
@@ -121,7 +134,7 @@ class BF16AdamW(torch.optim.Optimizer):
                 step = int(state["step"].item())
                 offset, salt = _shard_position(p)
                 self.update(
-                    _local(p).view(-1), _local(p.grad).view(-1), _local(state["exp_avg"]).view(-1),
+                    _local(p).view(-1), _local_grad(p).view(-1), _local(state["exp_avg"]).view(-1),
                     _local(state["exp_avg_sq"]).view(-1),
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                     bias1=1 - beta1**step, bias2_sqrt=math.sqrt(1 - beta2**step),

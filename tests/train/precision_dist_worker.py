@@ -1,0 +1,84 @@
+"""Train bf16-sr runs under several layouts in one torchrun launch (imports cost ~10 s a launch).
+
+Launched by test_precision_dist.py: `python -m torch.distributed.run --nproc_per_node=2 THIS OUT
+CORPUS`. Every run goes through what `hlat train` does (hlat.config.load_config on command-line
+overrides, then Trainer(...).fit()); the worker only keeps the process group between runs. Each
+rank writes OUT/<run>.rank<r>.json: the losses of the invocation and the dtypes of its local
+parameters, gradients and optimizer state.
+"""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from hlat.config import load_config
+from hlat.parallel.mesh import teardown, world_from_env
+from hlat.train.trainer import Trainer
+
+STEPS = 6
+LAYOUTS = {
+    "ddp": ["--parallel.dp_sharding", "ddp"],
+    "zero1": ["--parallel.dp_sharding", "zero1"],
+    "fsdp": ["--parallel.dp_sharding", "fsdp"],
+    "tp2": ["--parallel.tp", "2"],
+}
+
+
+def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
+    return [
+        "--data.source", corpus, "--model.vocab_size", "512", "--model.d_model", "64",
+        "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
+        "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2",
+        "--train.log_every", "1", "--train.tensorboard", "false", "--train.run_dir", str(run_dir),
+        "--checkpoint.every", "2", "--optim.lr", "1e-2", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100",
+        "--eval.every", "0", "--precision.mode", "bf16-sr", "--train.steps", str(steps),
+    ]
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def dtypes(trainer: Trainer) -> dict[str, list[str]]:
+    params = list(trainer.model.parameters())
+    state = [t for opt in trainer.optimizers.optimizers for s in getattr(opt, "optim", opt).state.values()
+             for t in s.values() if isinstance(t, torch.Tensor) and t.ndim > 0]
+    return {
+        "params": sorted({str(local(p).dtype) for p in params}),
+        "grads": sorted({str(local(p.grad).dtype) for p in params if p.grad is not None}),
+        "optim_state": sorted({str(local(t).dtype) for t in state}),
+        "n_state": [len(state)],
+        # Replicas (DDP, ZeRO-1 after its broadcast) must hold bit-identical weights: their rounding
+        # noise is shared. Under FSDP/TP each rank's digest is of its own shard.
+        "digest": [hashlib.sha256(b"".join(local(p).detach().contiguous().view(torch.int16).numpy().tobytes()
+                                            for p in params)).hexdigest()],
+    }
+
+
+def train(name: str, args: list[str], out: Path, resume: str = "auto") -> None:
+    trainer = Trainer(load_config(None, None, args), resume=resume, out=lambda line: None)
+    summary = trainer.fit()
+    trainer.checkpoints.wait()
+    record = {"losses": summary.losses, "step": summary.step, **dtypes(trainer)}
+    (out / f"{name}.rank{trainer.layout.rank}.json").write_text(json.dumps(record))
+
+
+def main() -> None:
+    out, corpus = Path(sys.argv[1]), sys.argv[2]
+    for name, layout in LAYOUTS.items():
+        train(name, base(corpus, out / name, STEPS) + layout, out, resume="fresh")
+    # Exact resume under FSDP2: stop at step 2, resume in a new Trainer to 4, against 4 straight.
+    fsdp = LAYOUTS["fsdp"]
+    train("straight", base(corpus, out / "straight", 4) + fsdp, out, resume="fresh")
+    train("first", base(corpus, out / "resumed", 2) + fsdp, out, resume="fresh")
+    train("second", base(corpus, out / "resumed", 4) + fsdp, out, resume="require")
+    if world_from_env()[0] > 1:
+        teardown()
+
+
+if __name__ == "__main__":
+    main()
