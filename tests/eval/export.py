@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import torch
 
+from hlat.checkpoint import CheckpointManager
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 
 def save_run(run_dir: Path, model: Llama, tokenizer_file: Path, steps: list[int]) -> Path:
-    """A run directory in the format hlat train writes: config.toml, checkpoints/step_*/ with
-    state.pt (format 1) and manifest.json; the tokenizer is copied to <run>/tokenizer.json."""
+    """A run directory in the format hlat train writes: config.toml, checkpoints/step_*/ (weights
+    only, as archives are); the tokenizer is copied to <run>/tokenizer.json."""
     cfg = model.cfg
     model_toml = "\n".join(f"{k} = {v!r}" for k, v in vars(cfg).items())
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(f'name = "tiny"\n\n[model]\n{model_toml}\n\n[data]\nseq_len = 64\n')
     shutil.copy(tokenizer_file, run_dir / "tokenizer.json")
+    manager = CheckpointManager(run_dir / "checkpoints", keep_last=None)
     for step in steps:
-        ckpt = run_dir / "checkpoints" / f"step_{step:08d}"
-        ckpt.mkdir()
         sd = {k: v * (1.0 + 0.01 * step) for k, v in model.state_dict().items()}
-        torch.save({"model": sd, "progress": {"step": step, "tokens": step * 512}}, ckpt / "state.pt")
-        (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "step": step, "files": {}}))
+        manager.save(step, {"model": sd}, None, {"progress": {"step": step, "tokens": step * 512}})
     return run_dir
 
 

@@ -1,8 +1,8 @@
 """Find and load what to evaluate: an hlat checkpoint, an hlat run directory, or a local Hugging
 Face LLaMA directory (config.json + safetensors or pytorch_model.bin + tokenizer.json).
 
-`load_checkpoint_weights` is the only function that knows hlat's checkpoint format, so the move
-to sharded (torch.distributed.checkpoint) checkpoints changes it alone.
+`load_checkpoint_weights` is the only function here that reads hlat checkpoints; it goes through
+hlat.checkpoint.CheckpointManager like training does.
 """
 
 from __future__ import annotations
@@ -43,26 +43,15 @@ def run_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def load_checkpoint_weights(checkpoint: Path, model: Llama) -> dict[str, int]:
-    """Fill `model` (an hlat Llama on the CPU) from one saved checkpoint; return its progress
-    {"step", "tokens"}. Reads format 1 (state.pt) and format 2 (dcp/ + shared.pt, sharded by
-    torch.distributed.checkpoint and keyed by parameter name, so any training layout loads)."""
+    """Fill `model` (an hlat Llama on the CPU) from one saved checkpoint (or weights-only archive)
+    after verifying it against its manifest; return its progress {"step", "tokens"}. The weights
+    are sharded by torch.distributed.checkpoint and keyed by name, so any training layout loads."""
     checkpoint = Path(checkpoint)
-    if (checkpoint / "dcp").is_dir():
-        import torch.distributed.checkpoint as dcp
-
-        from hlat.checkpoint.safe_metadata import check_metadata
-
-        check_metadata(checkpoint / "dcp" / ".metadata")  # nothing unpickled off an allow-list
-        state = {"model": model.state_dict()}  # DCP fills these tensors (the parameters) in place
-        dcp.load(state, checkpoint_id=str(checkpoint / "dcp"), no_dist=True)
-        shared = torch.load(checkpoint / "shared.pt", map_location="cpu", weights_only=True)
-        return dict(shared.get("progress", {}))
-    state_file = checkpoint / "state.pt"
-    if not state_file.is_file():
-        raise FileNotFoundError(f"{checkpoint} has neither dcp/ nor state.pt: not an hlat checkpoint")
-    state = torch.load(state_file, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"], strict=True)
-    return dict(state.get("progress", {}))
+    manager = CheckpointManager(checkpoint.parent, keep_last=None)
+    manager.check(checkpoint)  # sizes, checksums, and DCP metadata checked against an allow-list
+    state = {"model": model.state_dict()}  # DCP fills these tensors (the parameters) in place
+    manager.load_sharded(checkpoint, state)
+    return dict(manager.load_shared(checkpoint).get("progress", {}))
 
 
 def load_model(path: str | Path, tokenizer: str | Path | None = None,

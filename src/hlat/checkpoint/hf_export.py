@@ -1,0 +1,63 @@
+"""Write a Hugging Face LLaMA directory from any hlat checkpoint: safetensors shards (with an index
+when there are several), config.json and the run's tokenizer files.
+
+The weights are read through the evaluation loader (hlat.eval.loading), which reassembles full
+tensors from a checkpoint of any training layout; only the names change (hlat.model.hf).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from hlat.model.hf import hf_config_dict, hlat_to_hf
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32") -> Path:
+    """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint)."""
+    from safetensors.torch import save_file
+
+    from hlat.eval.loading import load_model
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    loaded = load_model(source)
+    run_dir = Path(source) if (Path(source) / "config.toml").is_file() else Path(source).parent.parent
+    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in hlat_to_hf(loaded.model.state_dict()).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in weights.items():  # greedy, in layer order, as transformers does
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / file), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(shard, file))
+        total = sum(t.numel() * t.element_size() for t in weights.values())
+        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    tok = loaded.tokenizer
+    config = {**hf_config_dict(loaded.model.cfg), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "torch_dtype": dtype, "eos_token_id": tok.eos_id, "bos_token_id": None}
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    for name in ("tokenizer.json", "tokenizer.model"):
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, out / name)
+    # hlat adds no BOS and ends documents with EOS: say so, or a LLaMA tokenizer would add a BOS.
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "add_bos_token": False,
+        "model_max_length": loaded.model.cfg.max_seq_len}, indent=1))
+    return out

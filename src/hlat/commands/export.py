@@ -1,0 +1,30 @@
+"""hlat export: an hlat checkpoint or run directory as a Hugging Face LLaMA directory."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export", allow_abbrev=False, help="write a Hugging Face LLaMA directory (safetensors, config.json, tokenizer)",
+        description="Export the weights of an hlat checkpoint (saved in any parallel layout), weights-only archive, "
+        "or run directory (its newest checkpoint) for transformers' LlamaForCausalLM.from_pretrained. "
+        "The reverse is hlat train --checkpoint.init_from hf:DIR.",
+        epilog="example: hlat export runs/small hf/small && python -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained('hf/small')\"",
+    )
+    parser.add_argument("source", type=Path, help="run directory, checkpoints/step_N or archive/step_N")
+    parser.add_argument("out", type=Path, help="output directory (created)")
+    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    parser.add_argument("--shard-gb", type=float, default=5.0, help="largest safetensors file, GiB (default 5)")
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hlat.checkpoint.hf_export import export_hf
+
+    if overrides:
+        raise SystemExit(f"hlat export: unexpected arguments {' '.join(overrides)}")
+    out = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype)
+    print(f"exported {args.source} to {out} (Hugging Face LLaMA)")
+    return 0
