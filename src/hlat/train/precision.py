@@ -76,6 +76,31 @@ class _UpcastWeights(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _bf16(t: Any) -> Any:
+    """`t` rounded to bf16 (to nearest) and held in fp32: exactly the value a bf16 unit reads."""
+    return t.to(torch.bfloat16).float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+class EmulatedBf16Compute(TorchFunctionMode):
+    """bf16 autocast's numerics at fp32 speed, for CPUs without bf16 units (studies, not training).
+
+    Linear layers and attention read their inputs and weights rounded to bf16, multiply and
+    accumulate in fp32 (bf16 x bf16 products are exact in fp32; bf16 matmul units accumulate in
+    fp32 too) and round the output to bf16, as `torch.autocast(dtype=torch.bfloat16)` does on
+    hardware with bf16 units. Through autograd the gradients are rounded at the same points as a
+    bf16 backward. Left out: summation order inside a kernel, and the internals of a fused
+    attention kernel (softmax statistics are fp32 in both). Parameters stay fp32 (the master copy).
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear or func is F.scaled_dot_product_attention:
+            args = tuple(_bf16(a) for a in args)
+            kwargs = {k: (v if k == "attn_mask" else _bf16(v)) for k, v in kwargs.items()}
+            return func(*args, **kwargs).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
 def autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context the forward (and backward) passes run in for `mode` on `device`."""
     if compute_dtype(mode, device) == torch.bfloat16:
