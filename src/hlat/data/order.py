@@ -121,6 +121,7 @@ class RankStream:
         self._heap: list[Key] = []
         self._ahead: deque[tuple[Key, DocTokens]] = deque()
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self._queue: queue.Queue | None = None
         self._local: Iterator[list[tuple[Key, DocTokens]]] | None = None
         self._restart()
@@ -135,14 +136,19 @@ class RankStream:
         self._stop = threading.Event()
         if self.prefetch:
             self._queue = queue.Queue(maxsize=2)
-            threading.Thread(target=_worker, args=(chunks, self._queue, self._stop), daemon=True,
-                             name="hlat-tokenize").start()
+            self._thread = threading.Thread(target=_worker, args=(chunks, self._queue, self._stop), daemon=True,
+                                            name="hlat-tokenize")
+            self._thread.start()
         else:
             self._local = chunks
 
     def close(self) -> None:
-        """Stop the tokenizing thread (it exits within ~50 ms)."""
+        """Stop the tokenizing thread and wait for it: a thread still inside the tokenizer when the
+        interpreter exits aborts the process ("terminate called without an active exception")."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join()  # it checks the stop flag between chunks and every 50 ms while blocked
+            self._thread = None
         self._queue = self._local = None
 
     def __del__(self) -> None:

@@ -296,6 +296,7 @@ class Trainer:
                     self.out(f"archived weights: {stats.path} ({stats.blocking_s:.2f} s)")
             self._log_save(self.checkpoints.wait())
         finally:
+            self.loader.close()
             if sinks:
                 sinks.close()
         if self.layout.is_main:
