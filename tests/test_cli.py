@@ -41,6 +41,8 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in train] == [2, 4]
     assert {"loss", "ppl", "lr", "grad_norm", "param_norm", "tokens_per_s", "tokens", "mfu"} <= set(train[0])
+    (source_tokens,) = train[-1]["source_tokens"].values()  # one source: its count is every token read
+    assert source_tokens == train[-1]["tokens"]
     # the tiny preset validates on its held-out files at the end of the run
     assert [r["step"] for r in records if "val_loss" in r] == [4]
     assert (run / "tokenizer.json").is_file()

@@ -40,6 +40,9 @@ class MetricSinks:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
                     self.writer.add_scalar(f"train/{key}", value, record["step"])
+                elif isinstance(value, dict):  # e.g. tokens per data source
+                    for name, sub in value.items():
+                        self.writer.add_scalar(f"{key}/{name}", sub, record["step"])
         self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=f"{record['mfu']:.1%}")
         line = (
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "

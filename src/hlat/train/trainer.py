@@ -211,6 +211,13 @@ class Trainer:
         else:
             self.out(f"checkpoint: {stats.path} ({stats.write_s:.2f} s)")
 
+    def _source_tokens(self) -> dict[str, int]:
+        """Tokens consumed from each data source so far, over all data-parallel ranks (collective)."""
+        counts = torch.tensor(self.loader.tokens_emitted, dtype=torch.float64, device=self.device)
+        if self.layout.dp > 1:
+            dist.all_reduce(counts, group=self.layout.group("dp"))
+        return {docs.name: int(n) for docs, n in zip(self.loader.docs, counts.tolist())}
+
     # --- the loop ---------------------------------------------------------------------------
     def fit(self) -> TrainSummary:
         cfg = self.cfg
@@ -279,6 +286,7 @@ class Trainer:
                         "tokens": self.tokens, "tokens_per_s": tokens_per_s,
                         "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
                         "skipped_steps": skipped,
+                        "source_tokens": self._source_tokens(),
                     }
                     if sinks:
                         sinks.log(record)
