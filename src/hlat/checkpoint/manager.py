@@ -18,6 +18,7 @@ checked first (see safe_metadata.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ import pickle
 import shutil
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,14 @@ FORMAT_VERSION = 2
 
 class CheckpointError(RuntimeError):
     pass
+
+
+@contextlib.contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """DCP warns on every single-process save and load that it assumes one process: we know."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _distributed() -> bool:
@@ -108,7 +119,8 @@ class CheckpointManager:
         if shared is not None:
             _save_synced(shared, tmp / SHARED_FILE)
         if not background:
-            dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
+            with _single_process_quiet():
+                dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
             _barrier()
             maybe_kill("commit", step, _rank())
             if _rank() == 0:
@@ -214,7 +226,8 @@ class CheckpointManager:
 
     def load_sharded(self, path: Path, sharded: dict[str, Any]) -> None:
         """Fill `sharded` (this layout's state dict) in place from the checkpoint (collective)."""
-        dcp.load(sharded, checkpoint_id=str(Path(path) / DCP_DIR), no_dist=not _distributed())
+        with _single_process_quiet():
+            dcp.load(sharded, checkpoint_id=str(Path(path) / DCP_DIR), no_dist=not _distributed())
 
     def load_rank_state(self, path: Path, rank: int) -> dict[str, Any] | None:
         """One process's state as saved, or None if the checkpoint had no such rank."""
