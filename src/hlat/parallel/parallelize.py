@@ -84,8 +84,7 @@ class ParallelModel:
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
         self._loss_scale[:] = [scale]
         losses: list[torch.Tensor] = []
-        args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
-        kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+        args, kwargs = self._schedule_io(batches, losses)
         with self._context(device):
             self.schedule.step(*args, **kwargs)
         if not losses:
@@ -104,8 +103,7 @@ class ParallelModel:
             if self.schedule is not None:
                 self._loss_scale[:] = [torch.ones((), device=device)]
                 losses: list[torch.Tensor] = []
-                args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
-                kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+                args, kwargs = self._schedule_io(batches, losses)
                 with self._context(device):
                     self.schedule.eval(*args, **kwargs)
                 total = torch.stack([local_value(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
@@ -119,6 +117,12 @@ class ParallelModel:
             self.train(True)
         count = global_target_count(batches, self.layout)
         return (self.reduce_loss(total) / count).item()
+
+    def _schedule_io(self, batches: Sequence[Batch], losses: list[torch.Tensor]) -> tuple[tuple, dict]:
+        """A schedule's inputs on this rank: tokens to the first stage, targets to the last."""
+        args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
+        kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+        return args, kwargs
 
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) * self._loss_scale[0]
