@@ -90,3 +90,12 @@ ARC_ROWS = [
         ("What does add return?", ["a + b", "wood", "the dog"], "A"),
     ])
 ]
+
+
+@pytest.fixture
+def task_dir(tmp_path) -> Path:
+    """Local files of two tiny tasks: arc_easy (multiple choice) and perplexity (rolling)."""
+    root = tmp_path / "tasks"
+    write_jsonl(root / "arc_easy" / "test.jsonl", ARC_ROWS)
+    write_jsonl(root / "perplexity" / "test.jsonl", [{"text": text} for text in TEXT[:5]])
+    return root

@@ -101,4 +101,30 @@ def test_adamw_class_for_zero_redundancy():
     cls, kwargs = adamw_class(OptimConfig(), "stochastic", seed=3)
     assert cls is BF16AdamW and kwargs["seed"] == 3 and kwargs["betas"] == (0.9, 0.95)
     cls, kwargs = adamw_class(OptimConfig())
-    assert cls is torch.optim.AdamW and kwargs["foreach"]
+    assert cls is torch.optim.AdamW and kwargs["fused"] and not kwargs["foreach"]
+    cls, kwargs = adamw_class(OptimConfig(), device_type="xla")  # no fused kernel there
+    assert kwargs["foreach"] and not kwargs["fused"]
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_found_inf_skips_the_step_exactly(compile):
+    """A flagged step with NaN gradients changes nothing; the next one equals an unskipped run's."""
+    skipped, straight = bf16_params(), bf16_params()
+    opt_s = BF16AdamW(skipped, compile=compile, **HYPER)
+    opt_t = BF16AdamW(straight, compile=compile, **HYPER)
+    run(skipped, opt_s, 2)
+    run(straight, opt_t, 2)
+    before = [p.clone() for p in skipped], {k: v.clone() for k, v in opt_s.state[skipped[0]].items()}
+    for p in skipped:
+        p.grad = torch.full_like(p, float("nan"))
+    opt_s.found_inf = torch.ones(())
+    opt_s.step()
+    assert all(torch.equal(p, q) for p, q in zip(skipped, before[0]))
+    assert all(torch.equal(opt_s.state[skipped[0]][k], v) for k, v in before[1].items())
+    opt_s.found_inf = torch.zeros(())
+    run(skipped, opt_s, 1, seed=2)
+    run(straight, opt_t, 1, seed=2)
+    assert opt_s.state[skipped[0]]["step"].item() == opt_t.state[straight[0]]["step"].item() == 3
+    # The rounding noise is keyed by step() calls, so the weights differ by rounding only.
+    for p, q in zip(skipped, straight):
+        torch.testing.assert_close(p.float(), q.float(), rtol=2**-6, atol=1e-3)

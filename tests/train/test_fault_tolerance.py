@@ -41,22 +41,33 @@ def quiet(_: str) -> None:
     pass
 
 
-def test_nonfinite_gradient_is_skipped_without_poisoning_the_weights(small_corpus, tmp_path, monkeypatch):
-    trainer = Trainer(cfg(small_corpus, tmp_path / "nan"), out=quiet)
+def _optimizer_state(trainer: Trainer) -> list[torch.Tensor]:
+    return [t.clone() for opt in trainer.optimizers.optimizers for state in opt.state.values() for t in state.values()]
+
+
+@pytest.mark.parametrize("mode", ["fp32", "bf16-sr"])
+def test_nonfinite_gradient_step_is_skipped_exactly(small_corpus, tmp_path, monkeypatch, mode):
+    """Step 3 gets a NaN gradient: weights, moments and step counts after it equal those before it."""
+    run = tmp_path / mode
+    trainer = Trainer(cfg(small_corpus, run, "--precision.mode", mode, "--precision.compile_optimizer", "false"), out=quiet)
     real = trainer.model.forward_backward
-    calls = []
+    snapshots = []
 
     def forced_nan(batches, n_targets):
+        if len(snapshots) < 2 and trainer.step in (2, 3):  # the state before and after step 3
+            snapshots.append(([p.detach().clone() for p in trainer.model.parameters()], _optimizer_state(trainer)))
         share = real(batches, n_targets)
-        calls.append(1)
-        if len(calls) == 3:  # step 3: a NaN in one gradient entry
+        if trainer.step == 2:  # running step 3: a NaN in one gradient entry
             next(p for p in trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
         return share
 
     monkeypatch.setattr(trainer.model, "forward_backward", forced_nan)
     summary = trainer.fit()
-    records = [json.loads(line) for line in (tmp_path / "nan" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1, 1]
+    (weights_before, state_before), (weights_after, state_after) = snapshots
+    assert_same_tensors(dict(enumerate(weights_after)), dict(enumerate(weights_before)))
+    assert_same_tensors(dict(enumerate(state_after)), dict(enumerate(state_before)))
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert len(summary.losses) == 6 and all(x == x for x in summary.losses)
 

@@ -28,22 +28,34 @@ def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     ]
 
 
-def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
-                compile: bool = True) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+# Devices with torch's fused AdamW kernel: one kernel over all parameters, and the `found_inf`
+# flag that skips a step exactly on the device. Elsewhere (e.g. XLA) foreach does the update.
+FUSED_DEVICES = ("cpu", "cuda")
+
+
+def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0, compile: bool = True,
+                device_type: str = "cpu") -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
 
-    `bf16_rounding` None: torch AdamW for fp32 state. "stochastic"/"nearest": BF16AdamW for bf16
-    parameters, rounding each update that way (noise seeded by `seed`; `compile` fuses the update).
+    `bf16_rounding` None: torch AdamW for fp32 state (fused on `device_type`s that have the kernel).
+    "stochastic"/"nearest": BF16AdamW for bf16 parameters, rounding each update that way (noise
+    seeded by `seed`; `compile` fuses the update). Both honour `found_inf` (see skips_exactly).
     """
     kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if bf16_rounding is None:
-        # foreach keeps the step vectorised over all parameters; `fused` is CUDA/CPU-kernel specific
-        # and does not compose with DTensor on every backend, so it is not the default.
-        return torch.optim.AdamW, {**kwargs, "foreach": True}
+        fused = device_type in FUSED_DEVICES
+        return torch.optim.AdamW, {**kwargs, "fused": fused, "foreach": not fused}
     return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile}
 
 
 def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
                 compile: bool = True) -> torch.optim.Optimizer:
-    cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile)
+    device_type = next(model.parameters()).device.type
+    cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile, device_type)
     return cls(decay_groups(model, cfg), **kwargs)
+
+
+def skips_exactly(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether setting `optimizer.found_inf` (a 0-d device tensor, 1 = skip) makes its step leave
+    weights, moments and step counts untouched without a host sync."""
+    return isinstance(optimizer, BF16AdamW) or bool(optimizer.defaults.get("fused"))

@@ -10,6 +10,11 @@ through `.to_local()`, and the class takes plain keyword arguments so ZeroRedund
 build it. The rounding noise is a function of (seed, step, parameter position, global element
 index), so the optimizer's ordinary state_dict (step counts, seed in the param groups) is all a
 resume needs.
+
+A step can be skipped exactly without a host sync, with torch's fused-AdamW protocol: set
+`optimizer.found_inf` to a 0-d float tensor on the parameters' device; where it is 1, weights,
+moments and the step count are left as they were (the step count lives on the device, and so do
+the bias corrections computed from it).
 """
 
 from __future__ import annotations
@@ -29,20 +34,27 @@ from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
 ROUNDINGS = ("stochastic", "nearest")
 
 
-def adamw_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, lr: float, beta1: float,
-                  beta2: float, eps: float, weight_decay: float, bias1: float, bias2_sqrt: float,
+def adamw_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, skip: torch.Tensor,
+                  step: torch.Tensor, *, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                   stochastic: bool, offset: int, seed: int) -> None:
-    """One AdamW update of flat bf16 tensors, in fp32, in torch.optim.AdamW's order of operations."""
+    """One AdamW update of flat bf16 tensors, in fp32, in torch.optim.AdamW's order of operations.
+
+    `step` (0-d, device) counts the updates applied including this one; where `skip` (0-d, device)
+    is nonzero every tensor keeps its value, whatever non-finite numbers the gradient holds.
+    """
+    bias1 = 1 - beta1**step
+    bias2_sqrt = (1 - beta2**step).sqrt()
     g32 = g.float()
     m32 = m.float().lerp(g32, 1 - beta1)
     v32 = v.float() * beta2 + (1 - beta2) * g32 * g32
     p32 = p.float() * (1 - lr * weight_decay) - (lr / bias1) * m32 / (v32.sqrt() / bias2_sqrt + eps)
     noise_p, noise_m = random_bits(p.numel(), offset, seed, p.device) if stochastic else (None, None)
-    p.copy_(round_to_bf16(p32, noise_p))
-    m.copy_(round_to_bf16(m32, noise_m))
+    keep = skip != 0
+    p.copy_(torch.where(keep, p, round_to_bf16(p32, noise_p)))
+    m.copy_(torch.where(keep, m, round_to_bf16(m32, noise_m)))
     # The second moment only enters through a square root: rounding it to nearest (as torchao
     # does) errs by at most 0.2% of the update's denominator, and saves a second hash per element.
-    v.copy_(round_to_bf16(v32, None))
+    v.copy_(torch.where(keep, v, round_to_bf16(v32, None)))
 
 
 @functools.cache
@@ -88,9 +100,9 @@ def _shard_position(p: torch.Tensor) -> tuple[int, int]:
     return 0, 1 + int.from_bytes(hashlib.blake2b(repr(sharded).encode(), digest_size=4).digest(), "little")
 
 
-def noise_seed(seed: int, step: int, position: int, salt: int) -> int:
-    """A 32-bit seed per (run seed, step, parameter, shard): fresh noise every step."""
-    digest = hashlib.blake2b(f"{seed}|{step}|{position}|{salt}".encode(), digest_size=4).digest()
+def noise_seed(seed: int, call: int, position: int, salt: int) -> int:
+    """A 32-bit seed per (run seed, step() call, parameter, shard): fresh noise every step."""
+    digest = hashlib.blake2b(f"{seed}|{call}|{position}|{salt}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
 
@@ -101,7 +113,8 @@ class BF16AdamW(torch.optim.Optimizer):
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         # rounding and seed live in the param groups so that they travel with the state_dict.
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed)
+        # `calls` counts step() calls, skipped ones included: it keys the rounding noise on the host.
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed, calls=0)
         super().__init__(params, defaults)
         self.update = compiled_update() if compile else adamw_update_
         for group in self.param_groups:
@@ -118,27 +131,33 @@ class BF16AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
+        skips: dict[torch.device, torch.Tensor] = {}  # found_inf (or no skip) on each parameter device
         position = 0  # parameter position across groups: the same on every data-parallel replica
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
+            group["calls"] += 1
             for p in group["params"]:
                 position += 1
                 if p.grad is None:
                     continue
+                local = _local(p)
+                skip = skips.get(local.device)
+                if skip is None:
+                    skip = skips[local.device] = (torch.zeros((), device=local.device) if found_inf is None
+                                                  else found_inf.to(local.device, torch.float32, non_blocking=True))
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)  # on the CPU: reading it never syncs
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=local.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                step = int(state["step"].item())
+                state["step"] += 1 - skip
                 offset, salt = _shard_position(p)
                 self.update(
-                    _local(p).view(-1), _local_grad(p).view(-1), _local(state["exp_avg"]).view(-1),
-                    _local(state["exp_avg_sq"]).view(-1),
+                    local.view(-1), _local_grad(p).view(-1), _local(state["exp_avg"]).view(-1),
+                    _local(state["exp_avg_sq"]).view(-1), skip, state["step"],
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    bias1=1 - beta1**step, bias2_sqrt=math.sqrt(1 - beta2**step),
                     stochastic=group["rounding"] == "stochastic", offset=offset,
-                    seed=noise_seed(group["seed"], step, position, salt),
+                    seed=noise_seed(group["seed"], group["calls"], position, salt),
                 )
         return loss

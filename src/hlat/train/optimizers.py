@@ -19,6 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from hlat.optim import skips_exactly
+
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -36,8 +38,17 @@ class Optimizers:
         for group in self.param_groups:
             group["lr"] = lr
 
-    def step(self) -> None:
+    def step(self, skip: torch.Tensor | None = None) -> None:
+        """Step every optimizer; where the 0-d device flag `skip` is set, leave weights, moments and
+        step counts untouched (no host sync). Optimizers without that ability (foreach AdamW, on
+        devices with no fused kernel) step on zeroed gradients instead: weights still move by
+        momentum and weight decay."""
         for opt in self.optimizers:
+            inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+            if skips_exactly(inner):
+                inner.found_inf = None if skip is None else skip.to(torch.float32)
+            elif skip is not None:
+                _zero_grads_where(inner, skip)
             opt.step()
 
     def zero_grad(self) -> None:
@@ -63,3 +74,14 @@ class Optimizers:
     def load_zero1_state_dict(self, state: dict[str, Any]) -> None:
         (opt,) = self.optimizers
         opt.load_state_dict(state)
+
+
+@torch.no_grad()
+def _zero_grads_where(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:
+    """Zero every gradient where `skip` is set, without reading it on the host (masked_fill, not
+    multiplication: NaN x 0 is NaN)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+                grad.masked_fill_(skip, 0.0)

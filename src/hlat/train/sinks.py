@@ -59,6 +59,18 @@ class MetricSinks:
             self.writer.add_scalar("val/loss", loss, step)
         self.bar.write(f"step {step:>7} | validation loss {loss:.4f} | ppl {record['val_ppl']:.1f}", file=sys.stdout)
 
+    def log_tasks(self, step: int, tokens: int, scores: dict[str, float], seconds: float) -> None:
+        """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
+        values = {f"eval/{name}": value for name, value in scores.items()}
+        record = {"step": step, "tokens": tokens, **values, "eval_seconds": seconds}
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
+        shown = " | ".join(f"{name} {value:.4f}" for name, value in scores.items())
+        self.bar.write(f"step {step:>7} | {shown} | tasks took {seconds:.1f} s", file=sys.stdout)
+
     def close(self) -> None:
         self.bar.close()
         if self.writer is not None:

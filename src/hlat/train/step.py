@@ -20,28 +20,19 @@ def train_step(model: ParallelModel, optimizers: Optimizers, micro_batches: Sequ
     ranks. Nothing here reads a value back to the host.
 
     With `skipped` (a device counter), a step whose global gradient norm is not finite, or above
-    `max_grad_norm` (> 0), has its gradient dropped on device and adds 1 to the counter; the
-    norm is the same on every rank, so all ranks drop the same steps.
+    `max_grad_norm` (> 0), is skipped by the optimizers on device (see Optimizers.step) and adds 1
+    to the counter; the norm is the same on every rank, so all ranks skip the same steps.
     """
     n_targets = global_target_count(micro_batches, model.layout)
     share = model.forward_backward(micro_batches, n_targets)
     grad_norm = model.clip_grad_norm_(grad_clip)
+    bad = None
     if skipped is not None:
         bad = ~torch.isfinite(grad_norm)
         if max_grad_norm > 0:
             bad |= grad_norm > max_grad_norm
-        drop_gradients_(model.parameters(), bad)
         skipped += bad
-    optimizers.step()
+    optimizers.step(bad)
     optimizers.zero_grad()
     return share, grad_norm
 
-
-@torch.no_grad()
-def drop_gradients_(params: Sequence[torch.nn.Parameter], bad: torch.Tensor) -> None:
-    """Zero every gradient where the 0-d flag `bad` is set, without reading it on the host
-    (masked_fill, not multiplication: NaN x 0 is NaN)."""
-    for p in params:
-        if p.grad is not None:
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-            grad.masked_fill_(bad, 0.0)

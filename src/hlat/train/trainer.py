@@ -26,6 +26,7 @@ from hlat.checkpoint.recovery import SpikeDetector
 from hlat.checkpoint.restore import init_weights, rank_state_for
 from hlat.config import RunConfig
 from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, build_loader
+from hlat.eval.in_training import InTrainingTasks
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
 from hlat.parallel.mesh import Layout, setup
@@ -80,6 +81,8 @@ class Trainer:
         self.accum = per_rank // cfg.train.micro_batch
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
                                           self.accum, cfg.precision.mode)
+        self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
+                                     cfg.precision.mode) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
         self.archive = CheckpointManager(self.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
@@ -295,6 +298,11 @@ class Trainer:
                     val_loss = self.model.validation_loss(self.val_batches)
                     if sinks:
                         sinks.log_validation(self.step, self.tokens, val_loss)
+                if self.tasks is not None and self.tasks.due(self.step, total):
+                    scores, seconds = self.tasks.run(self.model.parts)  # collective; rank 0 scores
+                    window_time += seconds  # evaluation is not training: keep it out of tokens/s
+                    if sinks:
+                        sinks.log_tasks(self.step, self.tokens, scores, seconds)
                 if save_due:
                     self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
                     self._log_save(self.save())
