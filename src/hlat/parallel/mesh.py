@@ -70,13 +70,31 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         backend = {"cuda": "nccl", "cpu": "gloo"}.get(device.type)  # XLA: "xla" via torch_xla
-        timeout = datetime.timedelta(minutes=int(os.environ.get("HLAT_COLLECTIVE_TIMEOUT_MIN", 30)))
+        timeout = collective_timeout()
         store = restart_store(timeout)
         if store is None:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
             dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
     return make_layout(pp, dp, tp, device)
+
+
+def collective_timeout() -> datetime.timedelta:
+    """How long a collective waits for the slowest rank before failing (hlat.parallel.hang names it).
+
+    HLAT_COLLECTIVE_TIMEOUT_S (seconds) takes precedence over HLAT_COLLECTIVE_TIMEOUT_MIN (default 30).
+    """
+    for name, unit in (("HLAT_COLLECTIVE_TIMEOUT_S", 1), ("HLAT_COLLECTIVE_TIMEOUT_MIN", 60)):
+        value = os.environ.get(name)
+        if value:
+            try:
+                seconds = float(value) * unit
+            except ValueError:
+                seconds = 0.0
+            if seconds <= 0:
+                raise ValueError(f"{name}={value!r} is not a positive number; set it to a timeout like 600 (seconds) or unset it")
+            return datetime.timedelta(seconds=seconds)
+    return datetime.timedelta(minutes=30)
 
 
 def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
@@ -95,6 +113,9 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
 def make_layout(pp: int, dp: int, tp: int, device: torch.device) -> Layout:
     """A layout over the already-initialised process group (several may coexist, e.g. in tests)."""
     mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    timeout = collective_timeout()
+    for dim in ("pp", "dp", "tp"):  # sub-groups are created with torch's default timeout, not the world's
+        dist.distributed_c10d._set_pg_timeout(timeout, mesh[dim].get_group())
     return Layout(dist.get_world_size(), dist.get_rank(), pp, dp, tp, mesh)
 
 

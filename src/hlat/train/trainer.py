@@ -29,6 +29,7 @@ from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, 
 from hlat.eval.in_training import InTrainingTasks
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
+from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers
@@ -246,8 +247,9 @@ class Trainer:
                 batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
                 lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
                 self.optimizers.set_lr(lr)
-                share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
-                                              self.skipped, recovery.max_grad_norm)
+                with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
+                    share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
+                                                  self.skipped, recovery.max_grad_norm)
                 shares.append(share)
                 self.step += 1
                 self.tokens += tokens_per_step
@@ -304,8 +306,9 @@ class Trainer:
                     if sinks:
                         sinks.log_tasks(self.step, self.tokens, scores, seconds)
                 if save_due:
-                    self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
-                    self._log_save(self.save())
+                    with watch(self.layout, "checkpoint save", self.step):
+                        self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
+                        self._log_save(self.save())
                 if self._archive_due(tokens_per_step):
                     stats = self.archive.save(self.step, {"model": self._sharded_state()["model"]}, None,
                                               {"progress": {"step": self.step, "tokens": self.tokens}} if self.layout.is_main else None)

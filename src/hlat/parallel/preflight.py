@@ -1,0 +1,178 @@
+"""Pre-flight checks for a configured run (`hlat doctor`): devices, layout, collectives, disk.
+
+Each check returns a `Check` record; hlat.commands.doctor runs them and prints the table.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hlat.config import RunConfig
+from hlat.errors import ConfigError
+from hlat.model import count_params
+from hlat.parallel.hang import CollectiveTimeout, watch
+from hlat.parallel.mesh import Layout, resolve_degrees
+from hlat.train.precision import param_dtype
+
+GB = 1e9
+
+
+@dataclass
+class Check:
+    name: str
+    rank: int | None  # None: one result for the whole group
+    status: str  # "ok", "FAIL" or "skip"
+    figure: str
+    fix: str = ""  # what to do about a FAIL
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAIL"
+
+
+def check_devices(device_name: str, rank: int, local_rank: int, local_world: int) -> Check:
+    """What this rank sees: the CUDA device it will use, or the CPU cores it may use."""
+    if device_name in ("auto", "cuda") and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        local = local_rank % count
+        props = torch.cuda.get_device_properties(local)
+        free, total = torch.cuda.mem_get_info(local)
+        figure = f"cuda:{local} of {count}, {props.name}, {free / 2**30:.0f} of {total / 2**30:.0f} GiB free"
+        if local_world > count:
+            return Check("devices", rank, "FAIL", figure, f"{local_world} processes on this node share {count} GPUs; "
+                         f"launch torchrun --nproc_per_node {count}")
+        return Check("devices", rank, "ok", figure)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    figure = f"cpu, {cores} cores for {local_world} process{'es' if local_world > 1 else ''} on this node"
+    if device_name == "cuda":
+        return Check("devices", rank, "FAIL", figure, "train.device=cuda but no CUDA device is visible: check the driver "
+                     "(nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --train.device cpu")
+    return Check("devices", rank, "ok", figure)
+
+
+def check_layout(cfg: RunConfig, world: int) -> Check:
+    """The configured pp x dp x tp fits the launched world size."""
+    try:
+        pp, dp, tp = resolve_degrees(cfg.parallel, world)
+    except ConfigError as err:
+        return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in err.problems))
+    return Check("layout", None, "ok", f"pp {pp} x dp {dp} x tp {tp} = {world} process{'es' if world > 1 else ''}")
+
+
+def _timed_all_reduce(tensor: torch.Tensor, iters: int) -> list[float]:
+    """Seconds per all_reduce over the world, after one warm-up (which sets up connections)."""
+    dist.all_reduce(tensor)
+    times = []
+    for _ in range(iters):
+        if tensor.is_cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        if tensor.is_cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    """The slowest rank's time: a collective is as fast as its last participant."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def check_latency(layout: Layout, device: torch.device, iters: int = 20) -> Check:
+    """Round trip of a small all_reduce over the world (median of `iters`)."""
+    if layout.world == 1:
+        return Check("all_reduce latency", None, "skip", "one process: no collectives")
+    try:
+        with watch(layout, "doctor: all_reduce round trip", 0):
+            ms = _slowest(statistics.median(_timed_all_reduce(torch.ones(8, device=device), iters)), device) * 1e3
+    except CollectiveTimeout as err:
+        return Check("all_reduce latency", None, "FAIL", "timed out", str(err))
+    return Check("all_reduce latency", None, "ok", f"{ms:.3f} ms (8 floats over {layout.world} ranks, median of {iters})")
+
+
+def check_bandwidth(layout: Layout, device: torch.device, mib: float, iters: int = 5) -> Check:
+    """all_reduce bandwidth as nccl-tests define it: algbw = bytes / time, busbw = algbw x 2(n-1)/n."""
+    if layout.world == 1:
+        return Check("all_reduce bandwidth", None, "skip", "one process: no collectives")
+    numel = max(1, int(mib * 2**20) // 4)
+    try:
+        with watch(layout, f"doctor: all_reduce bandwidth ({mib:g} MiB)", 0):
+            seconds = _slowest(statistics.mean(_timed_all_reduce(torch.ones(numel, device=device), iters)), device)
+    except CollectiveTimeout as err:
+        return Check("all_reduce bandwidth", None, "FAIL", "timed out", str(err))
+    n = layout.world
+    algbw = numel * 4 / seconds / GB
+    busbw = algbw * 2 * (n - 1) / n
+    return Check("all_reduce bandwidth", None, "ok",
+                 f"{mib:g} MiB fp32: algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s ({seconds * 1e3:.1f} ms, mean of {iters})")
+
+
+def checkpoint_bytes(cfg: RunConfig) -> tuple[int, str]:
+    """Peak bytes the run's checkpoints take, and how that figure was reached.
+
+    keep_last checkpoints plus the one being written (the oldest is deleted once it commits),
+    each holding weights and both Adam moments in the precision mode's storage dtype; plus every
+    weights-only archive the run will write.
+    """
+    params = count_params(cfg.model)
+    itemsize = param_dtype(cfg.precision.mode).itemsize
+    copies = cfg.checkpoint.keep_last + 1
+    total = copies * 3 * itemsize * params
+    how = f"{copies} checkpoints x {params / 1e6:,.1f}M params x {3 * itemsize} bytes ({cfg.precision.mode} weights + 2 Adam moments)"
+    every = cfg.checkpoint.archive_every_tokens
+    if every:
+        archives = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len // every
+        total += archives * itemsize * params
+        how += f" + {archives} weight archives"
+    return total, how
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that holds `path` (or would, once created)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def check_disk(cfg: RunConfig, rank: int) -> Check:
+    """Free space where the checkpoints go vs what they will need (less what is already there)."""
+    need, how = checkpoint_bytes(cfg)
+    have = sum(_bytes_under(cfg.run_dir / name) for name in ("checkpoints", "archive"))  # a resumed run's
+    more = max(0, need - have)
+    free = free_bytes(cfg.run_dir)
+    figure = f"{more / GB:,.2f} GB more needed ({how}), {free / GB:,.2f} GB free"
+    if free < more:
+        return Check("disk", rank, "FAIL", figure, f"free {(more - free) / GB:,.2f} GB under {cfg.run_dir}, lower "
+                     "--checkpoint.keep_last, or point --train.run_dir at a larger filesystem")
+    return Check("disk", rank, "ok", figure)
+
+
+def check_writable(run_dir: Path, rank: int) -> Check:
+    """Create, fsync and delete a file in the run directory (creating the directory if needed)."""
+    probe = run_dir / f".hlat-doctor-{rank}-{os.getpid()}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"hlat doctor\n")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        return Check("run dir writable", rank, "FAIL", str(run_dir), f"{err}; fix the permissions or mount, or choose "
+                     "another --train.run_dir")
+    return Check("run dir writable", rank, "ok", str(run_dir))

@@ -1,0 +1,58 @@
+"""`hlat doctor`: pre-flight checks as one process and under torchrun; failures name the fix."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hlat.cli import main
+from hlat.config import load_config
+from hlat.model import count_params
+from hlat.parallel import preflight
+
+
+@pytest.fixture(autouse=True)
+def _restore_timeout(monkeypatch):
+    monkeypatch.setenv("HLAT_COLLECTIVE_TIMEOUT_S", "60")  # the command sets it; undone after each test
+
+
+def test_single_process_passes_and_prints_the_table(tmp_path, capsys):
+    assert main(["doctor", "--train.run_dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "check" in out and "figure" in out and "all checks passed" in out
+    for name in ("devices", "layout", "run dir writable", "disk", "all_reduce latency"):
+        assert name in out
+    assert not list((tmp_path / "run").iterdir()), "the writability probe was left behind"
+
+
+def test_disk_fails_when_the_checkpoints_do_not_fit(tmp_path, capsys):
+    assert main(["doctor", "--train.run_dir", str(tmp_path / "run"), "--checkpoint.keep_last", "1000000000"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL disk (rank 0)" in out and "lower --checkpoint.keep_last" in out, out
+    assert "1 check(s) failed" in out
+
+
+def test_layout_that_does_not_fit_the_world_fails(tmp_path, capsys):
+    assert main(["doctor", "--train.run_dir", str(tmp_path / "run"), "--parallel.tp", "2"]) == 1
+    assert "launch a multiple of 2 processes" in capsys.readouterr().out
+
+
+def test_checkpoint_bytes_follow_precision_retention_and_archives():
+    cfg = load_config("tiny", None, ["--precision.mode", "bf16-sr", "--checkpoint.keep_last", "3"])
+    n = count_params(cfg.model)
+    assert preflight.checkpoint_bytes(cfg)[0] == 4 * 6 * n  # 3 kept + 1 in flight, bf16 weights + 2 moments
+    tokens = cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
+    cfg.checkpoint.archive_every_tokens = tokens // 2
+    cfg.precision.mode = "fp32"
+    assert preflight.checkpoint_bytes(cfg)[0] == 4 * 12 * n + 2 * 4 * n
+
+
+def test_torchrun_two_processes_pass_with_a_bandwidth_figure(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "hlat", "doctor",
+           "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "hlat doctor: tiny, 2 processes" in done.stdout and "all checks passed" in done.stdout
+    assert "[rank 1] ok    devices" in done.stdout
+    assert "busbw" in done.stdout and "pp 1 x dp 2 x tp 1" in done.stdout
