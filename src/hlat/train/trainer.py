@@ -301,7 +301,8 @@ class Trainer:
                     if sinks:
                         sinks.log_validation(self.step, self.tokens, val_loss)
                 if self.tasks is not None and self.tasks.due(self.step, total):
-                    scores, seconds = self.tasks.run(self.model.parts)  # collective; rank 0 scores
+                    with watch(self.layout, "downstream tasks (gathering the weights to rank 0)", self.step):
+                        scores, seconds = self.tasks.run(self.model.parts)  # collective; rank 0 scores
                     window_time += seconds  # evaluation is not training: keep it out of tokens/s
                     if sinks:
                         sinks.log_tasks(self.step, self.tokens, scores, seconds)
