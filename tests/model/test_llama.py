@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hlat.model import Llama, ModelConfig
+from hlat.model import KVCache, Llama, ModelConfig
 
 SMALL = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=128,
                     max_seq_len=32)
@@ -118,3 +118,23 @@ def test_backward_reaches_every_parameter() -> None:
     assert loss.item() == pytest.approx(math.log(SMALL.vocab_size), rel=0.05)  # small init
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_kv_cache_decoding_matches_the_full_forward() -> None:
+    """Prefill 5 positions, then feed 3 one at a time: the logits equal one forward over all 8."""
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, max_seq_len=16)
+    model = Llama(cfg).eval()
+    x = tokens(cfg, 8)
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()[None, None]
+    positions = torch.arange(8)[None]
+    with torch.no_grad():
+        full = model(x)
+        cache = KVCache(8)
+        parts = [model(x[:, :5], positions[:, :5], causal[..., :5, :5], cache)]
+        for t in range(5, 8):
+            parts.append(model(x[:, t:t + 1], positions[:, t:t + 1], causal[..., t:t + 1, :t + 1], cache))
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="holds 8 positions"):
+        model(x[:, :1], positions[:, :1], causal[..., :1, :1], cache)
+    with pytest.raises(ValueError, match="pass positions and an attn_mask"):
+        model(x, cache=KVCache(8))

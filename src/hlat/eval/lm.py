@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
+from hlat.model import KVCache
 from hlat.train.precision import autocast
 
 TokenPair = tuple[list[int], list[int]]  # (context ids, continuation ids)
@@ -108,9 +109,9 @@ class LanguageModel:
         return results
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                 attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 attn_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         with autocast(self.precision, self.device):
-            return self.model(tokens, positions=positions, attn_mask=attn_mask)
+            return self.model(tokens, positions=positions, attn_mask=attn_mask, cache=cache)
 
     # --- generation -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -133,9 +134,11 @@ class LanguageModel:
 
     def _generate_batch(self, reqs: list[GenerateRequest], contexts: list[list[int]],
                         generator: torch.Generator) -> list[str]:
-        steps = max(r.max_tokens for r in reqs)
-        # Leave room for the generation, as lm-eval does (context cut from the left).
-        keep = max(1, self.max_length - steps)
+        """Prefill the left-padded prompts once, then one position per generated token (KV cache)."""
+        # Within the model's context: prompt + generation <= max_length, the prompt cut from the
+        # left (as lm-eval does) and the generation capped at max_length - 1 tokens.
+        steps = min(max(r.max_tokens for r in reqs), self.max_length - 1)
+        keep = self.max_length - steps
         prompts = [(c[-keep:] if c else [self.prefix_token]) for c in contexts]
         width = max(map(len, prompts))
         tokens = torch.zeros(len(reqs), width, dtype=torch.long, device=self.device)
@@ -144,15 +147,18 @@ class LanguageModel:
             tokens[row, width - len(p):] = torch.tensor(p, device=self.device)
             valid[row, width - len(p):] = True
         temps = torch.tensor([r.temperature for r in reqs], device=self.device)
+        cache = KVCache(width + steps)
+        positions, mask = _positions(valid), _padded_causal_mask(valid)
         generated: list[list[int]] = [[] for _ in reqs]
         texts = [""] * len(reqs)
         done = [False] * len(reqs)
         for _ in range(steps):
-            tokens, valid = tokens[:, -self.max_length:], valid[:, -self.max_length:]
-            logits = self._forward(tokens, _positions(valid), _padded_causal_mask(valid))[:, -1].float()
+            logits = self._forward(tokens, positions, mask, cache)[:, -1].float()
             next_ids = _pick(logits, temps, generator)
-            tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
+            # The next call feeds only the new token: at the next position, seeing every real one.
+            tokens, positions = next_ids[:, None], positions[:, -1:] + 1
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
+            mask = valid[:, None, None, :]
             for row, token in enumerate(next_ids.tolist()):
                 if done[row]:
                     continue

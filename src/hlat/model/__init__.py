@@ -1,7 +1,8 @@
 """The LLaMA model (single device), its config, sizing and the Hugging Face weight mapping."""
 
 from hlat.model.config import ModelConfig
+from hlat.model.kv_cache import KVCache
 from hlat.model.llama import Llama
 from hlat.model.size import count_params, flops_per_token
 
-__all__ = ["ModelConfig", "Llama", "count_params", "flops_per_token"]
+__all__ = ["KVCache", "ModelConfig", "Llama", "count_params", "flops_per_token"]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hlat.model.config import ModelConfig
+from hlat.model.kv_cache import KVCache, LayerKV
 
 
 class RMSNorm(nn.Module):
@@ -77,7 +78,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None) -> torch.Tensor:
+                attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # -1 = local head count: under tensor parallelism wq/wk/wv hold a slice of the heads.
         # The tables may cover more positions than x (under sequence parallel the caller sees only
@@ -86,6 +87,8 @@ class Attention(nn.Module):
         q = apply_rope(self.wq(x).view(B, T, -1, self.head_dim), cos, sin)
         k = apply_rope(self.wk(x).view(B, T, -1, self.head_dim), cos, sin)
         v = self.wv(x).view(B, T, -1, self.head_dim)
+        if kv is not None:  # attend to the cached positions as well (rotated at their own positions)
+            k, v = kv.extend(k, v)
         out = core_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -120,8 +123,9 @@ class TransformerBlock(nn.Module):
         self.ffn_norm.reset_parameters()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, attn_mask)
+                attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
+        # kv by keyword: tensor-parallel input hooks see the four positional inputs only
+        x = x + self.attention(self.attention_norm(x), cos, sin, attn_mask, kv=kv)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -187,14 +191,18 @@ class Llama(nn.Module):
         return self
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+                attn_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab] in the compute dtype.
 
         positions: [B, T] token positions (default 0..T-1), e.g. reset at document starts.
         attn_mask: bool, broadcastable to [B, 1, T, T], True = may attend. It replaces the causal
         mask, so it must include causality itself (e.g. causal AND same-document).
+        cache: keys and values of earlier calls (incremental decoding), extended by this one; then
+        `positions` and `attn_mask` ([B, 1, T, cached + T]) are required.
         On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
         """
+        if cache is not None and (positions is None or attn_mask is None):
+            raise ValueError("with a KV cache, pass positions and an attn_mask over the cached and new positions")
         if positions is None:
             cos, sin = self.rope_cos[None, :, None], self.rope_sin[None, :, None]
         else:
@@ -202,7 +210,7 @@ class Llama(nn.Module):
         if attn_mask is not None and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for layer in self.layers.values():
-            h = layer(h, cos, sin, attn_mask)
+        for name, layer in self.layers.items():
+            h = layer(h, cos, sin, attn_mask, kv=None if cache is None else cache.layer(name))
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
