@@ -9,7 +9,7 @@ import sys
 from hlat.errors import ConfigError
 
 # subcommand name -> module in hlat.commands (one module may register several names)
-COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "doctor": "doctor"}
+COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,3 +41,80 @@ def test_export_loads_in_transformers_and_imports_back(small_corpus, tmp_path, c
     assert fresh.step == 0 and not fresh.optimizers.optimizers[0].state  # a new optimizer
     for name, value in ours.state_dict().items():
         assert torch.equal(fresh.model.raw_parts[0].state_dict()[name], value), name
+
+
+def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB") -> torch.nn.Module:
+    """A tiny random LlamaForCausalLM saved as safetensors, with a WordLevel tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=n_kv_heads, max_position_embeddings=64,
+                                      rope_theta=500000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():  # perturb everything, norms included, so a swapped mapping shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    model.save_pretrained(directory, max_shard_size=max_shard_size, safe_serialization=True)
+    tk = Tokenizer(models.WordLevel({"</s>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(94)}}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.add_special_tokens(["</s>"])
+    tk.save(str(directory / "tokenizer.json"))
+    return model
+
+
+@pytest.mark.parametrize("n_kv_heads,max_shard_size", [(2, "5GB"), (8, "60KB")], ids=["gqa-single-file", "mha-sharded"])
+def test_import_gives_transformers_logits(tmp_path, capsys, n_kv_heads, max_shard_size):
+    hf = _hf_llama(tmp_path / "hf", n_kv_heads, max_shard_size)
+    assert ((tmp_path / "hf" / "model.safetensors.index.json").is_file()) == (max_shard_size != "5GB")
+    run = tmp_path / "run"
+    assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters" in out and f"hlat eval --checkpoint {run}" in out
+    assert (run / "tokenizer.json").read_bytes() == (tmp_path / "hf" / "tokenizer.json").read_bytes()
+    loaded = load_model(run)  # as hlat eval reads a run directory
+    assert loaded.model.cfg.n_kv_heads == n_kv_heads and loaded.step == 0
+    ids = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (loaded.model(ids) - hf(ids).logits).abs().max().item() < 1e-4
+    # hlat export writes it back: transformers reads the same model
+    assert main(["export", str(run), str(tmp_path / "back")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert (back(ids).logits - hf(ids).logits).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, "rope_scaling={'rope_type': 'linear', 'factor': 2.0}"),
+    ("attention_bias", True, "attention_bias=True"),
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("tie_word_embeddings", True, "tie_word_embeddings=True"),
+])
+def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, value, message):
+    _hf_llama(tmp_path / "hf", 2)
+    config_file = tmp_path / "hf" / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), field: value}))
+    assert main(["import", str(tmp_path / "hf"), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert str(config_file) in err and message in err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_import_then_continue_training(small_corpus, tmp_path, capsys):
+    _hf_llama(tmp_path / "hf", 2)
+    run = tmp_path / "imported"
+    assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
+    imported = load_model(run).model.state_dict()
+    args = ["--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "4",
+            "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--precision.mode", "fp32",
+            "--train.tensorboard", "false", "--train.peak_tflops", "1", "--eval.every", "0",
+            "--train.run_dir", str(tmp_path / "continued")]
+    cfg = load_config("tiny", run / "config.toml", args)  # the imported architecture, tokenizer and weights
+    assert cfg.checkpoint.init_from == str(run.resolve()) and cfg.name == "imported-continued"
+    trainer = Trainer(cfg, out=print)
+    assert "initialised from weights of" in capsys.readouterr().out
+    assert trainer.tokenizer.vocab_size == 96 and trainer.step == 0
+    for name, value in imported.items():
+        assert torch.equal(trainer.model.raw_parts[0].state_dict()[name], value), name
+    assert trainer.fit().step == 2

@@ -49,11 +49,11 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
     """Fill the model parts (any layout) from `spec`: hf:DIR (a Hugging Face LLaMA directory) or
     an hlat checkpoint or run directory. Collective under torchrun. Returns what was loaded."""
     if spec.startswith(HF_PREFIX):
-        from hlat.eval.loading import _hf_weights
+        from hlat.checkpoint.hf_import import hf_weights
         from hlat.model.hf import hf_to_hlat
 
         directory = Path(spec.removeprefix(HF_PREFIX)).expanduser()
-        full = hf_to_hlat(_hf_weights(directory))
+        full = hf_to_hlat(hf_weights(directory))
         for part in parts:  # every rank holds the full tensors and keeps its own shard of them
             set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
         return f"Hugging Face weights from {directory}"

@@ -11,10 +11,10 @@ import json
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.data.tokenizer import Tokenizer, build_tokenizer
@@ -138,7 +138,7 @@ def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) 
                                 "(a Hugging Face tokenizer.json)")
     tok = Tokenizer.from_file(tok_file)
     model = empty_model(cfg, dtype)
-    model.load_state_dict(hf_to_hlat(_hf_weights(directory)), strict=True)
+    model.load_state_dict(hf_to_hlat(hf_weights(directory)), strict=True)
     return LoadedModel(model.eval(), tok, directory.name, _hf_prefix_token(directory, tok))
 
 
@@ -150,27 +150,6 @@ def _hf_prefix_token(directory: Path, tok: Tokenizer) -> int:
         bos = bos.get("content")
     bos_id = tok.tk.token_to_id(bos) if isinstance(bos, str) else None
     return tok.eos_id if bos_id is None else bos_id
-
-
-def _hf_weights(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    for index_name, loader in (("model.safetensors.index.json", load_file),
-                               ("pytorch_model.bin.index.json", _load_bin)):
-        index = directory / index_name
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return {k: v for shard in shards for k, v in loader(str(directory / shard)).items()}
-    if (directory / "model.safetensors").is_file():
-        return load_file(str(directory / "model.safetensors"))
-    if (directory / "pytorch_model.bin").is_file():
-        return _load_bin(str(directory / "pytorch_model.bin"))
-    raise FileNotFoundError(f"{directory} has config.json but no weights (model.safetensors, "
-                            "pytorch_model.bin or a sharded index of either)")
-
-
-def _load_bin(file: str) -> dict[str, Any]:
-    return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Llama:

@@ -1,0 +1,212 @@
+"""Read a local Hugging Face LLaMA directory, and import it as an hlat run directory.
+
+A Hugging Face directory holds config.json, the weights (model.safetensors, or shards listed by
+model.safetensors.index.json; pytorch_model.bin[.index.json] also loads, with weights_only=True)
+and a tokenizer (tokenizer.json or a SentencePiece tokenizer.model). `import_hf` writes:
+
+  RUN_DIR/config.toml                 [model] the architecture, [data] tokenizer the file below,
+                                      [checkpoint] init_from this directory
+  RUN_DIR/tokenizer.json|.model       the model's tokenizer, copied as it is
+  RUN_DIR/checkpoints/step_00000000/  a weights-only hlat checkpoint (fp32), as archives are
+
+which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. Whatever
+hlat's LLaMA cannot represent (RoPE scaling, biases, tied embeddings, another activation) is
+refused, naming the config.json field: importing it anyway would give a different model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from hlat.checkpoint.manager import CheckpointManager
+from hlat.data.config import DataConfig
+from hlat.model import Llama, ModelConfig, count_params
+from hlat.model.hf import hf_to_hlat, model_config_from_hf
+
+HF_CONFIG = "config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+IMPORT_STEP = 0
+
+
+class ImportRefused(ValueError):
+    """The source cannot become an hlat model as it is; the message names the file or field."""
+
+
+@dataclass
+class ImportSummary:
+    run_dir: Path
+    checkpoint: Path
+    model: ModelConfig
+    params: int
+    source_dtype: str  # config.json's torch_dtype; the checkpoint holds float32
+    tokenizer: Path
+
+
+def hf_model_config(directory: Path) -> ModelConfig:
+    """The hlat architecture of a Hugging Face LLaMA config.json, or ImportRefused naming the field."""
+    file = Path(directory) / HF_CONFIG
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ImportRefused(f"cannot read {file}: {err}") from err
+    if config.get("model_type", "llama") != "llama":
+        raise ImportRefused(f"{file}: model_type={config['model_type']!r}; hlat imports LLaMA models only (model_type 'llama')")
+    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")  # transformers >= 5
+    for field, value in (("rope_scaling", config.get("rope_scaling")),
+                         ("rope_parameters", config.get("rope_parameters") if rope_type != "default" else None)):
+        if value:
+            raise ImportRefused(f"{file}: {field}={value!r}; hlat's RoPE has no scaling (linear, dynamic, "
+                                "yarn, llama3): import a model trained without it")
+    try:
+        cfg = model_config_from_hf(config)
+    except ValueError as err:
+        raise ImportRefused(f"{file}: {err}") from err
+    except KeyError as err:
+        raise ImportRefused(f"{file} lacks {err.args[0]!r}, which every LlamaConfig has") from err
+    problems = cfg.validate()
+    if problems:
+        raise ImportRefused(f"{file}: not a shape hlat supports: " + "; ".join(m for _, m in problems))
+    return cfg
+
+
+def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from torch.load(file, map_location="cpu", weights_only=True).items()  # never full unpickling
+
+
+def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as handle:
+        for name in handle.keys():
+            yield name, handle.get_tensor(name)
+
+
+Reader = Callable[[Path], Iterator[tuple[str, torch.Tensor]]]
+
+
+def _weight_files(directory: Path) -> tuple[list[Path], Reader, int | None]:
+    """The weight files of a Hugging Face directory, how to read one, and the number of tensors
+    when an index says it."""
+    for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
+                               ("pytorch_model.bin.index.json", _read_bin)):
+        index = directory / index_name
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+                shards = sorted(set(weight_map.values()))
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+                raise ImportRefused(f"{index}: not a shard index with a weight_map ({err})") from err
+            missing = [s for s in shards if not (directory / s).is_file()]
+            if missing:
+                raise ImportRefused(f"{index} lists {', '.join(missing)}, which {directory} lacks")
+            return [directory / s for s in shards], reader, len(weight_map)
+    for name, reader in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_bin)):
+        if (directory / name).is_file():
+            return [directory / name], reader, None
+    raise FileNotFoundError(f"{directory} has {HF_CONFIG} but no weights (model.safetensors, "
+                            "pytorch_model.bin or a sharded index of either)")
+
+
+def hf_weights(directory: Path, dtype: torch.dtype | None = None, progress: bool = False) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face directory under its Hugging Face name, cast to `dtype` one
+    at a time (so a bf16 model is never in memory twice)."""
+    files, reader, total = _weight_files(Path(directory))
+    out: dict[str, torch.Tensor] = {}
+    with tqdm(total=total, unit="tensor", desc="reading weights", disable=not progress, dynamic_ncols=True) as bar:
+        for file in files:
+            bar.set_postfix_str(file.name)
+            for name, tensor in reader(file):
+                out[name] = tensor if dtype is None else tensor.to(dtype)
+                bar.update()
+    return out
+
+
+def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
+    """The weights under hlat's names in fp32 (the training weights' dtype), checked name by name
+    and shape by shape against the architecture of config.json."""
+    try:
+        weights = hf_to_hlat(hf_weights(directory, torch.float32, progress))
+    except KeyError as err:
+        raise ImportRefused(f"{directory}: {err.args[0]}: no such tensor in hlat's LLaMA (no biases, tied "
+                            "embeddings or extra heads), so the weights do not match config.json") from err
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in Llama(cfg).state_dict().items()}
+    missing = sorted(expected.keys() - weights.keys())
+    if missing:
+        raise ImportRefused(f"{directory}: the weights lack {', '.join(missing[:5])}"
+                            f"{' ...' if len(missing) > 5 else ''} (hlat names); is the checkpoint complete?")
+    for name, shape in expected.items():
+        if weights[name].shape != shape:
+            raise ImportRefused(f"{directory}: {name} has shape {tuple(weights[name].shape)} but {HF_CONFIG} "
+                                f"implies {tuple(shape)}")
+    return weights
+
+
+def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) -> tuple[Path, str]:
+    """The tokenizer file to copy and its name in the run directory, once hlat has loaded it."""
+    from hlat.data import SentencePieceTokenizer
+    from hlat.data.tokenizer import load_tokenizer
+
+    candidates = [Path(override).expanduser()] if override else [directory / n for n in TOKENIZER_FILES]
+    file = next((c for c in candidates if c.is_file()), None)
+    if file is None:
+        raise ImportRefused(f"{' nor '.join(str(c) for c in candidates)} exists: training and evaluation need the "
+                            "model's tokenizer; pass --tokenizer FILE (a tokenizer.json or SentencePiece .model)")
+    try:
+        tok = load_tokenizer(file)
+    except (ValueError, OSError, RuntimeError) as err:
+        raise ImportRefused(f"tokenizer {file}: {err}") from err
+    if tok.vocab_size > cfg.vocab_size:
+        raise ImportRefused(f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
+                            f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer")
+    # Named by kind, as `hlat train` stores its tokenizer in the run directory.
+    return file, TOKENIZER_FILES[1] if isinstance(tok, SentencePieceTokenizer) else TOKENIZER_FILES[0]
+
+
+def _toml(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else repr(value)  # a JSON string is a TOML string
+
+
+def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path) -> str:
+    """The architecture and tokenizer, and init_from this run: `hlat train --config` continues
+    pre-training from the imported weights, in a run directory of its own by default (training
+    in the imported one would try to resume from a checkpoint that has no optimizer state)."""
+    lines = [f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given",
+             "# here take the preset's (--preset) or the defaults' values.",
+             f"name = {_toml(run_dir.name + '-continued')}",
+             "", "[model]", *(f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)),
+             "", "[data]", f"tokenizer = {_toml(str(tokenizer))}"]
+    if DataConfig().seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
+        lines.append(f"seq_len = {cfg.max_seq_len}")
+    lines += ["", "[checkpoint]", f"init_from = {_toml(str(run_dir))}"]
+    return "\n".join(lines) + "\n"
+
+
+def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progress: bool = False) -> ImportSummary:
+    """Write `run_dir` (new or empty) from the Hugging Face LLaMA directory `source`."""
+    source, run_dir = Path(source).expanduser().resolve(), Path(run_dir).expanduser().resolve()
+    if not (source / HF_CONFIG).is_file():
+        raise ImportRefused(f"{source} has no {HF_CONFIG}: give a Hugging Face model directory (save_pretrained's output)")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ImportRefused(f"{run_dir} exists and is not empty; import into a new directory (nothing is overwritten)")
+    cfg = hf_model_config(source)
+    tok_file, tok_name = _find_tokenizer(source, tokenizer, cfg)
+    weights = _hlat_weights(source, cfg, progress)  # everything is checked before anything is written
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tok_file, run_dir / tok_name)
+    (run_dir / "config.toml").write_text(_config_toml(source, run_dir, cfg, run_dir / tok_name))
+    stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
+        IMPORT_STEP, {"model": weights}, None,
+        {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)})
+    config = json.loads((source / HF_CONFIG).read_text())
+    return ImportSummary(run_dir, stats.path, cfg, count_params(cfg),
+                         str(config.get("torch_dtype") or config.get("dtype") or "unknown"), run_dir / tok_name)
