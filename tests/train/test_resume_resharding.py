@@ -1,8 +1,9 @@
 """A checkpoint saved in one layout resumes in another with identical model and optimizer state.
 
-TP 2 x DP 2 (zero2) on 4 gloo processes <-> DP 4 (fsdp) and one process: the resumed run saves
-again at once, and every tensor of the two checkpoints (weights, Adam moments, step counts) is
-bit-identical. The data position is merged over the saved ranks and dealt to the new ones.
+TP 2 x DP 2 (zero2) on 4 gloo processes <-> DP 4 (fsdp) and one process, and ZeRO-1 on 2
+processes <-> one process: the resumed run saves again at once, and every tensor of the two
+checkpoints (weights, Adam moments, step counts) is bit-identical. The data position is merged
+over the saved ranks and dealt to the new ones.
 """
 
 import shutil
@@ -17,6 +18,7 @@ from runs import assert_same_tensors, checkpoint_tensors, launch, tiny_args
 
 TP2_DP2 = ["--parallel.tp", "2", "--parallel.dp_sharding", "zero2"]
 DP4 = ["--parallel.dp_sharding", "fsdp"]
+ZERO1 = ["--parallel.dp_sharding", "zero1"]
 
 
 def copy_run(src, dst):
@@ -55,3 +57,20 @@ def test_tp2_dp2_to_dp4_and_one_process_and_back(small_corpus, tmp_path):
     # and training goes on from the resharded checkpoint
     out = launch(4, tiny_args(small_corpus, back, "--train.steps", "3", *TP2_DP2)).stdout
     assert "done: step 3" in out
+
+
+def test_zero1_to_one_process_and_back(small_corpus, tmp_path):
+    """ZeRO-1 ranks each write the optimizer entries of the parameters they own, keyed by name."""
+    saved = tmp_path / "zero1"
+    launch(2, tiny_args(small_corpus, saved, "--train.steps", "2", *ZERO1))
+    reference = checkpoint_tensors(CheckpointManager(saved / "checkpoints", None).latest(), tmp_path)
+    assert any(".exp_avg_sq" in k for k in reference)
+
+    single = copy_run(saved, tmp_path / "single")
+    resave_here(small_corpus, single)
+    assert_same_tensors(checkpoint_tensors(CheckpointManager(single / "checkpoints", None).latest(), tmp_path), reference)
+
+    back = copy_run(single, tmp_path / "back")
+    out = launch(2, tiny_args(small_corpus, back, "--train.steps", "2", *ZERO1), script="resave_worker.py").stdout
+    assert "resharded from" in out
+    assert_same_tensors(checkpoint_tensors(CheckpointManager(back / "checkpoints", None).latest(), tmp_path), reference)

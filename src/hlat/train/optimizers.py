@@ -1,8 +1,9 @@
 """The optimizers of a run: one per model part (pipeline stages), stepped together.
 
 Their state is exchanged through `torch.distributed.checkpoint.state_dict`, keyed by parameter
-names rather than positions, so it loads into any layout. ZeRO-1 (ZeroRedundancyOptimizer) keeps
-its own format: the full state is gathered to rank 0 and every rank takes its partition on load.
+names rather than positions, so it loads into any layout. Under ZeRO-1 (ZeroRedundancyOptimizer)
+each rank holds the entries of the parameters its partition owns: every rank writes and reads
+its own, and nothing is gathered to one rank.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ class Optimizers:
     def __init__(self, parts: list[nn.Module], build: Callable[[nn.Module], torch.optim.Optimizer]):
         self.parts = parts
         self.optimizers = [build(part) for part in parts]
-        self.zero1 = any(isinstance(o, ZeroRedundancyOptimizer) for o in self.optimizers)
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -44,7 +44,7 @@ class Optimizers:
         devices with no fused kernel) step on zeroed gradients instead: weights still move by
         momentum and weight decay."""
         for opt in self.optimizers:
-            inner = opt.optim if isinstance(opt, ZeroRedundancyOptimizer) else opt
+            inner = _local(opt)
             if skips_exactly(inner):
                 inner.found_inf = None if skip is None else skip.to(torch.float32)
             elif skip is not None:
@@ -56,25 +56,18 @@ class Optimizers:
             opt.zero_grad(set_to_none=True)
 
     def sharded_state_dict(self) -> dict[str, Any]:
-        """Name-keyed state for torch.distributed.checkpoint (empty under ZeRO-1)."""
-        if self.zero1:
-            return {}
-        return {k: v for part, opt in zip(self.parts, self.optimizers) for k, v in get_optimizer_state_dict(part, opt, options=_FLAT).items()}
+        """Name-keyed state for torch.distributed.checkpoint."""
+        return {k: v for part, opt in zip(self.parts, self.optimizers)
+                for k, v in get_optimizer_state_dict(part, _local(opt), options=_FLAT).items()}
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         for part, opt in zip(self.parts, self.optimizers):
-            set_optimizer_state_dict(part, opt, state, options=_FLAT)
+            set_optimizer_state_dict(part, _local(opt), state, options=_FLAT)
 
-    def zero1_state_dict(self) -> dict[str, Any] | None:
-        """ZeRO-1's full state on rank 0 (a collective: every rank must call it), else None."""
-        (opt,) = self.optimizers
-        opt.consolidate_state_dict(to=0)
-        return opt.state_dict() if torch.distributed.get_rank() == 0 else None
 
-    def load_zero1_state_dict(self, state: dict[str, Any]) -> None:
-        (opt,) = self.optimizers
-        opt.load_state_dict(state)
-
+def _local(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds this rank's state: ZeRO-1's local one over its own partition."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 @torch.no_grad()
 def _zero_grads_where(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:

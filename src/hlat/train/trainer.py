@@ -152,8 +152,6 @@ class Trainer:
         """Collective. Under checkpoint.async_save it returns once the state is staged."""
         progress = {"step": self.step, "tokens": self.tokens, "skipped_steps": int(self.skipped.item())}
         shared = {"progress": progress, "layout": self._layout()}
-        if self.optimizers.zero1:
-            shared["zero1_optim"] = self.optimizers.zero1_state_dict()
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
         return self.checkpoints.save(self.step, self._sharded_state(), rank_state,
                                      shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
@@ -165,18 +163,11 @@ class Trainer:
     def _restore(self, path: Path) -> None:
         """Load everything from checkpoint `path` (collective), whatever layout saved it."""
         shared = self.checkpoints.load_shared(path)
-        if ("zero1_optim" in shared) != self.optimizers.zero1:
-            raise RuntimeError(f"{path} was saved {'with' if 'zero1_optim' in shared else 'without'} ZeRO-1, whose optimizer "
-                               f"state is positional and does not convert; resume with --parallel.dp_sharding "
-                               f"{shared.get('layout', {}).get('dp_sharding', 'zero1')}, or start with --checkpoint.init_from {path}")
         state = self._sharded_state()
         self.checkpoints.load_sharded(path, state)
         for part in self.model.parts:
             set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-        if self.optimizers.zero1:
-            self.optimizers.load_zero1_state_dict(shared["zero1_optim"])
-        else:
-            self.optimizers.load_sharded_state_dict(state["optim"])
+        self.optimizers.load_sharded_state_dict(state["optim"])
         same = shared.get("layout") == self._layout()
         loader, rng = rank_state_for(self.checkpoints, path, self.layout.rank, self.layout.dp_rank, self.layout.dp, same)
         self.loader.load_state_dict(loader)
