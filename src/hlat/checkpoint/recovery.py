@@ -1,7 +1,7 @@
 """What a run does about numerical failures: non-finite gradients and loss spikes.
 
 Non-finite (or over `max_grad_norm`) steps are caught on device, every step, without a host
-sync (hlat.train.step): their gradient is dropped and they are counted. Loss spikes are judged
+sync (hlat.train.step): the optimizers skip them exactly and they are counted. Loss spikes are judged
 on the host at logging steps, where the losses are read anyway: a step's loss above the mean of
 the previous `spike_window` good steps by more than `spike_sigmas` standard deviations.
 """
@@ -17,8 +17,8 @@ ACTIONS = ("skip", "rollback", "error")
 
 @dataclass
 class RecoveryConfig:
-    # A step whose gradient is NaN/Inf: "skip" drops its gradient (counted, logged as
-    # skipped_steps); "rollback" also rolls back to the last checkpoint and skips the data read
+    # A step whose gradient is NaN/Inf: "skip" leaves weights and optimizer state as they were
+    # (counted, logged as skipped_steps); "rollback" also rolls back to the last checkpoint and skips the data read
     # since; "error" stops the run, as HLAT did.
     nonfinite: str = "skip"
     max_grad_norm: float = 0.0  # > 0: steps whose pre-clip global grad norm exceeds it are skipped too

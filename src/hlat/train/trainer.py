@@ -10,7 +10,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +80,7 @@ class Trainer:
         self._build_data()
         per_rank = cfg.train.global_batch // self.layout.dp
         self.accum = per_rank // cfg.train.micro_batch
+        self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
                                           self.accum, cfg.precision.mode)
         self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
@@ -156,9 +157,9 @@ class Trainer:
         return self.checkpoints.save(self.step, self._sharded_state(), rank_state,
                                      shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
 
-    def _archive_due(self, tokens_per_step: int) -> bool:
+    def _archive_due(self) -> bool:
         every = self.cfg.checkpoint.archive_every_tokens
-        return every > 0 and self.tokens // every > (self.tokens - tokens_per_step) // every
+        return every > 0 and self.tokens // every > (self.tokens - self.tokens_per_step) // every
 
     def _restore(self, path: Path) -> None:
         """Load everything from checkpoint `path` (collective), whatever layout saved it."""
@@ -217,91 +218,36 @@ class Trainer:
     def fit(self) -> TrainSummary:
         cfg = self.cfg
         total = cfg.train.steps
-        tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         if self.step >= total:
             self.out(f"run already complete at step {self.step:,} in {self.run_dir}; raise --train.steps or pass --fresh")
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
         self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
                  f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}")
         sinks = MetricSinks(self.run_dir, total, self.step, cfg.train.tensorboard) if self.layout.is_main else None
-        shares: list[torch.Tensor] = []  # device tensors: read on logging steps only
+        window = _Window(time.perf_counter(), int(self.skipped.item()))
+        spikes = SpikeDetector(cfg.recovery.spike_sigmas, cfg.recovery.spike_window)
         losses: list[float] = []
-        window_start, window_time = 0, time.perf_counter()
         final_loss = None
-        recovery = cfg.recovery
-        spikes = SpikeDetector(recovery.spike_sigmas, recovery.spike_window)
-        skipped_logged = int(self.skipped.item())
         self.model.train()
         try:
             while self.step < total:
-                maybe_kill("step", self.step + 1, self.layout.rank)
-                batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
-                lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
-                self.optimizers.set_lr(lr)
-                with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
-                    share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
-                                                  self.skipped, recovery.max_grad_norm)
-                shares.append(share)
-                self.step += 1
-                self.tokens += tokens_per_step
+                lr, grad_norm = self._train_step(window)
                 if sinks:
                     sinks.advance()
                 save_due = self.step % cfg.checkpoint.every == 0 or self.step == total
                 # A checkpoint closes the window too: only steps judged good are ever saved.
                 if self.step % cfg.train.log_every == 0 or self.step == total or save_due:
-                    # the one host sync: the window's losses and the skipped-step counter together
-                    *window, skipped = torch.cat([self.model.reduce_loss(torch.stack(shares[window_start:])),
-                                                  self.skipped.reshape(1).to(torch.float32)]).tolist()
-                    skipped = int(skipped)
-                    window_start = len(shares)
-                    first_step = self.step - len(window) + 1
-                    new_skips = skipped - skipped_logged
-                    spike = spikes.first_spike(window)
-                    if new_skips and recovery.nonfinite == "error":
-                        raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{self.step} "
-                                                 "(recovery.nonfinite=error); lower --optim.lr or check the data")
-                    if spike is not None or (new_skips and recovery.nonfinite == "rollback"):
-                        bad = first_step + (spike or 0)
-                        what = f"loss {window[spike]:.4f} at step {bad}" if spike is not None else f"{new_skips} non-finite step(s)"
-                        action = recovery.spike_action if spike is not None else "rollback"
-                        if action == "error":
-                            raise FloatingPointError(f"{what} (recovery.spike_action=error); lower --optim.lr or check the data")
-                        if action == "rollback" and self._roll_back(bad):
-                            skipped_logged, window_time = int(self.skipped.item()), time.perf_counter()
-                            continue
-                        self.out(f"warning: {what}; continuing (no checkpoint to roll back to, or "
-                                 f"recovery.max_rollbacks={recovery.max_rollbacks} reached)")
-                    skipped_logged = skipped
-                    losses += window
-                    finite = [x for x in window if math.isfinite(x)]  # a skipped step's loss may be NaN
-                    final_loss = sum(finite) / len(finite) if finite else math.nan
-                    tokens_per_s = len(window) * tokens_per_step / (time.perf_counter() - window_time)
-                    record = {
-                        "step": self.step, "loss": final_loss, "ppl": perplexity(final_loss), "lr": lr,
-                        "grad_norm": grad_norm.item(), "param_norm": self.model.param_norm().item(),
-                        "tokens": self.tokens, "tokens_per_s": tokens_per_s,
-                        "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
-                        "skipped_steps": skipped,
-                        "source_tokens": self._source_tokens(),
-                    }
-                    if sinks:
-                        sinks.log(record)
-                    window_time = time.perf_counter()
-                if cfg.eval.due(self.step) or (self.val_batches and self.step == total):
-                    val_loss = self.model.validation_loss(self.val_batches)
-                    if sinks:
-                        sinks.log_validation(self.step, self.tokens, val_loss)
-                if self.tasks is not None and self.tasks.due(self.step, total):
-                    with watch(self.layout, "downstream tasks (gathering the weights to rank 0)", self.step):
-                        scores, seconds = self.tasks.run(self.model.parts)  # collective; rank 0 scores
-                    window_time += seconds  # evaluation is not training: keep it out of tokens/s
-                    if sinks:
-                        sinks.log_tasks(self.step, self.tokens, scores, seconds)
+                    window_losses, skipped = self._read_window(window)
+                    if self._recover(window_losses, skipped, window, spikes):
+                        continue  # rolled back: the steps since the checkpoint are redone on new data
+                    losses += window_losses
+                    final_loss = self._log_window(window_losses, skipped, lr, grad_norm, window, sinks)
+                self._evaluate(total, window, sinks)
                 if save_due:
                     with watch(self.layout, "checkpoint save", self.step):
                         self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
                         self._log_save(self.save())
-                if self._archive_due(tokens_per_step):
+                if self._archive_due():
                     stats = self.archive.save(self.step, {"model": self._sharded_state()["model"]}, None,
                                               {"progress": {"step": self.step, "tokens": self.tokens}} if self.layout.is_main else None)
                     self.out(f"archived weights: {stats.path} ({stats.blocking_s:.2f} s)")
@@ -315,3 +261,90 @@ class Trainer:
             self.out(f"done: step {self.step:,}, {self.tokens:,} tokens, final loss {final_loss:.4f} "
                      f"(ln vocab = {math.log(cfg.model.vocab_size):.3f}); loss plot {plot}")
         return TrainSummary(self.run_dir, self.step, self.tokens, final_loss, losses)
+
+    def _train_step(self, window: _Window) -> tuple[float, torch.Tensor]:
+        """One optimizer step; returns (its LR, its pre-clip grad norm on device). No host sync."""
+        cfg = self.cfg
+        maybe_kill("step", self.step + 1, self.layout.rank)
+        batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
+        lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
+        self.optimizers.set_lr(lr)
+        with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
+            share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
+                                          self.skipped, cfg.recovery.max_grad_norm)
+        window.shares.append(share)
+        self.step += 1
+        self.tokens += self.tokens_per_step
+        return lr, grad_norm
+
+    def _read_window(self, window: _Window) -> tuple[list[float], int]:
+        """The one host sync of a logging step: the window's losses and the skipped-step counter."""
+        *losses, skipped = torch.cat([self.model.reduce_loss(torch.stack(window.shares)),
+                                      self.skipped.reshape(1).to(torch.float32)]).tolist()
+        window.shares.clear()
+        return losses, int(skipped)
+
+    def _recover(self, losses: list[float], skipped: int, window: _Window, spikes: SpikeDetector) -> bool:
+        """Act on the window's non-finite steps and loss spikes (recovery config): raise, warn, or
+        roll back to the last checkpoint; True if it rolled back."""
+        recovery = self.cfg.recovery
+        first_step = self.step - len(losses) + 1
+        new_skips = skipped - window.skipped_logged
+        window.skipped_logged = skipped
+        spike = spikes.first_spike(losses)
+        if new_skips and recovery.nonfinite == "error":
+            raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{self.step} "
+                                     "(recovery.nonfinite=error); lower --optim.lr or check the data")
+        if spike is None and not (new_skips and recovery.nonfinite == "rollback"):
+            return False
+        bad = first_step + (spike or 0)
+        what = f"loss {losses[spike]:.4f} at step {bad}" if spike is not None else f"{new_skips} non-finite step(s)"
+        action = recovery.spike_action if spike is not None else "rollback"
+        if action == "error":
+            raise FloatingPointError(f"{what} (recovery.spike_action=error); lower --optim.lr or check the data")
+        if action == "rollback" and self._roll_back(bad):
+            window.skipped_logged, window.started = int(self.skipped.item()), time.perf_counter()
+            return True
+        self.out(f"warning: {what}; continuing (no checkpoint to roll back to, or "
+                 f"recovery.max_rollbacks={recovery.max_rollbacks} reached)")
+        return False
+
+    def _log_window(self, losses: list[float], skipped: int, lr: float, grad_norm: torch.Tensor, window: _Window,
+                    sinks: MetricSinks | None) -> float:
+        """Log the window's metrics (collective: norms and token counts); return its mean loss."""
+        finite = [x for x in losses if math.isfinite(x)]  # a skipped step's loss may be NaN
+        mean = sum(finite) / len(finite) if finite else math.nan
+        tokens_per_s = len(losses) * self.tokens_per_step / (time.perf_counter() - window.started)
+        record = {
+            "step": self.step, "loss": mean, "ppl": perplexity(mean), "lr": lr,
+            "grad_norm": grad_norm.item(), "param_norm": self.model.param_norm().item(),
+            "tokens": self.tokens, "tokens_per_s": tokens_per_s,
+            "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
+            "skipped_steps": skipped,
+            "source_tokens": self._source_tokens(),
+        }
+        if sinks:
+            sinks.log(record)
+        window.started = time.perf_counter()
+        return mean
+
+    def _evaluate(self, total: int, window: _Window, sinks: MetricSinks | None) -> None:
+        """Validation loss and downstream tasks when due (collective)."""
+        if self.cfg.eval.due(self.step) or (self.val_batches and self.step == total):
+            val_loss = self.model.validation_loss(self.val_batches)
+            if sinks:
+                sinks.log_validation(self.step, self.tokens, val_loss)
+        if self.tasks is not None and self.tasks.due(self.step, total):
+            with watch(self.layout, "downstream tasks (gathering the weights to rank 0)", self.step):
+                scores, seconds = self.tasks.run(self.model.parts)  # collective; rank 0 scores
+            window.started += seconds  # evaluation is not training: keep it out of tokens/s
+            if sinks:
+                sinks.log_tasks(self.step, self.tokens, scores, seconds)
+
+
+@dataclass
+class _Window:
+    """The steps since the last logging step, whose device losses are read in one host sync."""
+    started: float  # perf_counter at the window's start, less time spent evaluating
+    skipped_logged: int  # the skipped-step counter as last read
+    shares: list[torch.Tensor] = field(default_factory=list)
