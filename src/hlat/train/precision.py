@@ -2,8 +2,8 @@
 
 | mode    | weights, grads, Adam moments | optimizer                  | compute                        |
 |---------|------------------------------|----------------------------|--------------------------------|
-| fp32    | fp32                         | torch AdamW (foreach)      | fp32                           |
-| mixed   | fp32 (HLAT 70B)              | torch AdamW (foreach)      | bf16 autocast                  |
+| fp32    | fp32                         | torch AdamW (fused)        | fp32                           |
+| mixed   | fp32 (HLAT 70B)              | torch AdamW (fused)        | bf16 autocast                  |
 | bf16-sr | bf16 (HLAT 7B)               | BF16AdamW, stochastic      | bf16 on accelerators, see below |
 | bf16    | bf16                         | BF16AdamW, to nearest      | bf16 on accelerators, see below |
 

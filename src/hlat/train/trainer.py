@@ -279,8 +279,9 @@ class Trainer:
 
     def _read_window(self, window: _Window) -> tuple[list[float], int]:
         """The one host sync of a logging step: the window's losses and the skipped-step counter."""
-        *losses, skipped = torch.cat([self.model.reduce_loss(torch.stack(window.shares)),
-                                      self.skipped.reshape(1).to(torch.float32)]).tolist()
+        with watch(self.layout, "loss all-reduce of a logging step", self.step):
+            *losses, skipped = torch.cat([self.model.reduce_loss(torch.stack(window.shares)),
+                                          self.skipped.reshape(1).to(torch.float32)]).tolist()
         window.shares.clear()
         return losses, int(skipped)
 
@@ -315,13 +316,15 @@ class Trainer:
         finite = [x for x in losses if math.isfinite(x)]  # a skipped step's loss may be NaN
         mean = sum(finite) / len(finite) if finite else math.nan
         tokens_per_s = len(losses) * self.tokens_per_step / (time.perf_counter() - window.started)
+        with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
+            param_norm, source_tokens = self.model.param_norm().item(), self._source_tokens()
         record = {
             "step": self.step, "loss": mean, "ppl": perplexity(mean), "lr": lr,
-            "grad_norm": grad_norm.item(), "param_norm": self.model.param_norm().item(),
+            "grad_norm": grad_norm.item(), "param_norm": param_norm,
             "tokens": self.tokens, "tokens_per_s": tokens_per_s,
             "mfu": tokens_per_s * self.flops_per_token / (self.peak_tflops * 1e12 * self.layout.world),
             "skipped_steps": skipped,
-            "source_tokens": self._source_tokens(),
+            "source_tokens": source_tokens,
         }
         if sinks:
             sinks.log(record)
@@ -331,7 +334,8 @@ class Trainer:
     def _evaluate(self, total: int, window: _Window, sinks: MetricSinks | None) -> None:
         """Validation loss and downstream tasks when due (collective)."""
         if self.cfg.eval.due(self.step) or (self.val_batches and self.step == total):
-            val_loss = self.model.validation_loss(self.val_batches)
+            with watch(self.layout, "validation loss", self.step):
+                val_loss = self.model.validation_loss(self.val_batches)
             if sinks:
                 sinks.log_validation(self.step, self.tokens, val_loss)
         if self.tasks is not None and self.tasks.due(self.step, total):
