@@ -16,7 +16,7 @@ import torch
 from hlat.config import load_config
 from hlat.model import Llama
 from hlat.optim import build_adamw, decay_groups
-from hlat.train.precision import cast_parameters
+from hlat.precision import cast_parameters
 
 
 def with_grads(model: torch.nn.Module) -> torch.nn.Module:

@@ -12,7 +12,7 @@ Two experiments:
 
 `mixed` computes in bf16, which this kind of CPU (no AVX512-BF16/AMX) emulates at ~70 tokens/s on
 `tiny` (100+ minutes for 200 steps). On such a CPU the study runs mixed's numerics through
-hlat.train.precision.EmulatedBf16Compute (bf16-rounded inputs, weights and outputs of every linear
+hlat.precision.EmulatedBf16Compute (bf16-rounded inputs, weights and outputs of every linear
 layer and attention, fp32 accumulation: what autocast computes on bf16 hardware) at fp32 speed,
 and says so in the table. Its tokens/s is then not the speed of real bf16 autocast here.
 

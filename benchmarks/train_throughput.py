@@ -20,7 +20,7 @@ import torch
 
 from hlat.config import load_config
 from hlat.model import Llama, count_params, flops_per_token
-from hlat.train.loss import token_loss_sum
+from hlat.parallel.loss import token_loss_sum
 from hlat.model.hf import hf_config_dict
 from hlat.optim import OptimConfig, build_adamw
 from hlat.train.peak import measure_matmul_tflops

@@ -5,8 +5,8 @@ from hlat.config import load_config
 from hlat.errors import ConfigError
 from hlat.model import Llama, ModelConfig
 from hlat.optim import OptimConfig, build_adamw
-from hlat.train.loss import token_loss_sum
-from hlat.train.precision import EmulatedBf16Compute, autocast, bf16_rounding, cast_parameters, compute_dtype, state_bytes_per_param
+from hlat.parallel.loss import token_loss_sum
+from hlat.precision import EmulatedBf16Compute, autocast, bf16_rounding, cast_parameters, compute_dtype, state_bytes_per_param
 from hlat.train.trainer import Trainer
 from test_trainer import quiet, tiny_cfg
 

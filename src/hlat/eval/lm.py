@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
 from hlat.model import KVCache
-from hlat.train.precision import autocast
+from hlat.precision import autocast
 
 TokenPair = tuple[list[int], list[int]]  # (context ids, continuation ids)
 

@@ -121,7 +121,7 @@ class BF16AdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.dtype != torch.bfloat16:
                     raise TypeError(f"BF16AdamW updates bf16 parameters, got a {p.dtype} one of shape {tuple(p.shape)}; "
-                                    "cast the model with hlat.train.precision.cast_parameters first")
+                                    "cast the model with hlat.precision.cast_parameters first")
                 if p.numel() >= MAX_ELEMENTS:
                     raise ValueError(f"a parameter of {p.numel():,} elements exceeds the 2^31 of the rounding counter")
 

@@ -29,8 +29,8 @@ from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
 from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
-from hlat.train.precision import autocast, cast_parameters
-from hlat.train.loss import token_loss_sum
+from hlat.precision import autocast, cast_parameters
+from hlat.parallel.loss import token_loss_sum
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from hlat.parallel.data_parallel import check_data_parallel
 from hlat.parallel.mesh import resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
-from hlat.train.precision import compute_dtype, param_dtype
+from hlat.precision import compute_dtype, param_dtype
 
 GIB = 1024**3
 

@@ -20,7 +20,7 @@ from hlat.errors import ConfigError
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout, resolve_degrees
-from hlat.train.precision import param_dtype
+from hlat.precision import param_dtype
 
 GB = 1e9
 

@@ -34,7 +34,7 @@ from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import peak_tflops, slow_bf16_warning
-from hlat.train.precision import bf16_rounding, compute_dtype, state_bytes_per_param
+from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
 from hlat.train.rng import load_rng_state, rng_state
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE, MetricSinks, perplexity, plot_loss
 from hlat.train.step import train_step

@@ -1,0 +1,132 @@
+"""The precision modes: how parameters are stored, how the passes compute, how the optimizer rounds.
+
+| mode    | weights, grads, Adam moments | optimizer                  | compute                        |
+|---------|------------------------------|----------------------------|--------------------------------|
+| fp32    | fp32                         | torch AdamW (fused)        | fp32                           |
+| mixed   | fp32 (HLAT 70B)              | torch AdamW (fused)        | bf16 autocast                  |
+| bf16-sr | bf16 (HLAT 7B)               | BF16AdamW, stochastic      | bf16 on accelerators, see below |
+| bf16    | bf16                         | BF16AdamW, to nearest      | bf16 on accelerators, see below |
+
+On a CPU the bf16 storage modes compute in fp32 from the bf16 weights (each weight is upcast as
+a matmul reads it): CPUs without bf16 instructions run bf16 matmuls 6-100x slower than fp32, and
+what these modes study is the storage and rounding of the training state, which is unchanged.
+Norms, RoPE, softmax statistics and the loss are fp32 in every mode (the model and loss do that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
+
+_BF16_STORAGE = {"bf16-sr": "stochastic", "bf16": "nearest"}  # modes: hlat.train.config.PRECISION_MODES
+
+
+def param_dtype(mode: str) -> torch.dtype:
+    """The dtype parameters, gradients and optimizer moments are stored in."""
+    return torch.bfloat16 if mode in _BF16_STORAGE else torch.float32
+
+
+def bf16_rounding(mode: str) -> str | None:
+    """How the optimizer rounds its fp32 update into bf16 state ("stochastic"/"nearest"); None for fp32 state."""
+    return _BF16_STORAGE.get(mode)
+
+
+def compute_dtype(mode: str, device: torch.device) -> torch.dtype:
+    """The dtype the matmuls run in on `device` (the MFU denominator's dtype)."""
+    if mode == "mixed" or (mode in _BF16_STORAGE and device.type != "cpu"):
+        return torch.bfloat16
+    return torch.float32
+
+
+@torch.no_grad()
+def cast_parameters(model: nn.Module, mode: str) -> nn.Module:
+    """Cast the parameters (not the buffers: RoPE tables stay fp32) to the mode's storage dtype.
+
+    Call it before data-parallel wrapping or FSDP2 sharding (on the meta model is cheapest), so
+    every wrapper allocates its buffers in the storage dtype.
+    """
+    dtype = param_dtype(mode)
+    for param in model.parameters():
+        if param.dtype != dtype:
+            param.data = param.data.to(dtype)
+    return model
+
+
+class _UpcastWeights(TorchFunctionMode):
+    """Run linear layers and embedding lookups in fp32 on bf16-stored weights.
+
+    The upcast is part of the autograd graph, so gradients come back to the bf16 parameters as
+    bf16 (rounded to nearest), exactly as bf16 compute would deliver them.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight, *rest = args
+            return func(x.float(), weight.float(), *rest, **kwargs)
+        if func is F.embedding:
+            return func(*args, **kwargs).float()
+        return func(*args, **kwargs)
+
+
+def _bf16(t: Any) -> Any:
+    """`t` rounded to bf16 (to nearest) and held in fp32: exactly the value a bf16 unit reads."""
+    return t.to(torch.bfloat16).float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+class EmulatedBf16Compute(TorchFunctionMode):
+    """bf16 autocast's numerics at fp32 speed, for CPUs without bf16 units (studies, not training).
+
+    Linear layers and attention read their inputs and weights rounded to bf16, multiply and
+    accumulate in fp32 (bf16 x bf16 products are exact in fp32; bf16 matmul units accumulate in
+    fp32 too) and round the output to bf16, as `torch.autocast(dtype=torch.bfloat16)` does on
+    hardware with bf16 units. Through autograd the gradients are rounded at the same points as a
+    bf16 backward. Left out: summation order inside a kernel, and the internals of a fused
+    attention kernel (softmax statistics are fp32 in both). Parameters stay fp32 (the master copy).
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is F.linear or func is F.scaled_dot_product_attention:
+            args = tuple(_bf16(a) for a in args)
+            kwargs = {k: (v if k == "attn_mask" else _bf16(v)) for k, v in kwargs.items()}
+            return func(*args, **kwargs).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
+def autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the forward (and backward) passes run in for `mode` on `device`."""
+    if compute_dtype(mode, device) == torch.bfloat16:
+        # For bf16 weights this changes little for matmuls, but keeps softmax and reductions fp32.
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if mode in _BF16_STORAGE:
+        return _UpcastWeights()
+    return contextlib.nullcontext()
+
+
+def state_bytes_per_param(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer | None = None) -> float:
+    """Bytes of training state per parameter: weights + gradients + optimizer state, on this rank.
+
+    Gradients are counted in the parameter's dtype (they exist between backward and step).
+    Optimizer state is measured when it exists; before the first step (state is allocated lazily)
+    both AdamW implementations are known to keep two moments in the parameter's dtype.
+    """
+    total = count = 0
+    for p in params:
+        local = p.to_local() if isinstance(p, DTensor) else p
+        count += local.numel()
+        total += 2 * local.numel() * local.element_size()
+        state = optimizer.state.get(p) if optimizer is not None else None
+        if state:
+            total += sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
+                         for t in state.values() if isinstance(t, torch.Tensor) and t.ndim > 0)
+        else:
+            total += 2 * local.numel() * local.element_size()
+    return total / max(count, 1)
