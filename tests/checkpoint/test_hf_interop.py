@@ -2,7 +2,6 @@
 same weights with a new optimizer."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from hlat.config import load_config
 from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from runs import tiny_args  # noqa: E402
+from runs import tiny_args
 
 transformers = pytest.importorskip("transformers")
 

@@ -163,7 +163,7 @@ def test_resharding_continues_without_skips_or_repeats(source, tok, before, afte
     for ld in new:
         stream = ld.streams[0]
         while stream.epoch == 0:
-            (e, c, v), (toks, off) = stream._heap[0], stream.head()
+            (e, c, v), (_, off) = stream._heap[0], stream.head()
             doc = int(perm[v + c * V])
             assert (off > 0) == (doc in partial)  # a cut document resumes at its offset
             continued.append(doc)

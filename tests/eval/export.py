@@ -5,8 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch
-
 from hlat.checkpoint import CheckpointManager
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf

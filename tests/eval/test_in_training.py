@@ -4,7 +4,6 @@ when they are sharded across processes), and invisible to training itself."""
 from __future__ import annotations
 
 import copy
-import json
 import os
 import random
 import shutil
@@ -27,19 +26,14 @@ from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 
+import runs
+
 CPU = torch.device("cpu")
 TASK_NAMES = ("arc_easy", "perplexity")
 
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--data.source", str(corpus), "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2",
-        "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128", "--model.max_seq_len", "64",
-        "--data.seq_len", "32", "--train.global_batch", "4", "--train.micro_batch", "2", "--train.steps", "5",
-        "--train.log_every", "1", "--precision.mode", "fp32", "--train.tensorboard", "false", "--train.peak_tflops", "1",
-        "--eval.every", "0", "--checkpoint.every", "100", "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6",
-        "--train.run_dir", str(run_dir), *extra,
-    ]
+    return runs.tiny_args(corpus, run_dir, "--train.global_batch", "4", "--train.steps", "5", "--checkpoint.every", "100", *extra)
 
 
 def task_args(task_dir: Path, every: int) -> list[str]:

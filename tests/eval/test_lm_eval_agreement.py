@@ -7,7 +7,7 @@ import pytest
 
 from hlat.eval import EvalOptions, LanguageModel, TASKS, evaluate_task, load_model
 
-from conftest import ARC_ROWS, write_jsonl
+from task_files import ARC_ROWS, write_jsonl
 from export import save_hf
 
 TASK_YAML = """task: hlat_tiny_arc

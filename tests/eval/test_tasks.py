@@ -12,7 +12,7 @@ from hlat.eval.results import load_baselines, markdown_table, results_dict, writ
 from hlat.eval.tasks import choose_shots
 from hlat.eval.tasks.generation import gsm8k_flexible, gsm8k_strict
 
-from conftest import ARC_ROWS, write_jsonl
+from task_files import ARC_ROWS, write_jsonl
 
 MMLU = [{"question": f"Q{i}?", "subject": s, "choices": ["w", "x", "y", "z"], "answer": i % 4}
         for i, s in enumerate(["anatomy"] * 6 + ["virology"] * 6)]

@@ -16,7 +16,7 @@ from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
 
-from conftest import ARC_ROWS, write_jsonl
+from task_files import ARC_ROWS, write_jsonl
 from export import save_hf, save_run
 
 

@@ -4,14 +4,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from runs import tiny_args  # noqa: E402
+from hlat.parallel.hang import _missing, _ranks, is_timeout
 
-from hlat.parallel.hang import _missing, _ranks, is_timeout  # noqa: E402
+from runs import tiny_args
 
 
 def test_stuck_rank_is_named_with_the_step_and_phase(small_corpus, tmp_path):

@@ -7,6 +7,7 @@ over the saved ranks and dealt to the new ones.
 """
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from runs import assert_same_tensors, checkpoint_tensors, launch, tiny_args
 TP2_DP2 = ["--parallel.tp", "2", "--parallel.dp_sharding", "zero2"]
 DP4 = ["--parallel.dp_sharding", "fsdp"]
 ZERO1 = ["--parallel.dp_sharding", "zero1"]
+RESAVE = Path(__file__).parent / "resave_worker.py"
 
 
 def copy_run(src, dst):
@@ -40,7 +42,7 @@ def test_tp2_dp2_to_dp4_and_one_process_and_back(small_corpus, tmp_path):
     assert any(".exp_avg_sq" in k for k in reference) and any(k.startswith("model.") for k in reference)
 
     dp4 = copy_run(saved, tmp_path / "dp4")
-    out = launch(4, tiny_args(small_corpus, dp4, "--train.steps", "2", *DP4), script="resave_worker.py").stdout
+    out = launch(4, tiny_args(small_corpus, dp4, "--train.steps", "2", *DP4), script=RESAVE).stdout
     assert "resharded from" in out
     assert_same_tensors(checkpoint_tensors(CheckpointManager(dp4 / "checkpoints", None).latest(), tmp_path), reference)
 
@@ -52,7 +54,7 @@ def test_tp2_dp2_to_dp4_and_one_process_and_back(small_corpus, tmp_path):
 
     # and the reverse: from one process into TP 2 x DP 2
     back = copy_run(single, tmp_path / "back")
-    launch(4, tiny_args(small_corpus, back, "--train.steps", "2", *TP2_DP2), script="resave_worker.py")
+    launch(4, tiny_args(small_corpus, back, "--train.steps", "2", *TP2_DP2), script=RESAVE)
     assert_same_tensors(checkpoint_tensors(CheckpointManager(back / "checkpoints", None).latest(), tmp_path), reference)
     # and training goes on from the resharded checkpoint
     out = launch(4, tiny_args(small_corpus, back, "--train.steps", "3", *TP2_DP2)).stdout
@@ -71,6 +73,6 @@ def test_zero1_to_one_process_and_back(small_corpus, tmp_path):
     assert_same_tensors(checkpoint_tensors(CheckpointManager(single / "checkpoints", None).latest(), tmp_path), reference)
 
     back = copy_run(single, tmp_path / "back")
-    out = launch(2, tiny_args(small_corpus, back, "--train.steps", "2", *ZERO1), script="resave_worker.py").stdout
+    out = launch(2, tiny_args(small_corpus, back, "--train.steps", "2", *ZERO1), script=RESAVE).stdout
     assert "resharded from" in out
     assert_same_tensors(checkpoint_tensors(CheckpointManager(back / "checkpoints", None).latest(), tmp_path), reference)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hlat.data.documents import DocTokens, OnlineDocuments, tokens_fingerprint
+from hlat.data.documents import DocTokens, OnlineDocuments
 from hlat.data.sources import BadDocument
 from hlat.data.spm import SentencePieceTokenizer
 

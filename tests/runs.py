@@ -10,8 +10,6 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-HERE = Path(__file__).parent
-
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
@@ -23,10 +21,10 @@ def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def launch(nproc: int, args: list[str], env: dict[str, str] | None = None, script: str | None = None,
+def launch(nproc: int, args: list[str], env: dict[str, str] | None = None, script: Path | None = None,
            restarts: int = 0) -> subprocess.CompletedProcess:
     """`hlat train ARGS` (or a script) under torchrun with `nproc` gloo processes; must succeed."""
-    target = [str(HERE / script)] if script else ["-m", "hlat", "train"]
+    target = [str(script)] if script else ["-m", "hlat", "train"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            f"--max-restarts={restarts}", *target, *args]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
