@@ -1,6 +1,7 @@
-"""Checkpoint size and timings for the `small` preset (one process, fp32 weights + AdamW state):
-synchronous save, async save's blocking time and total write time, load, and a resharded load
-(a checkpoint saved by 2 data-parallel ranks loaded into one process). Prints a markdown table.
+"""Checkpoint size and timings for the `small` preset (fp32 weights + AdamW state): synchronous
+save, async save's blocking time and total write time, load, a save by 2 data-parallel (fsdp)
+ranks under torchrun (where each rank hashes its own files), and a resharded load (that
+checkpoint loaded into one process). Prints a markdown table.
 
     python benchmarks/checkpoint_io.py [--repeats 3]
 """
@@ -56,7 +57,18 @@ def main() -> None:
 
         dist.init_process_group("gloo")
         model, opt = build(make_layout(1, 2, 1, torch.device("cpu")), "fsdp")
-        CheckpointManager(Path(sys.argv[2]), keep_last=1).save(1, sharded(model, opt), {}, {})
+        rank, repeats = dist.get_rank(), int(sys.argv[3])
+        shared = {} if rank == 0 else None  # as the trainer does: rank 0 alone writes shared.pt
+        mgr = CheckpointManager(Path(sys.argv[2]) / "async", keep_last=1)
+        blocking, write = [], []
+        for i in range(repeats):
+            blocking.append(mgr.save(i, sharded(model, opt), {}, shared, background=True).blocking_s)
+            write.append(mgr.wait().write_s)
+        mgr = CheckpointManager(Path(sys.argv[2]), keep_last=1)
+        sync = [timed(lambda i=i: mgr.save(i, sharded(model, opt), {}, shared)) for i in range(repeats)]
+        if rank == 0:
+            med = statistics.median
+            print(f"DP2 {med(sync)} {med(blocking)} {med(write)}", flush=True)
         dist.barrier()
         dist.destroy_process_group()
         sys.stdout.flush()
@@ -80,8 +92,11 @@ def main() -> None:
             write.append(amgr.wait().write_s)
         load = [timed(lambda: (mgr.check(path), mgr.load_sharded(path, sharded(model, opt)))) for _ in range(args.repeats)]
         dp2 = Path(tmp) / "dp2"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-                        "--save-dp2", str(dp2)], check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
+                               "--save-dp2", str(dp2), str(args.repeats)], check=True, capture_output=True, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        dp2_sync, dp2_blocking, dp2_write = map(float, next(
+            line for line in done.stdout.splitlines() if line.startswith("DP2 ")).split()[1:])
         dmgr = CheckpointManager(dp2, keep_last=1)
         dpath = dmgr.latest()
         resharded = [timed(lambda: (dmgr.check(dpath), dmgr.load_sharded(dpath, sharded(model, opt)))) for _ in range(args.repeats)]
@@ -91,9 +106,12 @@ def main() -> None:
             ("async save: training blocked", f"{med(blocking):.3f} s"),
             ("async save: write + commit", f"{med(write):.2f} s"),
             ("load (verify + DCP read)", f"{med(load):.2f} s"),
+            ("2 fsdp ranks: synchronous save", f"{dp2_sync:.2f} s"),
+            ("2 fsdp ranks: async save, training blocked", f"{dp2_blocking:.3f} s"),
+            ("2 fsdp ranks: async save, write + commit (rank 0)", f"{dp2_write:.2f} s"),
             ("resharded load (saved by 2 fsdp ranks, loaded by 1)", f"{med(resharded):.2f} s")]
     params = sum(p.numel() for p in model.parameters())
-    print(f"`small` preset, {params / 1e6:.1f}M parameters, fp32, 1 process, median of {args.repeats}\n")
+    print(f"`small` preset, {params / 1e6:.1f}M parameters, fp32, 1 process unless stated, median of {args.repeats}\n")
     print("| measure | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")

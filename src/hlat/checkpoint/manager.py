@@ -6,12 +6,15 @@ A checkpoint is a directory `step_NNNNNNNN/`:
   rank_NNNNN.pt      what belongs to one process: its data-loader position and RNG states;
   shared.pt          what rank 0 alone holds: counters, and ZeRO-1's gathered optimizer state;
   manifest.json      byte size and SHA-256 of every file, written last.
-It is written under a temporary name and renamed into place only when every rank has finished,
-so a crash at any moment leaves the previous checkpoint as the newest valid one. With
-`background=True` the DCP data is written by a thread (dcp.async_save) while training goes on; the
-saving step blocks only while the state is copied, and rank 0 commits (manifest, rename, pruning)
-in that thread once every rank's data is on disk. At most one save is in flight: the next save,
-and `wait()` at the end of training, wait for it first. Nothing is
+Every rank hashes the files it wrote itself (its DCP shards and rank file) and sends the digests
+to rank 0, which hashes only the shared files and writes the manifest: hashing is spread over the
+ranks like the writing. A checkpoint is written under a temporary name and renamed into place only
+when every rank has finished, so a crash at any moment leaves the previous checkpoint as the
+newest valid one. With `background=True` the DCP data is written by a thread (dcp.async_save)
+while training goes on; the saving step blocks only while the state is copied, and a second thread
+on each rank hashes once that rank's data is written, then rank 0 commits (manifest, rename,
+pruning) once it has every rank's digests. At most one save is in flight: the next save, and
+`wait()` at the end of training, wait for it first. Nothing is
 unpickled without an allow-list: `.pt` files load with `weights_only=True` and DCP's metadata is
 checked first (see safe_metadata.py).
 """
@@ -24,12 +27,11 @@ import json
 import os
 import pickle
 import shutil
-import threading
 import time
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +87,8 @@ class SaveStats:
 
 @dataclass
 class _Pending:
-    future: Future
-    tmp: Path
+    done: Future  # this rank's part finished: written, hashed and (rank 0) committed
     stats: SaveStats
-    started: float
-    committed: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
 
 
 class CheckpointManager:
@@ -101,6 +99,7 @@ class CheckpointManager:
         self.verify = verify
         self._pending: _Pending | None = None
         self._group: dist.ProcessGroup | None = None  # background saves talk on their own group
+        self._finisher: ThreadPoolExecutor | None = None  # hashes and commits background saves
 
     def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any] | None,
              shared: dict[str, Any] | None, background: bool = False) -> SaveStats:
@@ -121,10 +120,10 @@ class CheckpointManager:
         if not background:
             with _single_process_quiet():
                 dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
-            _barrier()
+            hashes = _gather_hashes(tmp, None)  # rank 0 waits here for every rank's data
             maybe_kill("commit", step, _rank())
             if _rank() == 0:
-                self._commit(tmp, final, step)
+                self._commit(tmp, final, step, hashes)
             _barrier()
             elapsed = time.perf_counter() - started
             return SaveStats(final, elapsed, elapsed)
@@ -132,43 +131,50 @@ class CheckpointManager:
             # DCP's collectives run in the writer thread while training uses the default group:
             # sharing one gloo group between two threads would interleave their messages.
             self._group = dist.new_group(backend="gloo")
-        future = dcp.async_save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(),
-                                process_group=self._group)
-        pending = _Pending(future, tmp, SaveStats(final, time.perf_counter() - started, background=True), started)
-        if _rank() == 0:  # done only once every rank's data is written (DCP gathers their results)
-            future.add_done_callback(lambda _: self._commit_pending(pending, step))
-        else:
-            pending.committed.set()
-        self._pending = pending
-        return pending.stats
+        written = dcp.async_save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(),
+                                 process_group=self._group)
+        stats = SaveStats(final, time.perf_counter() - started, background=True)
+        if self._finisher is None:
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hlat-checkpoint-commit")
+        self._pending = _Pending(self._finisher.submit(self._finish, written, tmp, step, stats, started), stats)
+        return stats
+
+    def _finish(self, written: Future, tmp: Path, step: int, stats: SaveStats, started: float) -> None:
+        """Finisher thread, every rank: hash this rank's files once they are written; rank 0
+        commits once it has every rank's digests. A rank whose write failed still takes part in
+        the gather (reporting the failure), so no other rank is left waiting for it."""
+        try:
+            written.result()
+            failure = None
+        except Exception as err:
+            failure = f"rank {_rank()} failed to write its data: {err!r}"
+        hashes = _gather_hashes(tmp, self._group, failure)
+        maybe_kill("commit", step, _rank())
+        if _rank() == 0:
+            self._commit(tmp, stats.path, step, hashes)
+        stats.write_s = time.perf_counter() - started
 
     def wait(self) -> SaveStats | None:
         """Collective: finish the background save in flight, if any; return its stats."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        pending.future.result()
-        maybe_kill("commit", int(pending.stats.path.name.removeprefix("step_")), _rank())
-        pending.committed.wait()
-        if pending.error is not None:
-            raise CheckpointError(f"committing {pending.stats.path} failed: {pending.error}") from pending.error
+        try:
+            pending.done.result()
+        except Exception as err:
+            raise CheckpointError(f"background save of {pending.stats.path} failed: {err}") from err
         _barrier()
         return pending.stats
 
-    def _commit_pending(self, pending: _Pending, step: int) -> None:
-        try:
-            pending.future.result()
-            maybe_kill("commit", step, 0)
-            self._commit(pending.tmp, pending.stats.path, step)
-            pending.stats.write_s = time.perf_counter() - pending.started
-        except BaseException as err:  # re-raised by wait() in the training thread
-            pending.error = err
-        finally:
-            pending.committed.set()
-
-    def _commit(self, tmp: Path, final: Path, step: int) -> None:
-        """Rank 0: manifest last, then an atomic rename; then retention."""
-        files = {str(p.relative_to(tmp)): _describe(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    def _commit(self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]]) -> None:
+        """Rank 0: manifest last (`hashes` from the ranks; the shared files hashed here), then an
+        atomic rename; then retention."""
+        files = dict(hashes)
+        for path in tmp.rglob("*"):
+            name = str(path.relative_to(tmp))
+            if path.is_file() and name not in files:  # shared.pt, DCP's .metadata
+                files[name] = _describe(path)
+        files = dict(sorted(files.items()))
         world = dist.get_world_size() if _distributed() else 1
         manifest = {"format": FORMAT_VERSION, "step": step, "world": world, "time": time.time(), "files": files}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -249,6 +255,34 @@ def _load(file: Path) -> dict[str, Any]:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or tampered file; never fall back to full unpickling
         raise CheckpointError(f"cannot load {file}: {err}") from err
+
+
+def own_files(tmp: Path, rank: int) -> list[Path]:
+    """The files one rank writes itself: its rank state, and the DCP data files that torch's
+    FileSystemWriter names __<rank>_<n>.distcp. Anything else is hashed by rank 0."""
+    return [tmp / rank_file(rank), *sorted((tmp / DCP_DIR).glob(f"__{rank}_*.distcp"))]
+
+
+def _gather_hashes(tmp: Path, group: dist.ProcessGroup | None, failure: str | None = None) -> dict[str, dict[str, Any]]:
+    """Collective over `group`: every rank describes (size, SHA-256) the files it wrote; rank 0
+    receives all of them, the others keep their own. A failure on any rank raises on rank 0 (and
+    on that rank) after the gather, so nobody waits forever."""
+    rank = _rank()
+    files: dict[str, dict[str, Any]] = {}
+    if failure is None:
+        try:
+            files = {str(p.relative_to(tmp)): _describe(p) for p in own_files(tmp, rank) if p.is_file()}
+        except OSError as err:
+            failure = f"rank {rank} could not hash its files: {err}"
+    gathered: list[Any] = [(files, failure)]
+    if _distributed():
+        received: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object((files, failure), received, dst=0, group=group)
+        gathered = received if rank == 0 else gathered
+    failures = [f for _, f in gathered if f]
+    if failures:
+        raise CheckpointError("; ".join(failures))
+    return {name: entry for part, _ in gathered for name, entry in part.items()}
 
 
 def _describe(file: Path) -> dict[str, Any]:
