@@ -1,5 +1,6 @@
 """hlat export -> transformers loads it with the same logits; --checkpoint.init_from hf:DIR -> the
-same weights with a new optimizer."""
+same weights with a new optimizer; hlat import HF_DIR RUN_DIR -> a run directory with
+transformers' logits, or a refusal naming the config.json field."""
 
 import json
 from pathlib import Path
