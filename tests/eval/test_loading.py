@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hlat.data.spm import SentencePieceTokenizer
 from hlat.eval import load_model
 from hlat.eval.loading import run_checkpoints
 
@@ -45,3 +46,16 @@ def test_clear_errors(tmp_path) -> None:
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoints"):
         load_model(tmp_path)
+
+
+def test_run_dir_with_a_sentencepiece_tokenizer(model, tokenizer_file, tmp_path) -> None:
+    """A run trained with a SentencePiece model keeps tokenizer.model in its directory."""
+    spm = pytest.importorskip("sentencepiece")
+    run = save_run(tmp_path / "run", model, tokenizer_file, [10])
+    (run / "tokenizer.json").unlink()
+    texts = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b"] * 50
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(run / "tokenizer"),
+                                   vocab_size=310, model_type="bpe", byte_fallback=True, minloglevel=2)
+    loaded = load_model(run)
+    assert isinstance(loaded.tokenizer, SentencePieceTokenizer)
+    assert loaded.tokenizer.decode(loaded.tokenizer.encode("fox")) == "fox"

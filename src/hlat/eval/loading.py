@@ -17,7 +17,8 @@ import torch
 from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.data.config import DataConfig
-from hlat.data.tokenizer import Tokenizer, build_tokenizer
+from hlat.data.spm import SentencePieceTokenizer
+from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
 from hlat.model.llama import rope_tables
@@ -108,16 +109,17 @@ def read_run_config(run_dir: Path) -> tuple[ModelConfig, DataConfig]:
 
 
 def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
-                  override: str | Path | None = None) -> Tokenizer:
-    """The tokenizer a run trained with: an explicit file, else <run_dir>/tokenizer.json, else the
-    config's data.tokenizer, else the cached BPE that build_tokenizer trained on the corpus."""
+                  override: str | Path | None = None) -> Tokenizer | SentencePieceTokenizer:
+    """The tokenizer a run trained with: an explicit file, else the run directory's tokenizer.json
+    or tokenizer.model, else the config's data.tokenizer, else the cached BPE that build_tokenizer
+    trained on the corpus."""
     if override is not None:
         if not Path(override).expanduser().is_file():
             raise FileNotFoundError(f"--tokenizer {override}: no such file")
-        return Tokenizer.from_file(override)
-    for candidate in (run_dir / "tokenizer.json", data.tokenizer):
+        return load_tokenizer(override)
+    for candidate in (run_dir / "tokenizer.json", run_dir / "tokenizer.model", data.tokenizer):
         if candidate and Path(candidate).expanduser().is_file():
-            return Tokenizer.from_file(candidate)
+            return load_tokenizer(candidate)
     from hlat.data.sources import open_source
 
     try:
