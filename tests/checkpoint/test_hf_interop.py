@@ -117,3 +117,9 @@ def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     for name, value in imported.items():
         assert torch.equal(trainer.model.raw_parts[0].state_dict()[name], value), name
     assert trainer.fit().step == 2
+    # In the imported directory itself: its weights-only checkpoint starts the run, it is not resumed.
+    in_place = Trainer(load_config("tiny", run / "config.toml", [*args[:-1], str(run)]), out=print)
+    assert "weights only: new optimizer, step 0" in capsys.readouterr().out and in_place.step == 0
+    for name, value in imported.items():
+        assert torch.equal(in_place.model.raw_parts[0].state_dict()[name], value), name
+    assert in_place.fit().step == 2

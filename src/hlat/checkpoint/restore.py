@@ -20,6 +20,12 @@ from hlat.data import merge_states
 HF_PREFIX = "hf:"
 
 
+def holds_training_state(path: Path) -> bool:
+    """Whether a checkpoint can be resumed (optimizer and data position), rather than only holding
+    weights (an archive, or what hlat import writes)."""
+    return any(Path(path).glob("rank_*.pt"))
+
+
 def rank_state_for(manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int,
                    same_layout: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(loader state, RNG state or None) for this process from checkpoint `path`.

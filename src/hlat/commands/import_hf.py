@@ -42,6 +42,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
           f"next:\n"
           f"  hlat eval --checkpoint {run_dir} --tasks arc_easy\n"
           f"  hlat export {run_dir} OUT_DIR\n"
-          f"  hlat train --config {run_dir / 'config.toml'} --train.run_dir NEW_RUN_DIR   # continue pre-training "
+          f"  hlat train --config {run_dir / 'config.toml'}   # continue pre-training "
           "from these weights (new optimizer)")
     return 0

@@ -23,7 +23,7 @@ from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.recovery import SpikeDetector
-from hlat.checkpoint.restore import init_weights, rank_state_for
+from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config import RunConfig
 from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, build_loader
 from hlat.eval.in_training import InTrainingTasks
@@ -103,10 +103,13 @@ class Trainer:
         if warning:
             self.out(warning)
         path = None if resume == "fresh" else self.checkpoints.latest()
-        if path is not None:
+        if path is not None and holds_training_state(path):
             self._restore(path)
         elif resume == "require":
-            raise FileNotFoundError(f"--resume: no valid checkpoint in {self.checkpoints.directory}; drop --resume to start a new run")
+            raise FileNotFoundError(f"--resume: no checkpoint to resume in {self.checkpoints.directory}"
+                                    f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
+        elif path is not None:  # e.g. what hlat import wrote: its weights start this run
+            self.out(f"initialised from {init_weights(str(path), self.model.parts)} (weights only: new optimizer, step 0)")
         elif cfg.checkpoint.init_from:
             self.out(f"initialised from {init_weights(cfg.checkpoint.init_from, self.model.parts)} (new optimizer)")
 
