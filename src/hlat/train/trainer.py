@@ -106,7 +106,7 @@ class Trainer:
         if path is not None and holds_training_state(path):
             self._restore(path)
         elif resume == "require":
-            raise FileNotFoundError(f"--resume: no checkpoint to resume in {self.checkpoints.directory}"
+            raise FileNotFoundError(f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
                                     f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
         elif path is not None:  # e.g. what hlat import wrote: its weights start this run
             self.out(f"initialised from {init_weights(str(path), self.model.parts)} (weights only: new optimizer, step 0)")
