@@ -26,7 +26,6 @@ metric_list:
 """
 
 
-@pytest.mark.slow  # ~40-70 s on 2 shared cores, mostly importing lm-eval and datasets
 def test_multiple_choice_agrees_with_lm_eval(model, tokenizer_file, tmp_path, monkeypatch) -> None:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(var, "1")
