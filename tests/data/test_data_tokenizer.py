@@ -107,6 +107,8 @@ def test_eos_search(tmp_path):
     assert tok.encode("hello world") == [1, 2]  # no BOS although <s> exists
     tok = Tokenizer.from_file(_word_level(tmp_path, ["<eos>"]))
     assert tok.eos_token == "<eos>"
+    tok = Tokenizer.from_file(_word_level(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"]))  # LLaMA-3
+    assert tok.eos_token == "<|end_of_text|>"
 
 
 def test_no_eos_is_an_error(tmp_path):

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 
 from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.safe_metadata import check_metadata
+from hlat.parallel.mesh import collective_timeout
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"
@@ -129,8 +130,9 @@ class CheckpointManager:
             return SaveStats(final, elapsed, elapsed)
         if _distributed() and self._group is None:
             # DCP's collectives run in the writer thread while training uses the default group:
-            # sharing one gloo group between two threads would interleave their messages.
-            self._group = dist.new_group(backend="gloo")
+            # sharing one gloo group between two threads would interleave their messages. Same
+            # timeout as training's groups (new_group would default to 30 minutes).
+            self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
         written = dcp.async_save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(),
                                  process_group=self._group)
         stats = SaveStats(final, time.perf_counter() - started, background=True)

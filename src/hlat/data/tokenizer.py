@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from hlat.data.sources import DocumentSource
     from hlat.data.spm import SentencePieceTokenizer
 
-EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<eos>")
+EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")  # LLaMA-1/2, GPT-2/NeoX, LLaMA-3, Gemma
 BPE_EOS = "<|endoftext|>"
 # Bump when the BPE recipe below changes, so cached tokenizers trained the old way are not reused.
 _BPE_RECIPE = "bytelevel-bpe-v1"
@@ -54,8 +54,7 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
-        """Load a Hugging Face tokenizer.json; its EOS is the first of ``</s>``,
-        ``<|endoftext|>``, ``<eos>`` that it knows."""
+        """Load a Hugging Face tokenizer.json; its EOS is the first of EOS_CANDIDATES that it knows."""
         path = Path(path).expanduser()
         try:
             tk = tokenizers.Tokenizer.from_file(str(path))
