@@ -7,7 +7,7 @@ import torch
 
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.eval import load_model
-from hlat.eval.loading import run_checkpoints
+from hlat.checkpoint.loading import run_checkpoints
 
 from export import save_hf, save_run
 

@@ -1,7 +1,7 @@
 """Write a Hugging Face LLaMA directory from any hlat checkpoint: safetensors shards (with an index
 when there are several), config.json and the run's tokenizer files.
 
-The weights are read through the evaluation loader (hlat.eval.loading), which reassembles full
+The weights are read through the checkpoint loader (hlat.checkpoint.loading), which reassembles full
 tensors from a checkpoint of any training layout; only the names change (hlat.model.hf).
 """
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from hlat.checkpoint.loading import load_model
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -21,8 +22,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32") -> Path:
     """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint)."""
     from safetensors.torch import save_file
-
-    from hlat.eval.loading import load_model
 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")

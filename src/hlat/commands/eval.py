@@ -62,7 +62,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, load_model, resolve_tasks
-    from hlat.eval.loading import LoadedModel, is_run_dir
+    from hlat.checkpoint.loading import LoadedModel, is_run_dir
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
     from hlat.eval.sweep import sweep_run, write_sweep
 

@@ -3,7 +3,7 @@ training. `hlat eval` is the command; these are the pieces it is built from."""
 
 from hlat.eval.harness import EvalOptions, TaskResult, evaluate, evaluate_task
 from hlat.eval.lm import LanguageModel
-from hlat.eval.loading import LoadedModel, load_checkpoint_weights, load_model
+from hlat.checkpoint.loading import LoadedModel, load_checkpoint_weights, load_model
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
 from hlat.eval.sandbox import ExecResult, SandboxLimits, run_program
 from hlat.eval.tasks import SUITES, TASKS, Task, resolve_tasks

@@ -11,7 +11,7 @@ from typing import Any
 
 from hlat.eval.harness import EvalOptions, evaluate
 from hlat.eval.lm import LanguageModel
-from hlat.eval.loading import (LoadedModel, load_hlat_checkpoint, read_run_config,
+from hlat.checkpoint.loading import (LoadedModel, load_hlat_checkpoint, read_run_config,
                                run_checkpoints, run_tokenizer)
 from hlat.eval.tasks import Task
 

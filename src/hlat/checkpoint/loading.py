@@ -1,5 +1,5 @@
-"""Find and load what to evaluate: an hlat checkpoint, an hlat run directory, or a local Hugging
-Face LLaMA directory (config.json + safetensors or pytorch_model.bin + tokenizer.json).
+"""Load a model for evaluation or export: an hlat checkpoint, an hlat run directory, or a local
+Hugging Face LLaMA directory (config.json + safetensors or pytorch_model.bin + tokenizer.json).
 
 `load_checkpoint_weights` is the only function here that reads hlat checkpoints; it goes through
 hlat.checkpoint.CheckpointManager like training does.
