@@ -1,1 +1,1 @@
-"""The training loop, its metrics and its precision modes."""
+"""The training loop, its optimizers and its metrics."""
