@@ -56,10 +56,12 @@ def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB") -> 
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(directory, max_shard_size=max_shard_size, safe_serialization=True)
-    tk = Tokenizer(models.WordLevel({"</s>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(94)}}, unk_token="<unk>"))
+    tk = Tokenizer(models.WordLevel({"</s>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i + 3 for i in range(93)}},
+                                    unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.add_special_tokens(["</s>"])
+    tk.add_special_tokens(["</s>", "<s>"])
     tk.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
     return model
 
 
@@ -74,6 +76,7 @@ def test_import_gives_transformers_logits(tmp_path, capsys, n_kv_heads, max_shar
     assert (run / "tokenizer.json").read_bytes() == (tmp_path / "hf" / "tokenizer.json").read_bytes()
     loaded = load_model(run)  # as hlat eval reads a run directory
     assert loaded.model.cfg.n_kv_heads == n_kv_heads and loaded.step == 0
+    assert loaded.prefix_token == 2 == load_model(tmp_path / "hf").prefix_token  # the BOS, as lm-eval conditions
     ids = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert (loaded.model(ids) - hf(ids).logits).abs().max().item() < 1e-4

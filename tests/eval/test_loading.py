@@ -59,3 +59,5 @@ def test_run_dir_with_a_sentencepiece_tokenizer(model, tokenizer_file, tmp_path)
     loaded = load_model(run)
     assert isinstance(loaded.tokenizer, SentencePieceTokenizer)
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("fox")) == "fox"
+    assert loaded.tokenizer.token_id(loaded.tokenizer.eos_token) == loaded.tokenizer.eos_id == loaded.prefix_token
+    assert loaded.tokenizer.token_id("no such piece") is None

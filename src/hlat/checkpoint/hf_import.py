@@ -6,7 +6,8 @@ and a tokenizer (tokenizer.json or a SentencePiece tokenizer.model). `import_hf`
 
   RUN_DIR/config.toml                 [model] the architecture, [data] tokenizer the file below,
                                       [checkpoint] init_from this directory
-  RUN_DIR/tokenizer.json|.model       the model's tokenizer, copied as it is
+  RUN_DIR/tokenizer.json|.model       the model's tokenizer, copied as it is (with
+                                      tokenizer_config.json, which names the BOS evaluation uses)
   RUN_DIR/checkpoints/step_00000000/  a weights-only hlat checkpoint (fp32), as archives are
 
 which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. Whatever
@@ -33,6 +34,7 @@ from hlat.model.hf import hf_to_hlat, model_config_from_hf
 
 HF_CONFIG = "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+TOKENIZER_CONFIG = "tokenizer_config.json"
 IMPORT_STEP = 0
 
 
@@ -203,6 +205,8 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
 
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tok_file, run_dir / tok_name)
+    if (source / TOKENIZER_CONFIG).is_file() and tokenizer is None:
+        shutil.copyfile(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
     (run_dir / "config.toml").write_text(_config_toml(source, run_dir, cfg, run_dir / tok_name))
     stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
         IMPORT_STEP, {"model": weights}, None,

@@ -87,7 +87,7 @@ def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
         model_cfg, tok = cached
     model = empty_model(model_cfg, dtype)
     progress = load_checkpoint_weights(checkpoint, model)
-    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", tok.eos_id,
+    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", prefix_token(run_dir, tok),
                        progress.get("step"), progress.get("tokens"))
 
 
@@ -134,23 +134,26 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
 
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
     cfg = model_config_from_hf(json.loads((directory / "config.json").read_text()))
-    tok_file = Path(tokenizer) if tokenizer else directory / "tokenizer.json"
-    if not tok_file.is_file():
-        raise FileNotFoundError(f"{directory} has no tokenizer.json; pass --tokenizer PATH "
-                                "(a Hugging Face tokenizer.json)")
-    tok = Tokenizer.from_file(tok_file)
+    candidates = [Path(tokenizer)] if tokenizer else [directory / "tokenizer.json", directory / "tokenizer.model"]
+    tok_file = next((f for f in candidates if f.is_file()), None)
+    if tok_file is None:
+        raise FileNotFoundError(f"{' or '.join(map(str, candidates))}: no such file; pass --tokenizer PATH "
+                                "(a Hugging Face tokenizer.json or a SentencePiece .model)")
+    tok = load_tokenizer(tok_file)
     model = empty_model(cfg, dtype)
     model.load_state_dict(hf_to_hlat(hf_weights(directory)), strict=True)
-    return LoadedModel(model.eval(), tok, directory.name, _hf_prefix_token(directory, tok))
+    return LoadedModel(model.eval(), tok, directory.name, prefix_token(directory, tok))
 
 
-def _hf_prefix_token(directory: Path, tok: Tokenizer) -> int:
-    """The tokenizer's BOS (tokenizer_config.json), else EOS: what lm-eval conditions on."""
+def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> int:
+    """What an empty context is conditioned on, as lm-eval does: the BOS named by the directory's
+    tokenizer_config.json (a Hugging Face model, or a run hlat import made from one), else EOS
+    (hlat trains with EOS between documents)."""
     config = directory / "tokenizer_config.json"
     bos = json.loads(config.read_text()).get("bos_token") if config.is_file() else None
     if isinstance(bos, dict):
         bos = bos.get("content")
-    bos_id = tok.tk.token_to_id(bos) if isinstance(bos, str) else None
+    bos_id = tok.token_id(bos) if isinstance(bos, str) else None
     return tok.eos_id if bos_id is None else bos_id
 
 

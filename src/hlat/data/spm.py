@@ -44,6 +44,11 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.sp.decode(list(ids))
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a piece, or None (SentencePiece maps unknown pieces to <unk>)."""
+        i = self.sp.piece_to_id(token)
+        return i if self.sp.id_to_piece(i) == token else None
+
     def fingerprint(self) -> str:
         return self._fingerprint
 

@@ -52,6 +52,10 @@ class Tokenizer:
         self._fingerprint: str | None = None
         self._encode_batch = getattr(tk, "encode_batch_fast", tk.encode_batch)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry (e.g. a special token), or None."""
+        return self.tk.token_to_id(token)
+
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
         """Load a Hugging Face tokenizer.json; its EOS is the first of EOS_CANDIDATES that it knows."""
