@@ -34,8 +34,9 @@ FOUR = [
     "2,2,1,zero2,1f1b,1,none",
     "2,2,1,fsdp,1f1b,1,selective",
     "2,1,2,ddp,1f1b,1,none",
+    "1,1,4,ddp,1f1b,1,none",  # tp 4 > 2 KV heads: KV projections replicated
 ]
-EIGHT = ["2,2,2,zero2,1f1b,1,none"]
+EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none"]  # the second: FSDP over replicated KV projections
 
 
 def launch(out: Path, nproc: int, specs: list[str]) -> None:
@@ -79,6 +80,7 @@ def test_layouts_match_single_process(reference, tmp_path, nproc, specs):
         check(reference, tmp_path, spec)
 
 
-def test_three_dimensional_layout(reference, tmp_path):
+def test_eight_processes(reference, tmp_path):
     launch(tmp_path, 8, EIGHT)
-    check(reference, tmp_path, EIGHT[0])
+    for spec in EIGHT:
+        check(reference, tmp_path, spec)

@@ -4,7 +4,9 @@ import pytest
 
 from hlat.config import load_config
 from hlat.errors import ConfigError
+from hlat.model import ModelConfig
 from hlat.parallel.plan import plan
+from hlat.parallel.tensor_parallel import check_tensor_parallel
 
 GIB = 1024**3
 
@@ -39,7 +41,15 @@ def test_hlat_70b_pipeline_stages():
     assert stages[0].activations == pytest.approx(34 * 4096 * d / 8 * 10 * 8)
 
 
-def test_kv_heads_fewer_than_tp_are_refused():
-    cfg = load_config("hlat-70b", None, ["--parallel.tp", "32"])
-    with pytest.raises(ConfigError, match="n_kv_heads=8"):
-        plan(cfg, world=4096)
+def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
+    """HLAT's own layout: 8 KV heads over TP 32, so every rank holds the whole KV projections."""
+    (pp, dp, tp), stages = plan(load_config("hlat-70b", None, ["--parallel.tp", "32"]), world=4096)
+    assert (pp, dp, tp) == (8, 16, 32)
+    d, kv, f = 8192, 1024, 28672
+    layer = (2 * d * d + 3 * d * f) // 32 + 2 * d * kv + 2 * d
+    assert stages[1].local_params == 10 * layer
+
+
+def test_kv_heads_and_tp_that_do_not_divide_are_refused():
+    with pytest.raises(ConfigError, match="one must divide the other"):
+        check_tensor_parallel(ModelConfig(d_model=192, n_heads=24, n_kv_heads=8, vocab_size=96, ffn_dim=384), 6)

@@ -4,13 +4,19 @@ Between blocks the residual stream is sharded on the sequence dim (Shard(1)); ea
 it before attention/MLP (all-gather), splits heads and FFN columns across the tp ranks, and
 reduce-scatters back to sequence shards. The embedding is vocab-parallel, and the output head
 keeps logits sharded on the vocab dim for `loss_parallel`, so full logits are never gathered.
+
+With more tp ranks than KV heads (HLAT 70B: TP 32, 8 KV heads) the KV projections are replicated
+instead of split: every rank computes all KV heads (with GQA they are a small share of the
+attention's weights) and keeps the one its query heads attend with; their gradients are summed
+over the tp ranks.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -18,6 +24,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
@@ -27,10 +34,9 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     problems = []
     if cfg.n_heads % tp:
         problems.append(("parallel.tp", f"tp={tp} does not divide model.n_heads={cfg.n_heads}"))
-    if cfg.n_kv_heads % tp:
-        # Splitting fewer KV heads than ranks needs KV replication (HLAT 70B did it on Trainium);
-        # refusing is better than computing the wrong attention.
-        problems.append(("parallel.tp", f"tp={tp} does not divide model.n_kv_heads={cfg.n_kv_heads}; use tp <= {cfg.n_kv_heads} (a divisor of it)"))
+    if cfg.n_kv_heads % tp and tp % cfg.n_kv_heads:
+        problems.append(("parallel.tp", f"tp={tp} and model.n_kv_heads={cfg.n_kv_heads}: one must divide the other "
+                         "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)"))
     for field, size in (("model.ffn_dim", cfg.ffn_dim), ("model.vocab_size", cfg.vocab_size)):
         if size % tp:
             problems.append((field, f"{size} is not divisible by parallel.tp={tp}"))
@@ -38,8 +44,37 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(problems)
 
 
+class ReplicatedKV(ParallelStyle):
+    """wk or wv with more tp ranks than KV heads: the weight replicated over tp, the input the full
+    (gathered) sequence; each rank keeps the output columns of KV head `rank // (tp / n_kv_heads)`,
+    the one its query heads use. The output gradient is a partial sum (each rank fed back its own
+    head's), so the weight and input gradients are summed over the tp ranks."""
+
+    def __init__(self, head_dim: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.head_dim, self.n_kv_heads = head_dim, n_kv_heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        head = device_mesh.get_local_rank() // (device_mesh.size() // self.n_kv_heads)
+        columns = slice(head * self.head_dim, (head + 1) * self.head_dim)
+
+        def input_fn(_: nn.Module, inputs: tuple[torch.Tensor, ...], mesh: DeviceMesh) -> tuple[DTensor, ...]:
+            return (DTensor.from_local(inputs[0], mesh, [Replicate()], run_check=False), *inputs[1:])
+
+        def output_fn(_: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+            return output.to_local(grad_placements=[Partial()])[..., columns]
+
+        return distribute_module(module, device_mesh, input_fn=input_fn, output_fn=output_fn)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard `model` (a full Llama or a pipeline stage of one) over `tp_mesh` in place."""
+    cfg: ModelConfig = model.cfg
+    if cfg.n_kv_heads < tp_mesh.size():
+        kv: ParallelStyle = ReplicatedKV(cfg.head_dim, cfg.n_kv_heads)
+        kv_styles = {"attention.wk": kv, "attention.wv": kv}
+    else:
+        kv_styles = {"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()}
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
@@ -58,8 +93,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
                 use_local_output=True,
             ),
             "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+            **kv_styles,
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
