@@ -4,7 +4,7 @@ A checkpoint is a directory `step_NNNNNNNN/`:
   dcp/               model and optimizer state, sharded by torch.distributed.checkpoint and keyed
                      by parameter name, so it loads into any other layout (resharding);
   rank_NNNNN.pt      what belongs to one process: its data-loader position and RNG states;
-  shared.pt          what rank 0 alone holds: counters, and ZeRO-1's gathered optimizer state;
+  shared.pt          what rank 0 alone holds: progress counters and the layout that saved it;
   manifest.json      byte size and SHA-256 of every file, written last.
 Every rank hashes the files it wrote itself (its DCP shards and rank file) and sends the digests
 to rank 0, which hashes only the shared files and writes the manifest: hashing is spread over the
