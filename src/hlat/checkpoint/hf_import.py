@@ -59,14 +59,6 @@ def hf_model_config(directory: Path) -> ModelConfig:
         config = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ImportRefused(f"cannot read {file}: {err}") from err
-    if config.get("model_type", "llama") != "llama":
-        raise ImportRefused(f"{file}: model_type={config['model_type']!r}; hlat imports LLaMA models only (model_type 'llama')")
-    rope_type = (config.get("rope_parameters") or {}).get("rope_type", "default")  # transformers >= 5
-    for field, value in (("rope_scaling", config.get("rope_scaling")),
-                         ("rope_parameters", config.get("rope_parameters") if rope_type != "default" else None)):
-        if value:
-            raise ImportRefused(f"{file}: {field}={value!r}; hlat's RoPE has no scaling (linear, dynamic, "
-                                "yarn, llama3): import a model trained without it")
     try:
         cfg = model_config_from_hf(config)
     except ValueError as err:

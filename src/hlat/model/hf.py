@@ -66,10 +66,14 @@ def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
     for key, ok in unsupported.items():
         if d.get(key, ok) != ok:
             raise ValueError(f"{key}={d[key]!r} is not supported by hlat (needs {ok!r})")
+    if d.get("model_type", "llama") != "llama":
+        raise ValueError(f"model_type={d['model_type']!r}: hlat loads LLaMA models only (model_type 'llama')")
     rope = d.get("rope_parameters") or {}  # transformers >= 5 nests rope_theta here
-    rope_type = rope.get("rope_type", "default")
-    if d.get("rope_scaling") or rope_type != "default":
-        raise ValueError(f"rope scaling {d.get('rope_scaling') or rope!r} is not supported by hlat")
+    for key, value in (("rope_scaling", d.get("rope_scaling")),
+                       ("rope_parameters", rope if rope.get("rope_type", "default") != "default" else None)):
+        if value:
+            raise ValueError(f"{key}={value!r}: hlat's RoPE has no scaling (linear, dynamic, yarn, llama3); "
+                             "use a model trained without it")
     n_heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
     if head_dim * n_heads != d["hidden_size"]:
