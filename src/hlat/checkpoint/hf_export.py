@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from hlat.checkpoint.loading import load_model
+from hlat.data.tokenizer import find_tokenizer_file
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -52,9 +53,9 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     config = {**hf_config_dict(loaded.model.cfg), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "torch_dtype": dtype, "eos_token_id": tok.eos_id, "bos_token_id": None}
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    for name in ("tokenizer.json", "tokenizer.model"):
-        if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, out / name)
+    tok_file = find_tokenizer_file(run_dir)
+    if tok_file is not None:
+        shutil.copy(tok_file, out / tok_file.name)
     # hlat adds no BOS and ends documents with EOS: say so, or a LLaMA tokenizer would add a BOS.
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, "add_bos_token": False,

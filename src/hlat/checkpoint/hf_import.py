@@ -30,10 +30,10 @@ from tqdm import tqdm
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.model import Llama, ModelConfig, count_params
+from hlat.data.tokenizer import TOKENIZER_FILES, find_tokenizer_file, load_tokenizer
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
 
 HF_CONFIG = "config.json"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 TOKENIZER_CONFIG = "tokenizer_config.json"
 IMPORT_STEP = 0
 
@@ -146,13 +146,10 @@ def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str
 
 def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) -> tuple[Path, str]:
     """The tokenizer file to copy and its name in the run directory, once hlat has loaded it."""
-    from hlat.data import SentencePieceTokenizer
-    from hlat.data.tokenizer import load_tokenizer
-
-    candidates = [Path(override).expanduser()] if override else [directory / n for n in TOKENIZER_FILES]
-    file = next((c for c in candidates if c.is_file()), None)
-    if file is None:
-        raise ImportRefused(f"{' nor '.join(str(c) for c in candidates)} exists: training and evaluation need the "
+    file = Path(override).expanduser() if override else find_tokenizer_file(directory)
+    if file is None or not file.is_file():
+        where = override or " nor ".join(str(directory / n) for n in TOKENIZER_FILES)
+        raise ImportRefused(f"{where} exists: training and evaluation need the "
                             "model's tokenizer; pass --tokenizer FILE (a tokenizer.json or SentencePiece .model)")
     try:
         tok = load_tokenizer(file)
@@ -161,8 +158,7 @@ def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) ->
     if tok.vocab_size > cfg.vocab_size:
         raise ImportRefused(f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
                             f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer")
-    # Named by kind, as `hlat train` stores its tokenizer in the run directory.
-    return file, TOKENIZER_FILES[1] if isinstance(tok, SentencePieceTokenizer) else TOKENIZER_FILES[0]
+    return file, tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
 
 
 def _toml(value: Any) -> str:

@@ -18,7 +18,7 @@ from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+from hlat.data.tokenizer import Tokenizer, build_tokenizer, find_tokenizer_file, load_tokenizer
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
 from hlat.model.llama import rope_tables
@@ -117,7 +117,7 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
         if not Path(override).expanduser().is_file():
             raise FileNotFoundError(f"--tokenizer {override}: no such file")
         return load_tokenizer(override)
-    for candidate in (run_dir / "tokenizer.json", run_dir / "tokenizer.model", data.tokenizer):
+    for candidate in (find_tokenizer_file(run_dir), data.tokenizer):
         if candidate and Path(candidate).expanduser().is_file():
             return load_tokenizer(candidate)
     from hlat.data.sources import open_source
@@ -134,10 +134,9 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
 
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
     cfg = model_config_from_hf(json.loads((directory / "config.json").read_text()))
-    candidates = [Path(tokenizer)] if tokenizer else [directory / "tokenizer.json", directory / "tokenizer.model"]
-    tok_file = next((f for f in candidates if f.is_file()), None)
-    if tok_file is None:
-        raise FileNotFoundError(f"{' or '.join(map(str, candidates))}: no such file; pass --tokenizer PATH "
+    tok_file = Path(tokenizer) if tokenizer else find_tokenizer_file(directory)
+    if tok_file is None or not tok_file.is_file():
+        raise FileNotFoundError(f"{tokenizer or directory / 'tokenizer.json'}: no such file; pass --tokenizer PATH "
                                 "(a Hugging Face tokenizer.json or a SentencePiece .model)")
     tok = load_tokenizer(tok_file)
     model = empty_model(cfg, dtype)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hlat.data.tokenizer import find_tokenizer_file
+
 
 def default_cache_dir() -> Path:
     """$HLAT_CACHE if set, else ~/.cache/hlat."""
@@ -117,8 +119,8 @@ class DataConfig:
                     )
                 )
             elif path.is_dir():
-                found = [path / n for n in ("tokenizer.json", "tokenizer.model") if (path / n).is_file()]
-                fix = f"use {found[0]}" if found else "give a tokenizer.json or SentencePiece .model"
+                found = find_tokenizer_file(path)
+                fix = f"use {found}" if found else "give a tokenizer.json or SentencePiece .model"
                 problems.append(("tokenizer", f"{self.tokenizer} is a directory; {fix}"))
         if self.cache_dir and Path(self.cache_dir).expanduser().is_file():
             problems.append(

@@ -23,7 +23,7 @@ import numpy as np
 
 from hlat.data.documents import DocTokens, OnlineDocuments
 from hlat.data.sources import BadDocument
-from hlat.data.spm import SentencePieceTokenizer
+from hlat.data.tokenizer import find_tokenizer_file
 
 FORMAT = "hlat_shards"
 VERSION = 1
@@ -34,9 +34,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def shard_tokenizer_path(root: Path) -> Path:
-    for name in ("tokenizer.json", "tokenizer.model"):
-        if (root / name).is_file():
-            return root / name
+    found = find_tokenizer_file(root)
+    if found is not None:
+        return found
     raise ValueError(f"{root} has no tokenizer.json or tokenizer.model: it is not a complete shard "
                      "directory; run `hlat prepare` again")
 
@@ -87,8 +87,7 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                              f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
                              "refusing to mix them: use a new directory or delete this one")
         manifest = old
-    tok_name = "tokenizer.model" if isinstance(tok, SentencePieceTokenizer) else "tokenizer.json"
-    tok.save(out / tok_name)
+    tok.save(out / tok.FILE_NAME)
     dtype = token_dtype(tok.vocab_size)
     num_shards = -(-len(docs) // docs_per_shard)
     done = len(manifest["shards"])

@@ -15,6 +15,8 @@ class SentencePieceTokenizer:
     """Encoding adds no BOS/EOS, and control-symbol text inside a document ("</s>") stays text,
     so only the packer emits EOS. Batches are encoded by SentencePiece's own C++ threads."""
 
+    FILE_NAME = "tokenizer.model"  # its name in a run, shard or model directory
+
     def __init__(self, path: str | os.PathLike):
         import sentencepiece as spm
 

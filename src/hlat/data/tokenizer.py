@@ -33,6 +33,8 @@ class Tokenizer:
     special token, and special-token text inside documents (a literal "<|endoftext|>") is encoded
     as ordinary text, so only the packer ever emits EOS."""
 
+    FILE_NAME = "tokenizer.json"  # its name in a run, shard or model directory
+
     def __init__(self, tk: tokenizers.Tokenizer, eos_token: str, origin: str = ""):
         eos_id = tk.token_to_id(eos_token)
         if eos_id is None:
@@ -113,6 +115,14 @@ class Tokenizer:
             f"Tokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
             f"origin={self.origin!r})"
         )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # Tokenizer.FILE_NAME, SentencePieceTokenizer.FILE_NAME
+
+
+def find_tokenizer_file(directory: str | os.PathLike) -> Path | None:
+    """The tokenizer file of a run, shard or model directory (tokenizer.json first), or None."""
+    return next((Path(directory) / n for n in TOKENIZER_FILES if (Path(directory) / n).is_file()), None)
 
 
 def load_tokenizer(path: str | os.PathLike) -> "Tokenizer | SentencePieceTokenizer":

@@ -25,7 +25,7 @@ from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.recovery import SpikeDetector
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config import RunConfig
-from hlat.data import SentencePieceTokenizer, Validation, build_data_tokenizer, build_loader
+from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.eval.in_training import InTrainingTasks
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
@@ -122,8 +122,7 @@ class Trainer:
             dist.barrier()
         self.out(tokenizer_line)
         if lay.is_main:  # the run directory is self-contained: evaluation and export read it here
-            name = "tokenizer.model" if isinstance(self.tokenizer, SentencePieceTokenizer) else "tokenizer.json"
-            self.tokenizer.save(self.run_dir / name)
+            self.tokenizer.save(self.run_dir / self.tokenizer.FILE_NAME)
         if cfg.train.global_batch % (lay.dp * cfg.train.micro_batch):
             from hlat.errors import ConfigError
 
