@@ -14,9 +14,11 @@ launch() {
     --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port" --rdzv-id "hlat-local-$port" \
     -m hlat train "${@:2}"
 }
+# Both nodes print to this terminal: the c10d rendezvous gives global rank 0 (the one that logs)
+# to whichever node arrives first, whatever its --node-rank.
 launch 0 "$@" &
 first=$!
-launch 1 "$@" > /dev/null &
+launch 1 "$@" &
 second=$!
 status=0
 wait "$first" || status=$?
