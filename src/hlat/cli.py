@@ -1,15 +1,29 @@
-"""The `hlat` command. Each subcommand lives in hlat.commands.<module>; this file only dispatches."""
+"""The `hlat` command. Each subcommand lives in hlat.commands.<module>; this file only dispatches
+and turns expected failures into one line.
+
+An expected failure (hlat.errors.UserError: an invalid configuration, a bad data row, a corrupt or
+incomplete checkpoint, a refused Hugging Face directory; or a missing file) prints
+`hlat COMMAND: MESSAGE` on stderr and exits with code 2. HLAT_DEBUG=1 (or --debug) prints the
+traceback too. Under torchrun, an error raised before the process group started is the same on
+every rank, so rank 0 alone prints it; one raised later may be a single rank's, so each rank
+that meets it prints it, naming itself.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
-from hlat.errors import ConfigError
+from hlat.errors import UserError
 
 # subcommand name -> module in hlat.commands (one module may register several names)
 COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor"}
+EXPECTED = (UserError, FileNotFoundError)  # what the user can fix from the message alone
+USER_ERROR_EXIT = 2
+DEBUG_ENV = "HLAT_DEBUG"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,9 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pre-train LLaMA models with the HLAT recipe. `hlat train` alone trains the tiny preset "
         "on the embedded corpus (Python's standard library) on this machine's CPU, with no download.",
     )
+    debug_help = f"on an expected error, print the traceback too (same as {DEBUG_ENV}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in dict.fromkeys(COMMANDS.values()):
         importlib.import_module(f"hlat.commands.{module}").register(sub)
+    for command in sub.choices.values():  # `hlat train --debug` as well as `hlat --debug train`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
 
 
@@ -28,12 +46,32 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = build_parser().parse_known_args(argv)
     try:
         return importlib.import_module(f"hlat.commands.{COMMANDS[args.command]}").run(args, overrides)
-    except ConfigError as err:
-        print(f"hlat {args.command}: {err}", file=sys.stderr)
-        return 2
+    except EXPECTED as err:
+        return _report(args.command, err, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
     except KeyboardInterrupt:
         print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return 130
+
+
+def _report(command: str, err: BaseException, debug: bool) -> int:
+    rank = int(os.environ.get("RANK", 0))
+    group_started = _process_group_started()
+    if rank == 0 or group_started:
+        if debug:
+            traceback.print_exc()
+        where = f" (rank {rank})" if rank and group_started else ""
+        print(f"hlat {command}{where}: {err}", file=sys.stderr, flush=True)
+    if group_started:
+        # Leave without interpreter teardown, as a finished multi-process run does: gloo's
+        # threads can race it and turn this exit code into SIGABRT.
+        sys.stdout.flush()
+        os._exit(USER_ERROR_EXIT)
+    return USER_ERROR_EXIT
+
+
+def _process_group_started() -> bool:
+    dist = sys.modules.get("torch.distributed")  # never imported by commands that need no torch
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
 if __name__ == "__main__":

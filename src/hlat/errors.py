@@ -1,9 +1,18 @@
-"""Errors that carry enough context for a user to fix their input."""
+"""Errors that carry enough context for a user to fix their input.
+
+`UserError` marks an expected failure: bad input (a configuration, a data row, a checkpoint, a
+Hugging Face directory), not a bug. The `hlat` command prints its message alone and exits with
+code 2; other exceptions keep their traceback.
+"""
 
 from __future__ import annotations
 
 
-class ConfigError(ValueError):
+class UserError(Exception):
+    """An expected failure whose message names what to fix; `hlat` shows it without a traceback."""
+
+
+class ConfigError(UserError, ValueError):
     """An invalid configuration: every problem names its field and the fix."""
 
     def __init__(self, problems: list[tuple[str, str]]):

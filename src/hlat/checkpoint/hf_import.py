@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
+from hlat.errors import UserError
 from hlat.model import Llama, ModelConfig, count_params
 from hlat.data.tokenizer import TOKENIZER_FILES, find_tokenizer_file, load_tokenizer
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
@@ -38,7 +39,7 @@ TOKENIZER_CONFIG = "tokenizer_config.json"
 IMPORT_STEP = 0
 
 
-class ImportRefused(ValueError):
+class ImportRefused(UserError, ValueError):
     """The source cannot become an hlat model as it is; the message names the file or field."""
 
 

@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 
 from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.safe_metadata import check_metadata
+from hlat.errors import UserError
 from hlat.parallel.mesh import collective_timeout
 
 MANIFEST = "manifest.json"
@@ -49,8 +50,8 @@ DCP_DIR = "dcp"
 FORMAT_VERSION = 2
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that cannot be used (missing, corrupt, unsafe, incomplete); the message says which."""
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ import sysconfig
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from hlat.errors import UserError
+
 # Files read as plain text documents when they sit in a source directory.
 TEXT_SUFFIXES = frozenset(
     {
@@ -28,7 +30,7 @@ TEXT_SUFFIXES = frozenset(
 _SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
 
 
-class BadDocument(ValueError):
+class BadDocument(UserError, ValueError):
     """A document that cannot be read (bad UTF-8, no text field, ...). The message names the file
     and the row. The loader raises it, or counts and logs a skip when data.bad_documents=skip."""
 
