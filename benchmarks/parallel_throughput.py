@@ -41,6 +41,7 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
     from hlat.data.batch import Batch, labels_for
     from hlat.optim import build_adamw, decay_groups
     from hlat.parallel.config import ParallelConfig
+    from hlat.parallel.dtensor import local_tensor
     from hlat.parallel.mesh import setup, teardown
     from hlat.parallel.parallelize import build_parallel_model
     from hlat.train.optimizers import Optimizers
@@ -71,10 +72,10 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
         share, _ = train_step(model, optimizers, [batch], cfg.optim.grad_clip)
     loss = model.reduce_loss(share).item()
     elapsed = time.perf_counter() - start
-    state = sum(t.to_local().nbytes if hasattr(t, "to_local") else t.nbytes for t in model.parameters()) * 2  # weights + grads
+    state = sum(local_tensor(t).nbytes for t in model.parameters()) * 2  # weights + grads
     for opt in optimizers.optimizers:
         local = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
-        state += sum(v.to_local().nbytes if hasattr(v, "to_local") else v.nbytes
+        state += sum(local_tensor(v).nbytes
                      for s in local.state.values() for v in s.values() if hasattr(v, "nbytes") and v.ndim > 0)
     record = {"rank": layout.rank, "tokens_per_s": steps * micro_batch * seq * layout.dp / elapsed, "loss": loss,
               "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "state_gib": state / 2**30}

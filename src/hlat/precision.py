@@ -22,8 +22,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
+
+from hlat.parallel.dtensor import local_tensor
 
 _BF16_STORAGE = {"bf16-sr": "stochastic", "bf16": "nearest"}  # modes: hlat.train.config.PRECISION_MODES
 
@@ -120,12 +121,12 @@ def state_bytes_per_param(params: Iterable[torch.Tensor], optimizer: torch.optim
     """
     total = count = 0
     for p in params:
-        local = p.to_local() if isinstance(p, DTensor) else p
+        local = local_tensor(p)
         count += local.numel()
         total += 2 * local.numel() * local.element_size()
         state = optimizer.state.get(p) if optimizer is not None else None
         if state:
-            total += sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
+            total += sum(local_tensor(t).nbytes
                          for t in state.values() if isinstance(t, torch.Tensor) and t.ndim > 0)
         else:
             total += 2 * local.numel() * local.element_size()

@@ -29,6 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from hlat.parallel.dtensor import local_tensor
 from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
 
 ROUNDINGS = ("stochastic", "nearest")
@@ -63,10 +64,6 @@ def compiled_update() -> Callable[..., None]:
     return torch.compile(adamw_update_, dynamic=True)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _local_grad(p: torch.Tensor) -> torch.Tensor:
     """This rank's gradient for its shard of `p`.
 
@@ -77,7 +74,7 @@ def _local_grad(p: torch.Tensor) -> torch.Tensor:
     g = p.grad
     if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
         g = g.redistribute(p.device_mesh, p.placements)
-    return _local(g)
+    return local_tensor(g)
 
 
 def _shard_position(p: torch.Tensor) -> tuple[int, int]:
@@ -140,7 +137,7 @@ class BF16AdamW(torch.optim.Optimizer):
                 position += 1
                 if p.grad is None:
                     continue
-                local = _local(p)
+                local = local_tensor(p)
                 skip = skips.get(local.device)
                 if skip is None:
                     skip = skips[local.device] = (torch.zeros((), device=local.device) if found_inf is None
@@ -153,8 +150,8 @@ class BF16AdamW(torch.optim.Optimizer):
                 step = state["step"].add_(1 - skip)
                 offset, salt = _shard_position(p)
                 self.update(
-                    local.view(-1), _local_grad(p).view(-1), _local(state["exp_avg"]).view(-1),
-                    _local(state["exp_avg_sq"]).view(-1), skip, 1 - beta1**step, (1 - beta2**step).sqrt(),
+                    local.view(-1), _local_grad(p).view(-1), local_tensor(state["exp_avg"]).view(-1),
+                    local_tensor(state["exp_avg_sq"]).view(-1), skip, 1 - beta1**step, (1 - beta2**step).sqrt(),
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                     stochastic=group["rounding"] == "stochastic", offset=offset,
                     seed=noise_seed(group["seed"], group["calls"], position, salt),

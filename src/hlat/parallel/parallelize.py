@@ -16,7 +16,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from hlat.data.packing import Batch
@@ -24,6 +23,7 @@ from hlat.model import Llama
 from hlat.model.config import ModelConfig
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.config import ParallelConfig
+from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
@@ -31,10 +31,6 @@ from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stag
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.precision import autocast, cast_parameters
 from hlat.parallel.loss import token_loss_sum
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 @dataclass
@@ -78,7 +74,7 @@ class ParallelModel:
                 logits = model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
                 loss = token_loss_sum(logits, batch.labels)
                 (loss * scale).backward()
-            total += local_value(loss.detach())
+            total += full_tensor(loss.detach())
         return total / n_targets
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -89,7 +85,7 @@ class ParallelModel:
             self.schedule.step(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=device)
-        return torch.stack([local_value(x.detach()) for x in losses]).sum() / self.layout.dp
+        return torch.stack([full_tensor(x.detach()) for x in losses]).sum() / self.layout.dp
 
     @torch.no_grad()
     def validation_loss(self, batches: Sequence[Batch]) -> float:
@@ -106,13 +102,13 @@ class ParallelModel:
                 args, kwargs = self._schedule_io(batches, losses)
                 with self._context(device):
                     self.schedule.eval(*args, **kwargs)
-                total = torch.stack([local_value(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
+                total = torch.stack([full_tensor(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
             else:
                 total = torch.zeros((), device=device)
                 for batch in batches:
                     with self._context(device):
                         logits = self.parts[0](batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
-                        total += local_value(token_loss_sum(logits, batch.labels))
+                        total += full_tensor(token_loss_sum(logits, batch.labels))
         finally:
             self.train(True)
         count = global_target_count(batches, self.layout)
@@ -129,7 +125,7 @@ class ParallelModel:
 
     def _global_norm(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """L2 norm over all shards (DTensor reductions) and pipeline stages (all-reduce over pp)."""
-        norm = local_value(torch.nn.utils.get_total_norm(tensors, foreach=True))
+        norm = full_tensor(torch.nn.utils.get_total_norm(tensors, foreach=True))
         if self.layout.pp > 1:
             squared = norm.pow(2)
             dist.all_reduce(squared, group=self.layout.group("pp"))

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from hlat.config import RunConfig
 from hlat.model import Llama
+from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.data_parallel import check_data_parallel
 from hlat.parallel.mesh import resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
@@ -77,7 +77,7 @@ def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePl
             module = cut_stage(copy.deepcopy(full), layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
             if tp > 1:
                 apply_tensor_parallel(module, mesh["tp"])
-            local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
+            local = sum(local_tensor(p).numel() for p in module.parameters())
             stages.append(_stage_memory(cfg, index, layers, local, pp, dp, tp, n_stages))
     finally:
         if owns_group:

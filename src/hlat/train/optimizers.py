@@ -21,6 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.optim import skips_exactly
+from hlat.parallel.dtensor import local_tensor
 
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -76,5 +77,4 @@ def _zero_grads_where(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> N
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.grad is not None:
-                grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
-                grad.masked_fill_(skip, 0.0)
+                local_tensor(p.grad).masked_fill_(skip, 0.0)
