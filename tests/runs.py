@@ -1,14 +1,40 @@
-"""Shared by the resume and fault tests: one tiny model's command-line settings, and launchers."""
+"""What the multi-process and resume tests share: the one way to start processes under torchrun,
+several layouts per launch (scenarios), one tiny model's command-line settings, and checkpoint readers.
+
+Launching processes
+-------------------
+`torchrun(nproc, target)` is the only place a test starts `python -m torch.distributed.run`
+(gloo on CPU, OMP_NUM_THREADS=1); `launch` runs `hlat train` through it. Use it for what must be
+a launch of its own: a command-line check, a fault that kills or freezes a rank, torchrun restarts.
+
+Everything else runs as a *scenario*: a function `fn(ctx: ScenarioContext, **kwargs)` named
+"FILE:function" (FILE relative to tests/, e.g. "train/layout_runs.py:train"). A test module lists
+its scenarios in a module-level `SCENARIOS = [Scenario(...), ...]`; before the first test that
+asks for the session fixture `scenarios` (tests/conftest.py), every scenario of every collected
+module runs in ONE torchrun launch (tests/scenario_worker.py) of as many processes as the largest
+scenario needs, in the order listed. Each scenario runs on ranks 0..world-1 in a process group
+of its own (world 1: a plain process, no group); the other ranks skip it. Its files go to
+`scenarios.path(name)`, which fails the asking test with the scenario's traceback if it raised.
+A scenario may read an earlier one's files (`ctx.root / other_name`). Launching costs ~5-10 s of
+imports per process; a scenario costs only its own work.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+TESTS = Path(__file__).parent
+WORKER = TESTS / "scenario_worker.py"
+PLAN = "plan.json"
 
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -21,16 +47,73 @@ def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def launch(nproc: int, args: list[str], env: dict[str, str] | None = None, script: Path | None = None,
-           restarts: int = 0) -> subprocess.CompletedProcess:
-    """`hlat train ARGS` (or a script) under torchrun with `nproc` gloo processes; must succeed."""
-    target = [str(script)] if script else ["-m", "hlat", "train"]
+def torchrun(nproc: int, target: list[str], env: dict[str, str] | None = None, restarts: int = 0,
+             timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+    """`torchrun --standalone --nproc_per_node NPROC TARGET` (TARGET: a script and its arguments, or
+    ["-m", module, ...]) on gloo; with `check`, a non-zero exit fails the test with the output's tail."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           f"--max-restarts={restarts}", *target, *args]
+           f"--max-restarts={restarts}", *target]
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-                          timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+                          timeout=timeout)
+    if check:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
+
+
+def launch(nproc: int, args: list[str], env: dict[str, str] | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
+    """`hlat train ARGS` under torchrun with `nproc` gloo processes; must succeed."""
+    return torchrun(nproc, ["-m", "hlat", "train", *args], env=env, restarts=restarts)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str  # unique over the suite: its directory under the launch's root
+    call: str  # "FILE:function", FILE relative to tests/
+    world: int = 1  # processes it runs on; 1 = a plain process without a process group
+    kwargs: dict[str, Any] = field(default_factory=dict)  # JSON values
+
+
+@dataclass(frozen=True)
+class ScenarioContext:
+    """What a scenario function receives (in the worker process)."""
+    out: Path  # this scenario's own directory (created before it runs)
+    root: Path  # the launch's directory: other scenarios' files are under root / name
+    corpus: Path  # the session's small corpus (tests/conftest.py: small_corpus)
+    rank: int
+    world: int
+
+
+def run_scenarios(scenarios: list[Scenario], root: Path, corpus: Path, timeout: float = 600) -> ScenarioResults:
+    """Run every scenario in one torchrun launch (see the module docstring)."""
+    names = [s.name for s in scenarios]
+    assert len(set(names)) == len(names), f"scenario names must be unique: {names}"
+    plan = {"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}
+    (root / PLAN).write_text(json.dumps(plan, indent=1))
+    nproc = max((s.world for s in scenarios), default=1)
+    done = torchrun(nproc, [str(WORKER), str(root)], timeout=timeout, check=False)
+    return ScenarioResults(root, {s.name: s.world for s in scenarios}, done)
+
+
+class ScenarioResults:
+    def __init__(self, root: Path, worlds: dict[str, int], launch: subprocess.CompletedProcess):
+        self.root, self.worlds, self.launch = root, worlds, launch
+
+    def path(self, name: str) -> Path:
+        """The scenario's directory, once it finished on every rank; else fail with why."""
+        if name not in self.worlds:
+            raise AssertionError(f"no scenario {name!r} was collected (a module's SCENARIOS lists it)")
+        out = self.root / name
+        errors = sorted(out.glob("error.rank*.txt"))
+        if errors:
+            raise AssertionError(f"scenario {name} failed:\n" + "\n".join(e.read_text() for e in errors))
+        missing = [r for r in range(self.worlds[name]) if not (out / f"done.rank{r}").is_file()]
+        if missing:
+            raise AssertionError(f"scenario {name} did not finish on ranks {missing} (launch exit {self.launch.returncode}):\n"
+                                 + self.launch.stdout[-3000:] + self.launch.stderr[-5000:])
+        return out
+
+    def json(self, name: str, file: str) -> Any:
+        return json.loads((self.path(name) / file).read_text())
 
 
 def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:

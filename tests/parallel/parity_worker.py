@@ -1,17 +1,13 @@
-"""Run a few training steps under each layout given on the command line and record the results.
-
-Launched by test_parity.py with torchrun (or as one plain process for the reference). Every layout
-trains the same model (same seed) on the same global batches: data-parallel rank r takes its slice
-of each global batch, so every layout must reproduce the single-process losses and weights.
+"""Run a few training steps under each layout given and record the results (a scenario of
+test_parity.py, see tests/runs.py). Every layout trains the same model (same seed) on the same
+global batches: data-parallel rank r takes its slice of each global batch, so every layout must
+reproduce the single-process losses and weights.
 """
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from hlat.data.packing import Batch, labels_for
@@ -65,21 +61,9 @@ def run(spec: str, layout: Layout, out: Path) -> None:
         (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms}))
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    specs = sys.argv[2:]
-    if "WORLD_SIZE" not in os.environ:  # the single-process reference
-        run(specs[0], Layout(1, 0, 1, 1, 1, None), out)
-        return
-    dist.init_process_group("gloo")
+def layouts(ctx, specs: list[str]) -> None:
+    """Scenario: each spec in turn over this scenario's processes (one: the reference)."""
     for spec in specs:
         pp, dp, tp = (int(x) for x in spec.split(",")[:3])
-        run(spec, make_layout(pp, dp, tp, torch.device("cpu")), out)
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # skip interpreter teardown racing gloo's threads (a known intermittent abort)
-
-
-if __name__ == "__main__":
-    main()
+        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(pp, dp, tp, torch.device("cpu"))
+        run(spec, layout, ctx.out)

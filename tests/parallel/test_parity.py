@@ -7,15 +7,13 @@ step's largest update).
 """
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-WORKER = Path(__file__).with_name("parity_worker.py")
+from runs import Scenario, ScenarioResults
+
 REFERENCE = "1,1,1,ddp,1f1b,1,none"
 
 TWO = [
@@ -37,16 +35,8 @@ FOUR = [
     "1,1,4,ddp,1f1b,1,none",  # tp 4 > 2 KV heads: KV projections replicated
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none"]  # the second: FSDP over replicated KV projections
-
-
-def launch(out: Path, nproc: int, specs: list[str]) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), str(out), *specs]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER), str(out), *specs]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+SCENARIOS = [Scenario(f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"specs": specs})
+             for world, specs in ((1, [REFERENCE]), (2, TWO), (4, FOUR), (8, EIGHT))]
 
 
 def results(out: Path, spec: str) -> tuple[dict, dict]:
@@ -58,10 +48,8 @@ def results(out: Path, spec: str) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reference")
-    launch(out, 1, [REFERENCE])
-    return results(out, REFERENCE)
+def reference(scenarios: ScenarioResults):
+    return results(scenarios.path("parity-1"), REFERENCE)
 
 
 def check(reference, out: Path, spec: str) -> None:
@@ -73,14 +61,7 @@ def check(reference, out: Path, spec: str) -> None:
         torch.testing.assert_close(weights[name], value, rtol=0, atol=2e-5, msg=f"{spec}: {name}")
 
 
-@pytest.mark.parametrize("nproc, specs", [(2, TWO), (4, FOUR)], ids=["2-proc", "4-proc"])
-def test_layouts_match_single_process(reference, tmp_path, nproc, specs):
-    launch(tmp_path, nproc, specs)
+@pytest.mark.parametrize("world, specs", [(2, TWO), (4, FOUR), (8, EIGHT)], ids=["2-proc", "4-proc", "8-proc"])
+def test_layouts_match_single_process(reference, scenarios, world, specs):
     for spec in specs:
-        check(reference, tmp_path, spec)
-
-
-def test_eight_processes(reference, tmp_path):
-    launch(tmp_path, 8, EIGHT)
-    for spec in EIGHT:
-        check(reference, tmp_path, spec)
+        check(reference, scenarios.path(f"parity-{world}"), spec)

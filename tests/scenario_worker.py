@@ -1,0 +1,78 @@
+"""Run the scenarios of OUT/plan.json in order, under one torchrun launch (see tests/runs.py).
+
+`python -m torch.distributed.run --nproc_per_node N scenario_worker.py OUT`. Each scenario of
+world W runs on ranks 0..W-1 in a fresh gloo group over torchrun's store (its keys prefixed by
+the scenario's index, so groups never read each other's addresses); the environment says world W
+and this rank, so hlat's own setup (hlat.parallel.mesh.setup) joins that group. World 1 runs
+without a group. A scenario that raises leaves OUT/<name>/error.rank<r>.txt and the next one
+runs; one that finishes leaves OUT/<name>/done.rank<r>.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from hlat.parallel.mesh import collective_timeout  # noqa: E402
+from runs import PLAN, ScenarioContext  # noqa: E402
+
+
+def join_group(index: int, rank: int, world: int) -> None:
+    timeout = collective_timeout()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    prefix = f"scenario_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}_{index}"
+    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout)
+
+
+def load(call: str):
+    """ "FILE:function", FILE relative to tests/ (loaded by path: tests/ holds no packages)."""
+    file, function = call.split(":")
+    path = Path(__file__).parent / file
+    name = "scenario_" + "_".join(path.relative_to(Path(__file__).parent).with_suffix("").parts)
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return getattr(sys.modules[name], function)
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    plan = json.loads((root / PLAN).read_text())
+    rank = int(os.environ.get("RANK", 0))
+    for index, spec in enumerate(plan["scenarios"]):
+        world = spec["world"]
+        if rank >= world:
+            continue
+        out = root / spec["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        try:
+            if world > 1:
+                join_group(index, rank, world)
+            fn = load(spec["call"])
+            fn(ScenarioContext(out, root, Path(plan["corpus"]), rank, world), **spec["kwargs"])
+            if world > 1:
+                dist.barrier()  # nobody reports done while another rank of the scenario still works
+            (out / f"done.rank{rank}").touch()
+        except Exception:
+            (out / f"error.rank{rank}.txt").write_text(f"rank {rank}:\n{traceback.format_exc()}")
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter teardown racing gloo's threads (see hlat.commands.train)
+
+
+if __name__ == "__main__":
+    main()
