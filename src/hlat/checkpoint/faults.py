@@ -1,12 +1,16 @@
-"""Fault injection for the failure tests: kill or freeze this process at a chosen point, once.
+"""Fault injection for the failure tests: kill, freeze or fail this process at a chosen point, once.
 
-HLAT_FAULT="PHASE:STEP:RANK" strikes global rank RANK:
-  - phase "step":   SIGKILL (no cleanup, like a lost node) before optimizer step STEP runs (after
-                    step STEP-1 and its checkpoint);
-  - phase "commit": SIGKILL while saving the checkpoint of step STEP, after its data is written
-                    and before it is committed (the manifest and the rename);
-  - phase "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
-                    stuck node), so the others' collectives time out (hlat.parallel.hang).
+HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK:
+  - "step":   SIGKILL (no cleanup, like a lost node) before optimizer step STEP runs (after
+              step STEP-1 and its checkpoint);
+  - "commit": SIGKILL while saving the checkpoint of step STEP, after its data is written
+              and before it is committed (the manifest and the rename);
+  - "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
+              stuck node), so the others' collectives time out (hlat.parallel.hang);
+  - "fail-mkdir", "fail-write", "fail-hash", "fail-commit": raise OSError in that step of
+              saving the checkpoint of step STEP (rank 0 creating the temporary directory, a rank
+              writing its rank/shared files, a rank hashing its files, rank 0 committing), like
+              a full disk or a lost mount; the save must then fail on every rank.
 HLAT_FAULT_MARKER=FILE is created just before the fault; while it exists nothing fires, so the
 group that torchrun restarts runs through. Unset, this module does nothing.
 """
@@ -18,21 +22,41 @@ import signal
 import time
 from pathlib import Path
 
-_POINT = {"hang": "step"}  # faults that strike at another phase's point in the loop
+_SAVE_STEPS = ("mkdir", "write", "hash", "commit")
+_POINT = {"hang": "step", **{f"fail-{point}": point for point in _SAVE_STEPS}}  # where each fault strikes
+
+
+def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
+    """The fault that strikes here and now, if any, among the raising ones or the others; its
+    marker is written first."""
+    spec = os.environ.get("HLAT_FAULT")
+    if not spec:
+        return None
+    fault, want_step, want_rank = spec.split(":")
+    if fault.startswith("fail-") != raising:
+        return None
+    if (point, step, rank) != (_POINT.get(fault, fault), int(want_step), int(want_rank)):
+        return None
+    marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
+    if marker.exists():
+        return None
+    verb = {"hang": "froze", "step": "killed", "commit": "killed"}.get(fault, "failed")
+    marker.write_text(f"{verb} rank {rank} at {fault} {step}\n")
+    return fault
 
 
 def maybe_kill(phase: str, step: int, rank: int) -> None:
-    spec = os.environ.get("HLAT_FAULT")
-    if not spec:
+    """SIGKILL or freeze at `phase` ("step", "commit") when HLAT_FAULT asks."""
+    fault = _strikes(phase, step, rank, raising=False)
+    if fault is None:
         return
-    fault, want_step, want_rank = spec.split(":")
-    if (phase, step, rank) != (_POINT.get(fault, fault), int(want_step), int(want_rank)):
-        return
-    marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
-    if marker.exists():
-        return
-    marker.write_text(f"{'froze' if fault == 'hang' else 'killed'} rank {rank} at {fault} {step}\n")
     if fault == "hang":
         while True:
             time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_fail(point: str, step: int, rank: int) -> None:
+    """Raise OSError at save step `point` (mkdir, write, hash or commit) when HLAT_FAULT asks."""
+    if _strikes(point, step, rank, raising=True):
+        raise OSError(f"injected fault fail-{point} (HLAT_FAULT) at step {step} on rank {rank}")

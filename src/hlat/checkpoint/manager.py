@@ -14,9 +14,21 @@ newest valid one. With `background=True` the DCP data is written by a thread (dc
 while training goes on; the saving step blocks only while the state is copied, and a second thread
 on each rank hashes once that rank's data is written, then rank 0 commits (manifest, rename,
 pruning) once it has every rank's digests. At most one save is in flight: the next save, and
-`wait()` at the end of training, wait for it first. Nothing is
-unpickled without an allow-list: `.pt` files load with `weights_only=True` and DCP's metadata is
-checked first (see safe_metadata.py).
+`wait()` at the end of training, wait for it first.
+
+Every step of a save that is hlat's own (creating the temporary directory, writing the rank files,
+hashing, committing) ends with an agreement of all ranks (an all-gather of each rank's error or
+None): if it failed anywhere, every rank raises CheckpointError naming the failing ranks and
+their errors, at once, instead of waiting in a barrier for the collective timeout. DCP's own
+steps propagate their failures to every rank themselves.
+
+Verification at resume (`check`, `latest`) is shared: each rank checks its share of the manifest
+and all ranks agree on the verdict, so a corrupt checkpoint is skipped by every rank together.
+
+Nothing is unpickled except through an allow-list: `.pt` files load with `weights_only=True`,
+DCP's metadata through the exact allow-list of safe_metadata.py, and DCP's non-tensor entries
+(the optimizer's param_groups) with `weights_only=True` (safe_dcp.py), whether or not
+`verify` is set.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import time
 import warnings
@@ -39,19 +52,17 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from hlat.checkpoint.faults import maybe_kill
-from hlat.checkpoint.safe_metadata import check_metadata
-from hlat.errors import UserError
+from hlat.checkpoint import safe_dcp
+from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.faults import maybe_fail, maybe_kill
+from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.parallel.mesh import collective_timeout
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"
 DCP_DIR = "dcp"
+METADATA = f"{DCP_DIR}/{safe_dcp.METADATA_FILE}"
 FORMAT_VERSION = 2
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint that cannot be used (missing, corrupt, unsafe, incomplete); the message says which."""
 
 
 @contextlib.contextmanager
@@ -70,9 +81,33 @@ def _rank() -> int:
     return dist.get_rank() if _distributed() else 0
 
 
-def _barrier() -> None:
+def _world() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
+def _agree(failure: str | None, group: dist.ProcessGroup | None = None) -> None:
+    """Collective over `group`: raise CheckpointError on every rank if any rank failed, naming
+    each failing rank's error. Replaces a barrier: it waits for the same ranks, but a failure
+    reaches everyone at once."""
+    failures = [failure]
     if _distributed():
-        dist.barrier()
+        failures = [None] * dist.get_world_size(group)
+        dist.all_gather_object(failures, failure, group=group)
+    failed = [f"rank {rank}: {f}" if _distributed() else f for rank, f in enumerate(failures) if f]
+    if failed:
+        raise CheckpointError("; ".join(failed))
+
+
+@contextlib.contextmanager
+def _on_every_rank(what: str, group: dist.ProcessGroup | None = None) -> Iterator[None]:
+    """Run the body's part of a save step on this rank, then agree (_agree): an error in the body
+    on any rank is raised on every rank as CheckpointError("... rank R: failed WHAT: error")."""
+    failure = None
+    try:
+        yield
+    except Exception as err:
+        failure = f"failed {what}: {err!r}"
+    _agree(failure, group)
 
 
 def rank_file(rank: int) -> str:
@@ -105,28 +140,30 @@ class CheckpointManager:
 
     def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any] | None,
              shared: dict[str, Any] | None, background: bool = False) -> SaveStats:
-        """Collective: every rank calls it. A background save returns once the state is staged."""
+        """Collective: every rank calls it. A background save returns once the state is staged.
+        A failure of any rank raises CheckpointError on every rank (see the module docstring)."""
         started = time.perf_counter()
         self.wait()
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
-        if _rank() == 0:
-            for stale in self.directory.glob(".tmp-step_*"):  # saves killed before their commit
-                shutil.rmtree(stale, ignore_errors=True)
-            (tmp / DCP_DIR).mkdir(parents=True)
-        _barrier()
-        if rank_state is not None:
-            _save_synced(rank_state, tmp / rank_file(_rank()))
-        if shared is not None:
-            _save_synced(shared, tmp / SHARED_FILE)
+        rank = _rank()
+        with _on_every_rank(f"to create {tmp}"):
+            if rank == 0:
+                maybe_fail("mkdir", step, rank)
+                for stale in self.directory.glob(".tmp-step_*"):  # saves killed before their commit
+                    shutil.rmtree(stale, ignore_errors=True)
+                (tmp / DCP_DIR).mkdir(parents=True)
+        with _on_every_rank(f"to write its files in {tmp}"):
+            maybe_fail("write", step, rank)
+            if rank_state is not None:
+                _save_synced(rank_state, tmp / rank_file(rank))
+            if shared is not None:
+                _save_synced(shared, tmp / SHARED_FILE)
         if not background:
             with _single_process_quiet():
                 dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
-            hashes = _gather_hashes(tmp, None)  # rank 0 waits here for every rank's data
-            maybe_kill("commit", step, _rank())
-            if _rank() == 0:
-                self._commit(tmp, final, step, hashes)
-            _barrier()
+            hashes = _gather_hashes(tmp, step, None)
+            self._commit_on_rank0(tmp, final, step, hashes, None)
             elapsed = time.perf_counter() - started
             return SaveStats(final, elapsed, elapsed)
         if _distributed() and self._group is None:
@@ -145,28 +182,35 @@ class CheckpointManager:
     def _finish(self, written: Future, tmp: Path, step: int, stats: SaveStats, started: float) -> None:
         """Finisher thread, every rank: hash this rank's files once they are written; rank 0
         commits once it has every rank's digests. A rank whose write failed still takes part in
-        the gather (reporting the failure), so no other rank is left waiting for it."""
+        both agreements (reporting the failure), so no rank is left waiting and all of them raise."""
         try:
             written.result()
             failure = None
         except Exception as err:
-            failure = f"rank {_rank()} failed to write its data: {err!r}"
-        hashes = _gather_hashes(tmp, self._group, failure)
-        maybe_kill("commit", step, _rank())
-        if _rank() == 0:
-            self._commit(tmp, stats.path, step, hashes)
+            failure = f"failed to write its data: {err!r}"
+        hashes = _gather_hashes(tmp, step, self._group, failure)
+        self._commit_on_rank0(tmp, stats.path, step, hashes, self._group)
         stats.write_s = time.perf_counter() - started
 
+    def _commit_on_rank0(self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]],
+                         group: dist.ProcessGroup | None) -> None:
+        """Collective over `group`: rank 0 commits; every rank returns once it has (or raises)."""
+        maybe_kill("commit", step, _rank())
+        with _on_every_rank(f"to commit {final}", group):
+            if _rank() == 0:
+                maybe_fail("commit", step, 0)
+                self._commit(tmp, final, step, hashes)
+
     def wait(self) -> SaveStats | None:
-        """Collective: finish the background save in flight, if any; return its stats."""
+        """Collective: finish the background save in flight, if any; return its stats. Its
+        failure on any rank raises CheckpointError on every rank."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
         try:
-            pending.done.result()
+            pending.done.result()  # ends with the commit agreement: every rank has seen the commit
         except Exception as err:
             raise CheckpointError(f"background save of {pending.stats.path} failed: {err}") from err
-        _barrier()
         return pending.stats
 
     def _commit(self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]]) -> None:
@@ -178,8 +222,7 @@ class CheckpointManager:
             if path.is_file() and name not in files:  # shared.pt, DCP's .metadata
                 files[name] = _describe(path)
         files = dict(sorted(files.items()))
-        world = dist.get_world_size() if _distributed() else 1
-        manifest = {"format": FORMAT_VERSION, "step": step, "world": world, "time": time.time(), "files": files}
+        manifest = {"format": FORMAT_VERSION, "step": step, "world": _world(), "time": time.time(), "files": files}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
         if final.exists():  # a re-save of the same step replaces it
             shutil.rmtree(final)
@@ -194,49 +237,64 @@ class CheckpointManager:
         return sorted(p for p in self.directory.glob("step_*") if (p / MANIFEST).is_file())
 
     def latest(self) -> Path | None:
-        """Collective: the newest checkpoint that passes verification, as checked by rank 0.
+        """Collective: the newest checkpoint that passes `check` on every rank's share.
 
-        Corrupt or partial checkpoints are reported and skipped in favour of the previous one.
+        Corrupt, partial or unsafe checkpoints are reported (by rank 0) and skipped by every rank
+        together in favour of the previous one.
         """
-        found: list[str | None] = [None]
-        if _rank() == 0:
-            for path in reversed(self.checkpoints()):
-                try:
-                    self.check(path)
-                    found[0] = str(path)
-                    break
-                except CheckpointError as err:
+        found = [str(p) for p in self.checkpoints()]
+        if _distributed():  # every rank tries the same candidates, in the same order
+            listing = [found]
+            dist.broadcast_object_list(listing, src=0)
+            found = listing[0]
+        for path in map(Path, reversed(found)):
+            try:
+                self.check(path)
+                return path
+            except CheckpointError as err:
+                if _rank() == 0:
                     print(f"warning: skipping checkpoint {path}: {err}", flush=True)
-        if _distributed():
-            dist.broadcast_object_list(found, src=0)
-        return Path(found[0]) if found[0] else None
+        return None
 
     def check(self, path: Path) -> dict[str, Any]:
-        """Verify files against the manifest (and checksums if `verify`); return the manifest."""
+        """Collective: verify checkpoint `path` against its manifest and return the manifest.
+
+        Every rank reads the manifest and checks its share of the files (`shares`): present, of
+        the recorded size, with the recorded SHA-256 if `verify`, and DCP's metadata against the
+        allow-list. Then all ranks agree: a failure anywhere raises CheckpointError on every rank.
+        In one process, that process checks every file.
+        """
+        path = Path(path)
+        failure, manifest = None, {}
         try:
-            manifest = json.loads((path / MANIFEST).read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise CheckpointError(f"unreadable {MANIFEST}: {err}") from err
-        if manifest.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"format {manifest.get('format')} is not {FORMAT_VERSION}")
-        for name, expected in manifest["files"].items():
-            file = path / name
-            if not file.is_file():
-                raise CheckpointError(f"missing {name}")
-            if file.stat().st_size != expected["bytes"]:
-                raise CheckpointError(f"{name} has {file.stat().st_size} bytes, manifest says {expected['bytes']}")
-            if self.verify and _sha256(file) != expected["sha256"]:
-                raise CheckpointError(f"{name} fails its SHA-256 check (corrupt)")
-        try:
-            check_metadata(path / DCP_DIR / ".metadata")
-        except (OSError, pickle.UnpicklingError, EOFError) as err:
-            raise CheckpointError(f"unsafe or unreadable {DCP_DIR}/.metadata: {err}") from err
+            manifest = read_manifest(path)
+            same_world = manifest["world"] == _world()
+            for name in shares(manifest["files"], _world(), same_world)[_rank()]:
+                self._check_file(path, name, manifest["files"][name])
+        except CheckpointError as err:
+            failure = str(err)
+        _agree(failure)
         return manifest
 
+    def _check_file(self, path: Path, name: str, expected: dict[str, Any]) -> None:
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"missing {name}")
+        if file.stat().st_size != expected["bytes"]:
+            raise CheckpointError(f"{name} has {file.stat().st_size} bytes, manifest says {expected['bytes']}")
+        if self.verify and _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{name} fails its SHA-256 check (corrupt)")
+        if name == METADATA:  # checked even without `verify`: safety is never skipped
+            try:
+                read_metadata(file)
+            except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+                raise CheckpointError(f"unsafe or unreadable {file}: {err}") from err
+
     def load_sharded(self, path: Path, sharded: dict[str, Any]) -> None:
-        """Fill `sharded` (this layout's state dict) in place from the checkpoint (collective)."""
+        """Fill `sharded` (this layout's state dict) in place from the checkpoint (collective),
+        through the safe reader (safe_dcp.py): nothing in the checkpoint can run code."""
         with _single_process_quiet():
-            dcp.load(sharded, checkpoint_id=str(Path(path) / DCP_DIR), no_dist=not _distributed())
+            safe_dcp.load(sharded, Path(path) / DCP_DIR, no_dist=not _distributed())
 
     def load_rank_state(self, path: Path, rank: int) -> dict[str, Any] | None:
         """One process's state as saved, or None if the checkpoint had no such rank."""
@@ -260,29 +318,86 @@ def _load(file: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot load {file}: {err}") from err
 
 
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint `path`, refused with CheckpointError unless it is well formed,
+    of this hlat's format, and lists DCP's metadata."""
+    file = path / MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"unreadable {file}: {err}") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        raise CheckpointError(
+            f"{file}: checkpoint format {found}, this hlat reads format {FORMAT_VERSION}: use the hlat version that "
+            "wrote it (to resume, or to `hlat export` its weights and start from them here with "
+            "--checkpoint.init_from hf:DIR)")
+    files = manifest.get("files")
+    well_formed = isinstance(files, dict) and isinstance(manifest.get("world"), int) and all(
+        isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
+        and _inside(name) for name, entry in files.items())
+    if not well_formed:
+        raise CheckpointError(f"{file} is malformed: it needs 'world' and 'files' mapping relative paths inside "
+                              "the checkpoint to their 'bytes' and 'sha256'")
+    if METADATA not in files:
+        raise CheckpointError(f"{file} does not list {METADATA}")
+    return manifest
+
+
+def _inside(name: str) -> bool:
+    parts = Path(name).parts
+    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
+
+
+_OWNER = re.compile(r"rank_(\d+)\.pt|dcp/__(\d+)_\d+\.distcp")  # the files one rank writes (own_files)
+
+
+def shares(files: dict[str, dict[str, Any]], world: int, same_world: bool) -> list[list[str]]:
+    """Which manifest entries each of `world` ranks verifies. With the world size that saved the
+    checkpoint, each rank takes the files its namesake wrote (the ones it reads back); every other
+    file goes, largest first, to the rank with the fewest bytes so far."""
+    owned: list[list[str]] = [[] for _ in range(world)]
+    load = [0] * world
+    rest = []
+    for name, entry in files.items():
+        match = _OWNER.fullmatch(name)
+        owner = int(match.group(1) or match.group(2)) if match and same_world else world
+        if owner < world:
+            owned[owner].append(name)
+            load[owner] += entry["bytes"]
+        else:
+            rest.append(name)
+    for name in sorted(rest, key=lambda n: (-files[n]["bytes"], n)):
+        rank = min(range(world), key=lambda r: (load[r], r))
+        owned[rank].append(name)
+        load[rank] += files[name]["bytes"]
+    return owned
+
+
 def own_files(tmp: Path, rank: int) -> list[Path]:
     """The files one rank writes itself: its rank state, and the DCP data files that torch's
     FileSystemWriter names __<rank>_<n>.distcp. Anything else is hashed by rank 0."""
     return [tmp / rank_file(rank), *sorted((tmp / DCP_DIR).glob(f"__{rank}_*.distcp"))]
 
 
-def _gather_hashes(tmp: Path, group: dist.ProcessGroup | None, failure: str | None = None) -> dict[str, dict[str, Any]]:
-    """Collective over `group`: every rank describes (size, SHA-256) the files it wrote; rank 0
-    receives all of them, the others keep their own. A failure on any rank raises on rank 0 (and
-    on that rank) after the gather, so nobody waits forever."""
+def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
+                   failure: str | None = None) -> dict[str, dict[str, Any]]:
+    """Collective over `group`: every rank describes (size, SHA-256) the files it wrote, and
+    every rank receives all of them (rank 0 writes them into the manifest). A failure on any
+    rank (`failure`, or one while hashing) raises CheckpointError on every rank."""
     rank = _rank()
     files: dict[str, dict[str, Any]] = {}
     if failure is None:
         try:
+            maybe_fail("hash", step, rank)
             files = {str(p.relative_to(tmp)): _describe(p) for p in own_files(tmp, rank) if p.is_file()}
         except OSError as err:
-            failure = f"rank {rank} could not hash its files: {err}"
+            failure = f"failed to hash its files in {tmp}: {err!r}"
     gathered: list[Any] = [(files, failure)]
     if _distributed():
-        received: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((files, failure), received, dst=0, group=group)
-        gathered = received if rank == 0 else gathered
-    failures = [f for _, f in gathered if f]
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, (files, failure), group=group)
+    failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(gathered) if f]
     if failures:
         raise CheckpointError("; ".join(failures))
     return {name: entry for part, _ in gathered for name, entry in part.items()}

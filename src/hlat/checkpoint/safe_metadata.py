@@ -1,8 +1,11 @@
-"""Refuse torch.distributed.checkpoint metadata that would run code when unpickled.
+"""Read torch.distributed.checkpoint's `.metadata` without letting a crafted file run code.
 
-DCP reads its `.metadata` file with plain `pickle.load`, which executes whatever a crafted file
-asks. Before DCP touches it, we unpickle it with an allow-list of the classes DCP itself writes;
-anything else (os.system, builtins.eval, ...) is an error and nothing runs.
+DCP writes its metadata with `pickle` and reads it back with plain `pickle.load`, which runs
+whatever a crafted file asks. hlat reads it here instead, with an unpickler that resolves only the
+exact (module, qualified name) pairs that DCP's metadata is made of. There are no prefixes and no
+dotted names: pickle protocol 4 resolves a dotted qualified name attribute by attribute, so
+`("torch.distributed.checkpoint.filesystem", "os.system")` would reach os.system through a module
+that imports os. Anything not in the list is refused before it is looked up, so nothing runs.
 """
 
 from __future__ import annotations
@@ -10,29 +13,44 @@ from __future__ import annotations
 import io
 import pickle
 from pathlib import Path
+from typing import Any
 
-_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.", "torch.distributed.tensor.")
-_ALLOWED = {
-    ("collections", "OrderedDict"),
-    ("torch", "Size"),
+import torch
+from torch.distributed.checkpoint.metadata import Metadata
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+_ALLOWED: frozenset[tuple[str, str]] = frozenset({
+    (_DCP_METADATA, "Metadata"),
+    (_DCP_METADATA, "MetadataIndex"),
+    (_DCP_METADATA, "StorageMeta"),
+    (_DCP_METADATA, "TensorStorageMetadata"),
+    (_DCP_METADATA, "BytesStorageMetadata"),
+    (_DCP_METADATA, "ChunkStorageMetadata"),
+    (_DCP_METADATA, "TensorProperties"),
+    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.serialization", "_get_layout"),  # maps the name "torch.strided" to the layout object
-    ("pathlib", "PosixPath"),  # the checkpoint_id DCP records
+    ("torch", "Size"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),  # the checkpoint_id DCP records (Python >= 3.13: pathlib._local)
     ("pathlib", "WindowsPath"),
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("builtins", "slice"),
-}
+    ("pathlib._local", "PosixPath"),
+    ("pathlib._local", "WindowsPath"),
+    # dtypes are module attributes of torch (torch.float32, ...): objects, not callables
+    *(("torch", name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)),
+})
 
 
 class _AllowListUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # type: ignore[no-untyped-def]
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and name.endswith(("float16", "float32", "float64", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class that checkpoint metadata contains")
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class that checkpoint metadata contains")
+        return super().find_class(module, name)
 
 
-def check_metadata(path: Path) -> None:
-    """Raise pickle.UnpicklingError if `path` holds anything but plain DCP metadata."""
-    _AllowListUnpickler(io.BytesIO(path.read_bytes())).load()
+def read_metadata(path: Path) -> Metadata:
+    """DCP's metadata at `path`; pickle.UnpicklingError if it holds anything else."""
+    metadata = _AllowListUnpickler(io.BytesIO(Path(path).read_bytes())).load()
+    if not isinstance(metadata, Metadata):
+        raise pickle.UnpicklingError(f"holds a {type(metadata).__name__}, not DCP metadata")
+    return metadata
