@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hlat.checkpoint import CheckpointManager
 from hlat.config import load_config
@@ -72,20 +73,44 @@ def test_nonfinite_gradient_step_is_skipped_exactly(small_corpus, tmp_path, monk
     assert len(summary.losses) == 6 and all(x == x for x in summary.losses)
 
 
-def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path, monkeypatch):
-    messages = []
-    trainer = Trainer(cfg(small_corpus, tmp_path / "spike", "--recovery.spike_sigmas", "20", "--recovery.spike_window", "3"),
-                      out=messages.append)
-    real = trainer.model.forward_backward
-    calls = []
+def _batch_ids(batches) -> list[tuple[int, ...]]:
+    return [tuple(b.tokens.flatten().tolist()) for b in batches]
 
-    def poisoned(batches, n_targets):  # the 5th step's batch reports a loss 10x too high, once
-        calls.append(1)
-        return real(batches, n_targets) * (10.0 if len(calls) == 5 else 1.0)
+
+def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path, monkeypatch):
+    """Checkpoints every 4 steps, logs every 2; step 7 reports a spike, found at the log of step 8:
+    the run goes back to step 4, skips the data of steps 5-8 and trains steps 5-8 again on the
+    data an uninterrupted run would have read at steps 9-12. metrics.jsonl and TensorBoard then
+    hold each step once, with the values of the steps that were kept."""
+    args = ["--train.steps", "8", "--checkpoint.every", "4", "--train.log_every", "2", "--train.tensorboard", "true",
+            "--recovery.spike_sigmas", "20", "--recovery.spike_window", "3"]
+    run = tmp_path / "spike"
+    messages = []
+    reference = Trainer(cfg(small_corpus, tmp_path / "reference", *args), out=quiet)  # only reads its data
+    expected = [_batch_ids(reference.loader.next_batch() for _ in range(reference.accum)) for _ in range(12)]  # steps 1-12
+    trainer = Trainer(cfg(small_corpus, run, *args), out=messages.append)
+    real = trainer.model.forward_backward
+    trained = []
+
+    def poisoned(batches, n_targets):  # step 7 reports a loss 10x too high, once; its gradient is untouched
+        trained.append(_batch_ids(batches))
+        return real(batches, n_targets) * (10.0 if len(trained) == 7 else 1.0)
 
     monkeypatch.setattr(trainer.model, "forward_backward", poisoned)
     summary = trainer.fit()
-    assert any("loss spike at step 5: rolled back to step 4" in m for m in messages), messages
-    assert summary.step == 6 and trainer.rollbacks == 1
-    # the data of step 5 was skipped: after the rollback, step 5 trained on what step 6 would have read
-    assert len(summary.losses) == 6
+    assert any(m.startswith("loss spike at step 7 (loss ") and "rolled back to step 4 (step_00000004) and skipped the 4 steps"
+               in m for m in messages), messages
+    assert summary.step == 8 and trainer.recovery.rollbacks == 1
+    # Trained on, in order: steps 1-8 (5-8 then undone), then 9-12: no batch skipped but the
+    # window 5-8, none trained twice.
+    assert trained == expected
+    assert len(summary.losses) == 8  # this invocation's steps 1-4 and the redone 5-8
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 6, 8]  # step 6 of the rolled-back window once
+    logged = {r["step"]: r["loss"] for r in records if "loss" in r}
+    for step in (2, 4, 6, 8):
+        window = summary.losses[step - 2:step]
+        assert logged[step] == sum(window) / 2
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(k, pytest.approx(v)) for k, v in logged.items()]

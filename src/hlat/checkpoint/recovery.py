@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 ACTIONS = ("skip", "rollback", "error")
 
@@ -24,8 +25,9 @@ class RecoveryConfig:
     max_grad_norm: float = 0.0  # > 0: steps whose pre-clip global grad norm exceeds it are skipped too
     spike_sigmas: float = 0.0  # > 0: loss spike detection on (e.g. 6)
     spike_window: int = 50  # good steps the mean and standard deviation are taken over
-    # On a loss spike: "rollback" restores the last checkpoint and skips the data window from it
-    # to the spike (the PaLM/OLMo remedy); "skip" only reports it; "error" stops the run.
+    # On a loss spike: "rollback" restores the last checkpoint and skips the data read since it,
+    # up to the logging step that found the spike (the PaLM/OLMo remedy); "skip" only reports
+    # it; "error" stops the run.
     spike_action: str = "rollback"
     max_rollbacks: int = 3  # a run that keeps diverging stops instead of looping
 
@@ -66,3 +68,50 @@ class SpikeDetector:
         mean = sum(self.history) / len(self.history)
         std = math.sqrt(sum((x - mean) ** 2 for x in self.history) / (len(self.history) - 1))
         return loss > mean + self.sigmas * max(std, 1e-6)
+
+
+@dataclass
+class Incident:
+    """What a logging window went wrong with, and what the config says to do about it."""
+    step: int  # the first bad step
+    what: str  # e.g. "loss spike at step 5 (loss 9.1234)", for messages
+    action: Literal["rollback", "skip"]
+
+
+class Recovery:
+    """Judges each logging window by the recovery config: raises where it says "error", otherwise
+    returns what to do; counts the rollbacks made."""
+
+    def __init__(self, cfg: RecoveryConfig, skipped_steps: int):
+        self.cfg = cfg
+        self.spikes = SpikeDetector(cfg.spike_sigmas, cfg.spike_window)
+        self.skipped_judged = skipped_steps  # the skipped-step counter as last judged
+        self.rollbacks = 0
+
+    def judge(self, losses: list[float], skipped_steps: int, last_step: int) -> Incident | None:
+        """`losses` of the consecutive steps ending at `last_step`; `skipped_steps` the counter now."""
+        cfg = self.cfg
+        first_step = last_step - len(losses) + 1
+        new_skips = skipped_steps - self.skipped_judged
+        self.skipped_judged = skipped_steps
+        spike = self.spikes.first_spike(losses)
+        if new_skips and cfg.nonfinite == "error":
+            raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{last_step} "
+                                     "(recovery.nonfinite=error); lower --optim.lr or check the data")
+        if spike is not None:
+            bad = first_step + spike
+            what = f"loss spike at step {bad} (loss {losses[spike]:.4f})"
+            if cfg.spike_action == "error":
+                raise FloatingPointError(f"{what} (recovery.spike_action=error); lower --optim.lr or check the data")
+            return Incident(bad, what, "skip" if cfg.spike_action == "skip" else "rollback")
+        if new_skips and cfg.nonfinite == "rollback":
+            return Incident(first_step, f"{new_skips} non-finite step(s) in steps {first_step}-{last_step}", "rollback")
+        return None
+
+    def may_roll_back(self) -> bool:
+        return self.rollbacks < self.cfg.max_rollbacks
+
+    def rolled_back(self, skipped_steps: int) -> None:
+        """The run went back to a checkpoint whose skipped-step counter is `skipped_steps`."""
+        self.rollbacks += 1
+        self.skipped_judged = skipped_steps

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,20 +16,33 @@ PLOT_FILE = "loss.png"
 
 
 class MetricSinks:
-    """Fan one record per log step out to every sink; resumed runs drop records past the resume step."""
+    """Fan one record per log step out to every sink. Each step is recorded once: a resumed run, or
+    a rollback, first drops the records past the step it restarts from (see `rewind`)."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
-        _truncate_after(self.metrics_path, start_step)
+        self.tensorboard = tensorboard
         self.writer = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when wanted
-
-            # purge_step hides events a crashed run wrote after the checkpoint we resume from.
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         # A live bar on terminals; plain lines (below) carry the history in logs and CI.
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+        self.rewind(start_step)
+
+    def rewind(self, step: int) -> None:
+        """Forget what was logged after `step`, where the run continues from (resume or rollback)."""
+        broken = _truncate_after(self.metrics_path, step)
+        if broken:
+            self.bar.write(f"{self.metrics_path}: dropped {broken} line(s) that were not JSON (a record cut short "
+                           "when the run was killed mid-write)", file=sys.stdout)
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when wanted
+
+            if self.writer is not None:
+                self.writer.close()
+            # purge_step makes TensorBoard hide the events of steps >= it written before this point.
+            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=step + 1)
+        self.bar.n = step
+        self.bar.refresh()
 
     def advance(self, steps: int = 1) -> None:
         self.bar.update(steps)
@@ -78,10 +92,8 @@ class MetricSinks:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The records of a run's metrics.jsonl, in order; lines that are not JSON are left out."""
+    return [record for _, record in _read_lines(Path(run_dir) / METRICS_FILE)[0]]
 
 
 def plot_loss(run_dir: Path, title: str) -> Path | None:
@@ -116,8 +128,29 @@ def perplexity(loss: float) -> float:
     return math.exp(min(loss, 50.0))  # capped: a diverged run should print a number, not overflow
 
 
-def _truncate_after(path: Path, step: int) -> None:
+def _read_lines(path: Path) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+    """(line, record) for each record of a JSONL file, and the number of lines that are not JSON
+    (a record cut short when the writing process was killed mid-write); nothing if no file."""
     if not path.is_file():
-        return
-    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+        return [], 0
+    records, broken = [], 0
+    for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            broken += 1
+    return records, broken
+
+
+def _truncate_after(path: Path, step: int) -> int:
+    """Keep the records of steps <= `step`, dropping lines that are not JSON (their count is
+    returned). The file is replaced atomically: a kill during the rewrite leaves the old one."""
+    if not path.is_file():
+        return 0
+    records, broken = _read_lines(path)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text("".join(line + "\n" for line, record in records if record["step"] <= step))
+    os.replace(temporary, path)
+    return broken

@@ -1,13 +1,14 @@
-"""The training run: build every component from the config, resume, loop, log and checkpoint.
+"""The training run: build every component from the config, then loop, log and checkpoint.
 
-The same code runs as one process or under torchrun: the layout (hlat.parallel.mesh) says which
-rank does what, and only the global rank 0 writes logs.
+Where the run starts and what its checkpoints hold is hlat.train.resume; what it does about
+non-finite steps and loss spikes, hlat.checkpoint.recovery. The same code runs as one process or
+under torchrun: the layout (hlat.parallel.mesh) says which rank does what, and only the global
+rank 0 writes logs.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,14 +17,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.faults import maybe_kill
-from hlat.checkpoint.recovery import SpikeDetector
-from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
+from hlat.checkpoint.recovery import Incident, Recovery
 from hlat.config import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.eval.in_training import InTrainingTasks
@@ -35,11 +34,9 @@ from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import peak_tflops, slow_bf16_warning
 from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
-from hlat.train.rng import load_rng_state, rng_state
-from hlat.train.sinks import METRICS_FILE, PLOT_FILE, MetricSinks, perplexity, plot_loss
+from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir
+from hlat.train.sinks import MetricSinks, perplexity, plot_loss
 from hlat.train.step import train_step
-
-RESUME_MODES = ("auto", "require", "fresh")
 
 
 @dataclass
@@ -69,12 +66,7 @@ class Trainer:
         self.out = out if self.layout.is_main else (lambda _: None)
         self.run_dir = cfg.run_dir
         if self.layout.is_main:
-            if resume == "fresh":
-                for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
-                    path = self.run_dir / name
-                    shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.toml").write_text(cfg.to_toml())
+            prepare_run_dir(cfg, resume)
 
         torch.manual_seed(cfg.train.seed)
         self._build_data()
@@ -86,9 +78,8 @@ class Trainer:
         self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
                                      cfg.precision.mode) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
-        self.archive = CheckpointManager(self.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
-        self.step, self.tokens, self.rollbacks = 0, 0, 0
+        self.state = RunState(cfg, self.layout, self.device, self.model, self.optimizers, self.loader)
+        self.step, self.tokens = 0, 0
         self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)  # read on logging steps only
         self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak_tflops, peak_source = peak_tflops(self.device, compute_dtype(cfg.precision.mode, self.device), cfg.train.peak_tflops)
@@ -102,16 +93,8 @@ class Trainer:
         warning = slow_bf16_warning(self.device, cfg.precision.mode)
         if warning:
             self.out(warning)
-        path = None if resume == "fresh" else self.checkpoints.latest()
-        if path is not None and holds_training_state(path):
-            self._restore(path)
-        elif resume == "require":
-            raise FileNotFoundError(f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
-                                    f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
-        elif path is not None:  # e.g. what hlat import wrote: its weights start this run
-            self.out(f"initialised from {init_weights(str(path), self.model.parts)} (weights only: new optimizer, step 0)")
-        elif cfg.checkpoint.init_from:
-            self.out(f"initialised from {init_weights(cfg.checkpoint.init_from, self.model.parts)} (new optimizer)")
+        self._set_progress(self.state.start(resume, self.out))
+        self.recovery = Recovery(cfg.recovery, int(self.skipped.item()))
 
     def _build_data(self) -> None:
         cfg, lay = self.cfg, self.layout
@@ -143,60 +126,24 @@ class Trainer:
         return build_adamw(part, self.cfg.optim, rounding, seed, compile)
 
     # --- checkpoint state -------------------------------------------------------------------
-    def _sharded_state(self) -> dict[str, Any]:
-        model = {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
-        return {"model": model, "optim": self.optimizers.sharded_state_dict()}
+    @property
+    def checkpoints(self) -> CheckpointManager:
+        return self.state.checkpoints
 
-    def _layout(self) -> dict[str, Any]:
-        lay = self.layout
-        return {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
+    def _set_progress(self, progress: Progress) -> None:
+        self.step, self.tokens = progress.step, progress.tokens
+        self.skipped.fill_(progress.skipped_steps)
+
+    def _progress(self) -> Progress:
+        return Progress(self.step, self.tokens, int(self.skipped.item()))
 
     def save(self) -> SaveStats:
         """Collective. Under checkpoint.async_save it returns once the state is staged."""
-        progress = {"step": self.step, "tokens": self.tokens, "skipped_steps": int(self.skipped.item())}
-        shared = {"progress": progress, "layout": self._layout()}
-        rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
-        return self.checkpoints.save(self.step, self._sharded_state(), rank_state,
-                                     shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
+        return self.state.save(self._progress())
 
     def _archive_due(self) -> bool:
         every = self.cfg.checkpoint.archive_every_tokens
         return every > 0 and self.tokens // every > (self.tokens - self.tokens_per_step) // every
-
-    def _restore(self, path: Path) -> None:
-        """Load everything from checkpoint `path` (collective), whatever layout saved it."""
-        shared = self.checkpoints.load_shared(path)
-        state = self._sharded_state()
-        self.checkpoints.load_sharded(path, state)
-        for part in self.model.parts:
-            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-        self.optimizers.load_sharded_state_dict(state["optim"])
-        same = shared.get("layout") == self._layout()
-        loader, rng = rank_state_for(self.checkpoints, path, self.layout.rank, self.layout.dp_rank, self.layout.dp, same)
-        self.loader.load_state_dict(loader)
-        if rng is not None:
-            load_rng_state(rng, self.device)
-        progress = shared["progress"]
-        self.step, self.tokens = progress["step"], progress["tokens"]
-        self.skipped.fill_(progress.get("skipped_steps", 0))
-        note = "" if same else f", resharded from {shared.get('layout')} to {self._layout()}"
-        self.out(f"resuming from {path} (step {self.step:,}, {self.tokens:,} tokens{note})")
-
-    def _roll_back(self, bad_step: int) -> bool:
-        """Restore the last checkpoint and skip the data read since; False if there is none."""
-        self.checkpoints.wait()
-        path = self.checkpoints.latest()
-        recovery = self.cfg.recovery
-        if path is None or self.rollbacks >= recovery.max_rollbacks:
-            return False
-        now = self.step
-        self._restore(path)
-        for _ in range((now - self.step) * self.accum):  # the offending data window
-            self.loader.next_batch()
-        self.rollbacks += 1
-        self.out(f"loss spike at step {bad_step}: rolled back to step {self.step} ({path.name}) and skipped the "
-                 f"{now - self.step} steps of data read since (rollback {self.rollbacks} of at most {recovery.max_rollbacks})")
-        return True
 
     def _log_save(self, stats: SaveStats | None) -> None:
         """Report a save; a background one is reported once at launch and once when committed."""
@@ -226,8 +173,8 @@ class Trainer:
         self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
                  f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}")
         sinks = MetricSinks(self.run_dir, total, self.step, cfg.train.tensorboard) if self.layout.is_main else None
-        window = _Window(time.perf_counter(), int(self.skipped.item()))
-        spikes = SpikeDetector(cfg.recovery.spike_sigmas, cfg.recovery.spike_window)
+        window = _Window(time.perf_counter())
+        start = self.step
         losses: list[float] = []
         final_loss = None
         self.model.train()
@@ -240,8 +187,9 @@ class Trainer:
                 # A checkpoint closes the window too: only steps judged good are ever saved.
                 if self.step % cfg.train.log_every == 0 or self.step == total or save_due:
                     window_losses, skipped = self._read_window(window)
-                    if self._recover(window_losses, skipped, window, spikes):
-                        continue  # rolled back: the steps since the checkpoint are redone on new data
+                    if self._recover(window_losses, skipped, window, sinks):
+                        del losses[max(self.step - start, 0):]  # the rolled-back steps, redone on new data
+                        continue
                     losses += window_losses
                     final_loss = self._log_window(window_losses, skipped, lr, grad_norm, window, sinks)
                 self._evaluate(total, window, sinks)
@@ -250,8 +198,7 @@ class Trainer:
                         self._log_save(self.checkpoints.wait())  # the previous background save, committed by now
                         self._log_save(self.save())
                 if self._archive_due():
-                    stats = self.archive.save(self.step, {"model": self._sharded_state()["model"]}, None,
-                                              {"progress": {"step": self.step, "tokens": self.tokens}} if self.layout.is_main else None)
+                    stats = self.state.archive_weights(self._progress())
                     self.out(f"archived weights: {stats.path} ({stats.blocking_s:.2f} s)")
             self._log_save(self.checkpoints.wait())
         finally:
@@ -287,30 +234,37 @@ class Trainer:
         window.shares.clear()
         return losses, int(skipped)
 
-    def _recover(self, losses: list[float], skipped: int, window: _Window, spikes: SpikeDetector) -> bool:
+    def _recover(self, losses: list[float], skipped: int, window: _Window, sinks: MetricSinks | None) -> bool:
         """Act on the window's non-finite steps and loss spikes (recovery config): raise, warn, or
         roll back to the last checkpoint; True if it rolled back."""
-        recovery = self.cfg.recovery
-        first_step = self.step - len(losses) + 1
-        new_skips = skipped - window.skipped_logged
-        window.skipped_logged = skipped
-        spike = spikes.first_spike(losses)
-        if new_skips and recovery.nonfinite == "error":
-            raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{self.step} "
-                                     "(recovery.nonfinite=error); lower --optim.lr or check the data")
-        if spike is None and not (new_skips and recovery.nonfinite == "rollback"):
+        incident = self.recovery.judge(losses, skipped, self.step)
+        if incident is None:
             return False
-        bad = first_step + (spike or 0)
-        what = f"loss {losses[spike]:.4f} at step {bad}" if spike is not None else f"{new_skips} non-finite step(s)"
-        action = recovery.spike_action if spike is not None else "rollback"
-        if action == "error":
-            raise FloatingPointError(f"{what} (recovery.spike_action=error); lower --optim.lr or check the data")
-        if action == "rollback" and self._roll_back(bad):
-            window.skipped_logged, window.started = int(self.skipped.item()), time.perf_counter()
+        if incident.action == "rollback" and self._roll_back(incident, sinks):
+            window.started = time.perf_counter()
             return True
-        self.out(f"warning: {what}; continuing (no checkpoint to roll back to, or "
-                 f"recovery.max_rollbacks={recovery.max_rollbacks} reached)")
+        reason = ("recovery.spike_action=skip" if incident.action == "skip" else
+                  f"no checkpoint to roll back to, or recovery.max_rollbacks={self.cfg.recovery.max_rollbacks} reached")
+        self.out(f"warning: {incident.what}; continuing ({reason})")
         return False
+
+    def _roll_back(self, incident: Incident, sinks: MetricSinks | None) -> bool:
+        """Restore the newest checkpoint and skip the data read since it (the offending window);
+        the records logged after it are dropped. False if there is none to restore."""
+        path = self.state.latest_resumable()
+        if path is None or not self.recovery.may_roll_back():
+            return False
+        now = self.step
+        self._set_progress(self.state.restore(path, self.out))
+        for _ in range((now - self.step) * self.accum):
+            self.loader.next_batch()
+        self.recovery.rolled_back(int(self.skipped.item()))
+        if sinks:
+            sinks.rewind(self.step)
+        limit = self.cfg.recovery.max_rollbacks
+        self.out(f"{incident.what}: rolled back to step {self.step} ({path.name}) and skipped the {now - self.step} steps of "
+                 f"data read since (rollback {self.recovery.rollbacks} of at most {limit})")
+        return True
 
     def _log_window(self, losses: list[float], skipped: int, lr: float, grad_norm: torch.Tensor, window: _Window,
                     sinks: MetricSinks | None) -> float:
@@ -352,5 +306,4 @@ class Trainer:
 class _Window:
     """The steps since the last logging step, whose device losses are read in one host sync."""
     started: float  # perf_counter at the window's start, less time spent evaluating
-    skipped_logged: int  # the skipped-step counter as last read
     shares: list[torch.Tensor] = field(default_factory=list)

@@ -1,0 +1,123 @@
+"""Where a run starts, and the state a checkpoint holds of it.
+
+A run starts from the newest checkpoint in its run directory that holds training state, from
+weights only (what hlat import writes, or checkpoint.init_from) with a new optimizer, or from
+scratch. `RunState` saves and restores that state (model, optimizer, each rank's data position
+and RNG, the counters) whatever the layout that saved it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import SaveStats
+from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
+from hlat.config import RunConfig
+from hlat.data import PackedLoader
+from hlat.parallel.mesh import Layout
+from hlat.parallel.parallelize import ParallelModel
+from hlat.train.optimizers import Optimizers
+from hlat.train.rng import load_rng_state, rng_state
+from hlat.train.sinks import METRICS_FILE, PLOT_FILE
+
+RESUME_MODES = ("auto", "require", "fresh")
+
+
+def prepare_run_dir(cfg: RunConfig, resume: str) -> None:
+    """Global rank 0, before anything is built: --fresh deletes what an earlier run wrote there;
+    the resolved config is written."""
+    if resume == "fresh":
+        for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
+            path = cfg.run_dir / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "config.toml").write_text(cfg.to_toml())
+
+
+@dataclass
+class Progress:
+    """The counters a checkpoint records."""
+    step: int = 0
+    tokens: int = 0
+    skipped_steps: int = 0  # steps the optimizers skipped (non-finite or over-norm gradients)
+
+
+class RunState:
+    """The state of a run that its checkpoints hold; every method is collective."""
+
+    def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel,
+                 optimizers: Optimizers, loader: PackedLoader):
+        self.cfg, self.layout, self.device = cfg, layout, device
+        self.model, self.optimizers, self.loader = model, optimizers, loader
+        self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
+        self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
+
+    def start(self, resume: str, out: Callable[[str], None]) -> Progress:
+        """Restore the newest checkpoint that holds training state, or load the weights the run
+        starts from (a weights-only checkpoint in the run directory, else checkpoint.init_from)."""
+        path = None if resume == "fresh" else self.checkpoints.latest()
+        if path is not None and holds_training_state(path):
+            return self.restore(path, out)
+        if resume == "require":
+            raise FileNotFoundError(f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
+                                    f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
+        if path is not None:  # e.g. what hlat import wrote: its weights start this run
+            out(f"initialised from {init_weights(str(path), self.model.parts)} (weights only: new optimizer, step 0)")
+        elif self.cfg.checkpoint.init_from:
+            out(f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.model.parts)} (new optimizer)")
+        return Progress()
+
+    def latest_resumable(self) -> Path | None:
+        """The newest checkpoint a rollback can restore (weights-only ones cannot), once the
+        save in flight, if any, has committed."""
+        self.checkpoints.wait()
+        path = self.checkpoints.latest()
+        return path if path is not None and holds_training_state(path) else None
+
+    def sharded(self) -> dict[str, Any]:
+        model = {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
+        return {"model": model, "optim": self.optimizers.sharded_state_dict()}
+
+    def layout_record(self) -> dict[str, Any]:
+        lay = self.layout
+        return {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
+
+    def save(self, progress: Progress) -> SaveStats:
+        """Under checkpoint.async_save it returns once the state is staged."""
+        shared = {"progress": vars(progress).copy(), "layout": self.layout_record()}
+        rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
+        return self.checkpoints.save(progress.step, self.sharded(), rank_state,
+                                     shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
+
+    def archive_weights(self, progress: Progress) -> SaveStats:
+        """A weights-only checkpoint under archive/, never pruned."""
+        shared = {"progress": {"step": progress.step, "tokens": progress.tokens}}
+        return self.archive.save(progress.step, {"model": self.sharded()["model"]}, None, shared if self.layout.is_main else None)
+
+    def restore(self, path: Path, out: Callable[[str], None]) -> Progress:
+        """Load everything from checkpoint `path`, whatever layout saved it."""
+        shared = self.checkpoints.load_shared(path)
+        state = self.sharded()
+        self.checkpoints.load_sharded(path, state)
+        for part in self.model.parts:
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+        self.optimizers.load_sharded_state_dict(state["optim"])
+        same = shared.get("layout") == self.layout_record()
+        lay = self.layout
+        loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same)
+        self.loader.load_state_dict(loader)
+        if rng is not None:
+            load_rng_state(rng, self.device)
+        saved = shared["progress"]
+        progress = Progress(saved["step"], saved["tokens"], saved.get("skipped_steps", 0))
+        note = "" if same else f", resharded from {shared.get('layout')} to {self.layout_record()}"
+        out(f"resuming from {path} (step {progress.step:,}, {progress.tokens:,} tokens{note})")
+        return progress
