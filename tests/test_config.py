@@ -86,3 +86,40 @@ def test_resolved_config_round_trips(tmp_path):
     path.write_text(cfg.to_toml())
     again = load_config(None, path)
     assert again == cfg
+
+
+def test_micro_batch_the_user_did_not_set_adapts_to_the_layout(tmp_path):
+    """The README's torchrun command: tiny's global batch 8 over dp=2 cannot take its micro-batch 8."""
+    layout = ["--parallel.tp", "2", "--parallel.dp_sharding", "zero2"]
+    cfg = load_config("tiny", None, layout, world=4)
+    assert cfg.train.micro_batch == 4 and len(cfg.notes) == 1 and "train.micro_batch = 4 instead of 8" in cfg.notes[0]
+    assert load_config("tiny", None, layout, world=2).train.micro_batch == 8  # dp=1: the preset's fits
+    piped = load_config("tiny", None, ["--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], world=4)
+    assert piped.train.micro_batch == 2  # 4 sequences per rank in at least pp=2 micro-batches
+    with pytest.raises(ConfigError, match="train.global_batch: 8 sequences do not split into dp=2"):
+        load_config("tiny", None, [*layout, "--train.micro_batch", "8"], world=4)  # chosen on the command line
+    path = tmp_path / "mine.toml"
+    path.write_text('preset = "tiny"\n[train]\nmicro_batch = 8\n')
+    with pytest.raises(ConfigError, match="dp=2"):
+        load_config(None, path, layout, world=4)  # chosen in a file: also the user's
+    assert load_config("tiny", None, layout).notes == []  # no world given: no layout, nothing adapted
+
+
+@pytest.mark.parametrize(
+    "overrides, world, field, words",
+    [
+        (["--parallel.tp", "3"], 4, "parallel.tp", "does not divide the world size 4"),
+        (["--parallel.dp", "3"], 4, "parallel.dp", "set --parallel.dp 4"),
+        (["--parallel.tp", "16", "--model.n_heads", "8"], 16, "parallel.tp", "does not divide model.n_heads=8"),
+        (["--parallel.tp", "2"], 4, "parallel.dp_sharding", "1-D data parallel only"),
+        (["--parallel.pp", "8", "--parallel.dp_sharding", "zero2"], 8, "parallel.pp", "model.n_layers=4"),
+        (["--parallel.pp", "2", "--train.global_batch", "2", "--parallel.dp_sharding", "zero2"], 4, "train.micro_batch",
+         "at least pp=2 micro-batches"),
+        (["--data.virtual_shards", "2"], 4, "data.virtual_shards", "--data.virtual_shards 4"),
+    ],
+)
+def test_layout_problems_name_the_field_before_any_process_group(overrides, world, field, words):
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", None, overrides, world=world)
+    assert field in [f for f, _ in info.value.problems], info.value
+    assert words in str(info.value)

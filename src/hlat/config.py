@@ -2,6 +2,8 @@
 
 Each component owns a small dataclass next to its code; a run is one section per component.
 Everything is validated before any work starts, and every problem names its field and the fix.
+Given the world size (torchrun's WORLD_SIZE), the layout-dependent settings are checked too, before
+any process group exists, and a micro-batch that no file or override set adapts to the layout.
 """
 
 from __future__ import annotations
@@ -40,11 +42,16 @@ class RunConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     name: str = "run"  # preset or config-file name; names the default run directory
+    # "section.field" keys a config file or the command line set (a preset's values are not the
+    # user's choice: those may adapt to the layout), and what load_config adapted, to be logged.
+    user_set: set[str] = field(default_factory=set, compare=False, repr=False)
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def sections(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if dataclasses.is_dataclass(getattr(self, f.name))}
 
-    def validate(self) -> None:
+    def validate(self, world: int | None = None) -> None:
+        """Raise ConfigError with every problem; with `world`, also the layout's over that many processes."""
         problems = [(f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()]
         if self.data.seq_len > self.model.max_seq_len:
             problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
@@ -52,8 +59,71 @@ class RunConfig:
             problems.append(("eval.every", "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0"))
         if self.data.document_masking and self.parallel.pp > 1:
             problems.append(("data.document_masking", "is not yet passed between pipeline stages; use parallel.pp 1 or turn masking off"))
+        if world is not None and not problems:  # the layout rules assume sane degrees and batch sizes
+            problems += self.layout_problems(world)
         if problems:
             raise ConfigError(problems)
+
+    def layout_problems(self, world: int) -> list[tuple[str, str]]:
+        """What does not fit pp x dp x tp over `world` processes: the degrees themselves, heads and
+        widths over tp, layers over pipeline stages, the global batch over dp x micro-batch, enough
+        micro-batches to fill the pipeline, data shards over dp, and the dp sharding's limits."""
+        from hlat.parallel.data_parallel import check_data_parallel
+        from hlat.parallel.mesh import resolve_degrees
+        from hlat.parallel.tensor_parallel import check_tensor_parallel
+
+        try:
+            pp, dp, tp = resolve_degrees(self.parallel, world)
+        except ConfigError as err:
+            return err.problems
+        problems = []
+        for check in ((lambda: check_tensor_parallel(self.model, tp)) if tp > 1 else None,
+                      lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)):
+            try:
+                check and check()
+            except ConfigError as err:
+                problems += err.problems
+        stages = pp * self.parallel.pp_stages_per_rank
+        if pp > 1 and stages > self.model.n_layers:
+            problems.append(("parallel.pp", f"{stages} pipeline stages (pp={pp} x pp_stages_per_rank={self.parallel.pp_stages_per_rank}) "
+                             f"need at least as many layers; model.n_layers={self.model.n_layers}"))
+        batch, micro = self.train.global_batch, self.train.micro_batch
+        if batch % (dp * micro) and not batch % micro:  # (not a multiple of micro: TrainConfig says so)
+            fix = "" if "train.micro_batch" not in self.user_set else " or a train.micro_batch that divides it"
+            problems.append(("train.global_batch", f"{batch} sequences do not split into dp={dp} data-parallel ranks x "
+                             f"train.micro_batch={micro}; use a multiple of {dp * micro}{fix}"))
+        elif pp > 1 and batch // dp // micro < pp:
+            problems.append(("train.micro_batch", f"pipeline parallel needs at least pp={pp} micro-batches per step on each "
+                             f"data-parallel rank, got {batch // dp // micro} ({batch} / dp={dp} / micro_batch={micro}); "
+                             "lower train.micro_batch or raise train.global_batch"))
+        if dp > self.data.virtual_shards:
+            problems.append(("data.virtual_shards", f"{self.data.virtual_shards} shards cannot be dealt to dp={dp} "
+                             f"data-parallel ranks; set --data.virtual_shards {dp} or more"))
+        return problems
+
+    def fit_micro_batch(self, world: int) -> None:
+        """Take the largest micro-batch not above the current one that splits the global batch over
+        dp ranks (with at least pp micro-batches per step) when no file or override chose it; say so
+        in `notes`. Anything that still does not fit is left for validate to report."""
+        from hlat.parallel.mesh import resolve_degrees
+
+        current, batch = self.train.micro_batch, self.train.global_batch
+        if "train.micro_batch" in self.user_set or min(current, batch, self.parallel.tp, self.parallel.pp) < 1:
+            return
+        try:
+            pp, dp, _ = resolve_degrees(self.parallel, world)
+        except ConfigError:
+            return
+        per_rank = batch // dp
+        divisors = [m for m in range(min(current, per_rank), 0, -1) if not per_rank % m]
+        # too few sequences to fill the pipeline: still split them, so the pipeline rule is what validate reports
+        fits = [m for m in divisors if per_rank // m >= pp] or divisors
+        if batch % dp or not fits or fits[0] == current:
+            return
+        micro = self.train.micro_batch = fits[0]
+        self.notes.append(f"train.micro_batch = {micro} instead of {current}: the global batch of {batch} over dp={dp} "
+                          f"is {per_rank} sequences per rank, {per_rank // micro} micro-batch(es) of {micro}"
+                          f"{f' (pp={pp} needs at least {pp})' if pp > 1 else ''}; set --train.micro_batch to choose")
 
     @property
     def grad_accum_steps(self) -> int:
@@ -75,11 +145,14 @@ def preset_names() -> list[str]:
     return sorted(p.name.removesuffix(".toml") for p in resources.files("hlat.configs").iterdir() if p.name.endswith(".toml"))
 
 
-def load_config(preset: str | None = None, config_file: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(preset: str | None = None, config_file: str | Path | None = None, overrides: list[str] | None = None,
+                world: int | None = None) -> RunConfig:
     """Preset <- config file <- command-line overrides, then validate.
 
     The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
     A file without a preset applies over the built-in defaults, which are the HLAT 7B recipe.
+    With `world` (the number of processes that will run it), the micro-batch adapts to the layout
+    unless the file or an override set it, and the layout is validated as well.
     """
     cfg = RunConfig()
     table: dict[str, Any] = {}
@@ -96,12 +169,15 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     if base is not None:
         if base not in preset_names():
             raise ConfigError([("preset", f"unknown preset{_did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}")])
-        _apply_table(cfg, tomllib.loads(resources.files("hlat.configs").joinpath(f"{base}.toml").read_text()), source=f"preset {base}")
+        _apply_table(cfg, tomllib.loads(resources.files("hlat.configs").joinpath(f"{base}.toml").read_text()),
+                     source=f"preset {base}", user=False)
         cfg.name = base if config_file is None else cfg.name
-    _apply_table(cfg, table, source=str(config_file))
+    _apply_table(cfg, table, source=str(config_file), user=True)
     for key, value in parse_overrides(overrides or []):
-        set_field(cfg, key, value, source="command line")
-    cfg.validate()
+        set_field(cfg, key, value, source="command line", user=True)
+    if world is not None:
+        cfg.fit_micro_batch(world)
+    cfg.validate(world)
     return cfg
 
 
@@ -124,7 +200,7 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def set_field(cfg: RunConfig, key: str, value: Any, source: str) -> None:
+def set_field(cfg: RunConfig, key: str, value: Any, source: str, user: bool) -> None:
     section_name, _, field_name = key.partition(".")
     sections = cfg.sections()
     if section_name not in sections or not field_name:
@@ -135,15 +211,17 @@ def set_field(cfg: RunConfig, key: str, value: Any, source: str) -> None:
         raise ConfigError([(key, f"unknown field{_did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
     expected = type(getattr(type(section)(), field_name))
     setattr(section, field_name, _coerce(key, value, expected, source))
+    if user:
+        cfg.user_set.add(key)
 
 
-def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str) -> None:
+def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str, user: bool) -> None:
     for key, value in table.items():
         if key == "name":
             cfg.name = str(value)
         elif isinstance(value, dict):
             for sub, sub_value in value.items():
-                set_field(cfg, f"{key}.{sub}", sub_value, source)
+                set_field(cfg, f"{key}.{sub}", sub_value, source, user)
         else:
             raise ConfigError([(key, f"top-level keys must be [sections] (from {source}); did you mean to put it under a section such as [train]?")])
 

@@ -35,8 +35,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.parallel import preflight
     from hlat.parallel.mesh import setup, teardown, world_from_env
 
-    cfg = load_config(args.preset, args.config, overrides)
     world, rank, local_rank = world_from_env()
+    cfg = load_config(args.preset, args.config, overrides)  # the layout is a check of the table, not an error
+    cfg.fit_micro_batch(world)  # as hlat train would
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     os.environ["HLAT_COLLECTIVE_TIMEOUT_S"] = str(args.timeout)  # read by mesh.setup and the hang report
     checks = [preflight.check_devices(cfg.train.device, rank, local_rank, local_world), preflight.check_layout(cfg, world)]

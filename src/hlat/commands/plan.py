@@ -22,7 +22,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.config import load_config
     from hlat.parallel.plan import format_plan, plan
 
-    cfg = load_config(args.preset, args.config, overrides)
+    cfg = load_config(args.preset, args.config, overrides, world=args.world)  # as hlat train on that many ranks
+    print("".join(note + "\n" for note in cfg.notes), end="")
     degrees, stages = plan(cfg, args.world)
     print(format_plan(cfg, args.world, degrees, stages))
     return 0

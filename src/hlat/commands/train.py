@@ -27,10 +27,15 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.parallel.mesh import teardown, world_from_env
     from hlat.train.trainer import Trainer
 
-    cfg = load_config(args.preset, args.config, overrides)  # validated before any process group starts
+    world, rank, _ = world_from_env()
+    # the layout is validated here, on every rank alike, before any process group starts
+    cfg = load_config(args.preset, args.config, overrides, world=world)
+    if rank == 0:
+        for note in cfg.notes:
+            print(note, flush=True)
     resume = "require" if args.resume else "fresh" if args.fresh else "auto"
     Trainer(cfg, resume=resume).fit()
-    if world_from_env()[0] > 1:
+    if world > 1:
         teardown()
         # Leave without interpreter teardown: gloo's worker threads can race it and abort a
         # finished run (SIGABRT after all work is done), which a launcher would count as a failure.

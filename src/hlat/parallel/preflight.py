@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from hlat.config import RunConfig
-from hlat.errors import ConfigError
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout, resolve_degrees
@@ -59,11 +58,11 @@ def check_devices(device_name: str, rank: int, local_rank: int, local_world: int
 
 
 def check_layout(cfg: RunConfig, world: int) -> Check:
-    """The configured pp x dp x tp fits the launched world size."""
-    try:
-        pp, dp, tp = resolve_degrees(cfg.parallel, world)
-    except ConfigError as err:
-        return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in err.problems))
+    """The configured layout fits the launched world size, by the rules `hlat train` applies."""
+    problems = cfg.layout_problems(world)
+    if problems:
+        return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in problems))
+    pp, dp, tp = resolve_degrees(cfg.parallel, world)
     return Check("layout", None, "ok", f"pp {pp} x dp {dp} x tp {tp} = {world} process{'es' if world > 1 else ''}")
 
 
