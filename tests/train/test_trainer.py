@@ -67,10 +67,18 @@ def test_resume_is_exact(small_corpus, tmp_path):
     straight = Trainer(tiny_cfg(small_corpus, tmp_path / "straight"), out=quiet).fit()
     first_half = Trainer(tiny_cfg(small_corpus, tmp_path / "split", "--train.steps", "3"), out=quiet).fit()
     assert first_half.losses == straight.losses[:3]
+    # As a run killed during step 5's record would leave metrics.jsonl: step 4 logged after the
+    # checkpoint of step 3, then a torn line. The resume drops both and logs steps 4-6 once.
+    metrics = tmp_path / "split" / "metrics.jsonl"
+    step_3 = next(r for r in map(json.loads, metrics.read_text().splitlines()) if r["step"] == 3 and "loss" in r)
+    with open(metrics, "a") as handle:
+        handle.write(json.dumps({**step_3, "step": 4}) + "\n" + json.dumps({**step_3, "step": 5})[:40])
     messages = []
     second_half = Trainer(tiny_cfg(small_corpus, tmp_path / "split"), resume="require", out=messages.append).fit()
     assert any("resuming from" in m for m in messages)
     assert second_half.losses == straight.losses[3:]  # bit-identical, not merely close
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]  # every line is JSON again
+    assert [(r["step"], r["loss"]) for r in records if "loss" in r] == list(enumerate(straight.losses, start=1))
     weights = []
     for run in ("split", "straight"):
         mgr = CheckpointManager(tmp_path / run / "checkpoints", keep_last=1)
