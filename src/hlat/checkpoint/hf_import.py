@@ -27,12 +27,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from hlat.checkpoint.completeness import IncompleteWeights, check_complete, model_shapes, rename_from_hf
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.errors import UserError
-from hlat.model import Llama, ModelConfig, count_params
+from hlat.model import ModelConfig, count_params
 from hlat.data.tokenizer import TOKENIZER_FILES, find_tokenizer_file, load_tokenizer
-from hlat.model.hf import hf_to_hlat, model_config_from_hf
+from hlat.model.hf import model_config_from_hf
 
 HF_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -125,23 +126,13 @@ def hf_weights(directory: Path, dtype: torch.dtype | None = None, progress: bool
 
 
 def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
-    """The weights under hlat's names in fp32 (the training weights' dtype), checked name by name
-    and shape by shape against the architecture of config.json."""
+    """The weights under hlat's names in fp32 (the training weights' dtype), exactly the tensors
+    of the architecture config.json describes (the completeness check --checkpoint.init_from applies)."""
+    weights, unknown = rename_from_hf(hf_weights(directory, torch.float32, progress))
     try:
-        weights = hf_to_hlat(hf_weights(directory, torch.float32, progress))
-    except KeyError as err:
-        raise ImportRefused(f"{directory}: {err.args[0]}: no such tensor in hlat's LLaMA (no biases, tied "
-                            "embeddings or extra heads), so the weights do not match config.json") from err
-    with torch.device("meta"):
-        expected = {k: v.shape for k, v in Llama(cfg).state_dict().items()}
-    missing = sorted(expected.keys() - weights.keys())
-    if missing:
-        raise ImportRefused(f"{directory}: the weights lack {', '.join(missing[:5])}"
-                            f"{' ...' if len(missing) > 5 else ''} (hlat names); is the checkpoint complete?")
-    for name, shape in expected.items():
-        if weights[name].shape != shape:
-            raise ImportRefused(f"{directory}: {name} has shape {tuple(weights[name].shape)} but {HF_CONFIG} "
-                                f"implies {tuple(shape)}")
+        check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
+    except IncompleteWeights as err:
+        raise ImportRefused(f"{err} ({HF_CONFIG}: hlat's LLaMA has no biases, tied embeddings or extra heads)") from err
     return weights
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from hlat.checkpoint.completeness import check_complete, checkpoint_shapes, model_config_of, model_shapes, rename_from_hf
 from hlat.checkpoint.manager import CheckpointError, CheckpointManager, rank_file
 from hlat.data import merge_states
 
@@ -53,17 +54,24 @@ def rank_state_for(manager: CheckpointManager, path: Path, rank: int, dp_rank: i
 
 def init_weights(spec: str, parts: list[nn.Module]) -> str:
     """Fill the model parts (any layout) from `spec`: hf:DIR (a Hugging Face LLaMA directory) or
-    an hlat checkpoint or run directory. Collective under torchrun. Returns what was loaded."""
+    an hlat checkpoint or run directory. Collective under torchrun. Returns what was loaded.
+    The source must hold exactly the model's tensors (hlat.checkpoint.completeness), else nothing
+    is loaded and IncompleteWeights names the missing, unexpected and mis-shaped ones."""
+    expected = model_shapes(model_config_of(parts))
     if spec.startswith(HF_PREFIX):
         from hlat.checkpoint.hf_import import hf_weights
-        from hlat.model.hf import hf_to_hlat
 
         directory = Path(spec.removeprefix(HF_PREFIX)).expanduser()
-        full = hf_to_hlat(hf_weights(directory))
+        if not directory.is_dir():
+            raise FileNotFoundError(f"checkpoint.init_from={spec}: no such directory")
+        full, unknown = rename_from_hf(hf_weights(directory))
+        check_complete(f"init_from {spec}", expected, {k: tuple(v.shape) for k, v in full.items()}, unknown)
         for part in parts:  # every rank holds the full tensors and keeps its own shard of them
             set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
         return f"Hugging Face weights from {directory}"
     path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint.init_from={spec}: no such checkpoint or run directory")
     if (path / "checkpoints").is_dir():  # a run directory: its newest valid checkpoint
         found = CheckpointManager(path / "checkpoints", keep_last=None).latest()
         if found is None:
@@ -71,6 +79,8 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
         path = found
     manager = CheckpointManager(path.parent, keep_last=None)
     manager.check(path)
+    check_complete(f"init_from {path}", expected, checkpoint_shapes(path))
+    # each part loads its own tensors (strict=False: a pipeline stage holds only its layers)
     state = {"model": {k: v for part in parts for k, v in get_model_state_dict(part).items()}}
     manager.load_sharded(path, state)
     for part in parts:
