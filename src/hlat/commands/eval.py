@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--samples", type=int, default=1, help="code: completions per problem (pass@k)")
     parser.add_argument("--temperature", type=float, default=0.0, help="code: sampling temperature")
     parser.add_argument("--timeout", type=float, default=10.0, help="code: seconds per program")
+    parser.add_argument("--allow-unsafe-code", action="store_true",
+                        help="code: run generated programs even where no isolation is available "
+                        "(only inside a throwaway container or VM; also HLAT_ALLOW_UNSAFE_CODE=1)")
     parser.add_argument("--baseline", type=Path, help="JSON of reported scores to print alongside")
     parser.add_argument("--latest", action="store_true", help="run directory: only the newest checkpoint")
     parser.add_argument("--log-samples", action="store_true", help="write samples_<task>.jsonl")
@@ -64,14 +67,20 @@ def _evaluate(args: argparse.Namespace) -> int:
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, load_model, resolve_tasks
     from hlat.checkpoint.loading import LoadedModel, is_run_dir
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
+    from hlat.eval.sandbox import describe, require_isolation
     from hlat.eval.sweep import sweep_run, write_sweep
 
     tasks = resolve_tasks(args.tasks, args.suite)
+    isolation = None
+    if any(t.kind == "code" for t in tasks):  # refuse before loading a model, not after
+        isolation = describe(require_isolation(args.allow_unsafe_code))
+        print(f"code isolation: {isolation}")
     baselines = load_baselines(args.baseline) if args.baseline else None
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
                           else "cpu" if args.device == "auto" else args.device)
     options = EvalOptions(args.data_dir, args.limit, args.num_fewshot, args.seed, args.samples,
-                          args.temperature, SandboxLimits(timeout_s=args.timeout))
+                          args.temperature, SandboxLimits(timeout_s=args.timeout),
+                          allow_unsafe_code=args.allow_unsafe_code)
     path = Path(args.checkpoint).expanduser()
     out_dir = args.output or path / "eval"
 
@@ -92,7 +101,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     meta = {"model": loaded.name, "path": str(path), "step": loaded.step, "tokens": loaded.tokens,
             "options": {"limit": args.limit, "num_fewshot": args.num_fewshot, "seed": args.seed,
                         "samples": args.samples, "temperature": args.temperature,
-                        "precision": args.precision, "data_dir": str(args.data_dir or "")}}
+                        "precision": args.precision, "data_dir": str(args.data_dir or "")},
+            "code_isolation": isolation}
     data = results_dict(results, skipped, meta)
     json_file = write_results(out_dir, data, results, baselines, args.log_samples)
     print(markdown_table(data, baselines))

@@ -15,7 +15,7 @@ from typing import Any
 
 from hlat.eval.lm import LanguageModel
 from hlat.eval.metrics import mean_stderr, perplexity_metrics
-from hlat.eval.sandbox import SandboxLimits
+from hlat.eval.sandbox import SandboxLimits, describe, isolation_mode
 from hlat.eval.scoring import (score_code, score_generation, score_multiple_choice,
                                score_perplexity)
 from hlat.eval.tasks import DataMissing, Doc, Task, choose_shots, load_split
@@ -31,6 +31,7 @@ class EvalOptions:
     temperature: float = 0.0  # code: sampling temperature when samples > 1
     sandbox: SandboxLimits = field(default_factory=SandboxLimits)
     workers: int = 4  # code: programs run in parallel
+    allow_unsafe_code: bool = False  # code: run programs even where the sandbox has no isolation
 
 
 @dataclass
@@ -84,7 +85,8 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
         scores, samples = score_generation(lm, task, docs, prompts)
     elif task.kind == "code":
         scores, samples = score_code(lm, task, docs, prompts, options.samples, options.temperature,
-                                     options.sandbox, options.workers)
+                                     options.sandbox, options.workers, options.allow_unsafe_code)
+        notes.append(f"code isolation: {describe(isolation_mode())}")
     else:
         scores, samples = score_perplexity(lm, task, docs)
     if task.kind == "perplexity":

@@ -1,22 +1,19 @@
-"""Running untrusted generated code: a subprocess per program, in its own session, with a wall-clock
-timeout that kills its whole process group, CPU/memory/file-size limits, a fresh temporary
-directory as cwd and HOME, a minimal environment, no network, and writes confined to that
-directory.
+"""Running generated code so that nothing it does can make it pass or reach the machine.
 
-No network has two layers: a new network namespace (`unshare -rn`, which has only a loopback
-device) where the kernel allows it, and always the audit hook of sandbox_guard.py, which refuses
-to create sockets. The audit hook is what confines writes; it stops Python code, which is what
-the model writes, but it is not a boundary against native code, so run evaluations of untrusted
-models in a container as well.
+Each program is two processes. The solution process S (sandbox_solution.py) runs the untrusted
+solution, isolated from the operating system as far as this machine allows
+(sandbox_isolation.py), and then answers calls to its functions over a pipe. The test process T
+(sandbox_judge.py) runs only the dataset's trusted test code, with the solution's functions bound
+to proxies that call into S; values cross as plain data (sandbox_wire.py). The verdict is T's
+exit status: S can print, exit early or lie in any way, but it can only ever hand T return
+values to check. Both are killed at the wall-clock timeout, S's whole PID namespace with it.
 """
 
 from __future__ import annotations
 
 import functools
-import math
+import json
 import os
-import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,73 +23,185 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-GUARD = (Path(__file__).parent / "sandbox_guard.py").read_text()
+from hlat.eval import sandbox_isolation as isolation
+
+HERE = Path(__file__).parent
+SOLUTION = str(HERE / "sandbox_solution.py")
+JUDGE = str(HERE / "sandbox_judge.py")
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
+
+
+class UnsafeCodeRefused(ValueError):
+    """Generated code would run without isolation and nobody opted in."""
+
+
+@dataclass(frozen=True)
+class Program:
+    """A generated solution and the trusted test that judges it. The test sees the solution's
+    top-level functions as proxies: `entry_point` alone when given (HumanEval's `candidate`),
+    else every function the solution defines that is not a builtin's name (MBPP's asserts)."""
+
+    solution: str  # untrusted: runs in S
+    test: str  # trusted: runs in T
+    prelude: str = ""  # trusted code T runs first (HumanEval: the prompt, for its helpers)
+    entry_point: str = ""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    timeout_s: float = 10.0  # wall clock per program
-    memory_mb: int = 1024  # address space
-    file_mb: int = 16  # largest file the program may write
+    timeout_s: float = 10.0  # wall clock per program (solution and test together)
+    memory_mb: int = 1024  # address space of each process
+    file_mb: int = 16  # largest file the solution may write
+    processes: int = 16  # processes and threads of the solution's uid (namespaces mode)
 
 
 @dataclass(frozen=True)
 class ExecResult:
     passed: bool
     status: str  # "passed", "failed" or "timeout"
-    detail: str  # the end of stderr, for the samples log
+    detail: str  # the end of the test's error and of the solution's output, for the samples log
 
 
 @functools.cache
-def network_namespace_available() -> bool:
-    """Whether `unshare -rn` works here (it needs user namespaces, or root)."""
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        return subprocess.run(["unshare", "-rn", "--", "true"], capture_output=True,
-                              timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def isolation_mode() -> str:
+    """isolation.NAMESPACES when a probe program passes in namespaces here, else isolation.NONE;
+    detected once per process."""
+    if not isolation.unshare_available():
+        return isolation.NONE
+    probe = Program("def f():\n    return 1\n", "assert f() == 1\n")
+    ok = _run(probe, SandboxLimits(timeout_s=30.0), isolation.NAMESPACES).passed
+    return isolation.NAMESPACES if ok else isolation.NONE
 
 
-def run_program(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecResult:
-    token = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="hlat-sandbox-") as root:
-        Path(root, "program.py").write_text(program, encoding="utf-8")
-        cmd = [sys.executable, "-I", "-B", "-c", GUARD, root, "program.py", str(limits.memory_mb),
-               str(math.ceil(limits.timeout_s) + 1), str(limits.file_mb)]
-        if network_namespace_available():
-            cmd = ["unshare", "-rn", "--", *cmd]
-        env = {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8",
-               "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)  # its own process group, killed below
-        try:
-            out, err = proc.communicate(token.encode() + b"\n", timeout=limits.timeout_s)
-            status = "passed" if proc.returncode == 0 and _finished(out, token) else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            out, err = proc.communicate()
-            status = "timeout"
-        finally:
-            _kill_group(proc.pid)  # anything it left running
-    return ExecResult(status == "passed", status, err.decode(errors="replace")[-1000:])
+def describe(mode: str) -> str:
+    """One line for the console and the results: what the solution process runs inside."""
+    if mode == isolation.NAMESPACES:
+        who = "an unprivileged uid of its own" if os.geteuid() == 0 else "a user namespace"
+        return ("namespaces (mount, network, PID, IPC, UTS; read-only root of the interpreter, "
+                f"its libraries and a scratch directory; {who}; resource limits)")
+    return "none (an ordinary subprocess with resource limits; allowed by explicit opt-in)"
 
 
-def run_programs(programs: Sequence[str], limits: SandboxLimits = SandboxLimits(),
-                 workers: int = 4) -> list[ExecResult]:
+def require_isolation(allow_unsafe: bool = False) -> str:
+    """The mode programs will run in; UnsafeCodeRefused where there is no isolation and no opt-in."""
+    mode = isolation_mode()
+    if mode == isolation.NONE and not isolation.unsafe_code_allowed(allow_unsafe):
+        raise UnsafeCodeRefused(
+            "code tasks run generated programs, and this machine gives them no isolation "
+            "(`unshare` with mount, network and PID namespaces is missing or refused, e.g. by a "
+            "container's seccomp profile), so they would run with all the rights of this user. "
+            "Run in a throwaway container or VM, then opt in with `hlat eval --allow-unsafe-code` "
+            f"or {isolation.UNSAFE_ENV}=1 (see docs/evaluation.md)")
+    return mode
+
+
+def run_program(program: Program, limits: SandboxLimits = SandboxLimits(),
+                allow_unsafe: bool = False) -> ExecResult:
+    return _run(program, limits, require_isolation(allow_unsafe))
+
+
+def run_programs(programs: Sequence[Program], limits: SandboxLimits = SandboxLimits(),
+                 workers: int = 4, allow_unsafe: bool = False) -> list[ExecResult]:
     """Run programs in parallel (threads only wait on their subprocesses)."""
+    mode = require_isolation(allow_unsafe)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda p: run_program(p, limits), programs))
+        return list(pool.map(lambda p: _run(p, limits, mode), programs))
 
 
-def _finished(stdout: bytes, token: str) -> bool:
-    return stdout.rstrip().endswith(token.encode())
+def _run(program: Program, limits: SandboxLimits, mode: str) -> ExecResult:
+    with tempfile.TemporaryDirectory(prefix="hlat-sandbox-") as work:
+        scratch = Path(work, "scratch")
+        scratch.mkdir()
+        Path(scratch, "solution.py").write_text(program.solution, encoding="utf-8")
+        calls_r, calls_w = os.pipe()
+        answers_r, answers_w = os.pipe()
+        solution = judge = None
+        try:
+            solution = _start_solution(program, limits, mode, Path(work), calls_r, answers_w)
+            judge = _start_judge(program, limits, Path(work), calls_w, answers_r)
+        finally:
+            for fd in (calls_r, calls_w, answers_r, answers_w):
+                os.close(fd)  # only S and T hold the channel: either one ending ends it
+            try:
+                status = "timeout"
+                if judge is not None:
+                    judge.wait(timeout=limits.timeout_s)
+                    status = "passed" if judge.returncode == 0 else "failed"
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                _stop(solution)
+                _stop(judge)
+        detail = _tail(Path(work, "judge.err")) if status != "passed" else ""
+        output = _tail(Path(work, "solution.out"))
+        if status != "passed" and output:
+            detail += f"\n--- solution output ---\n{output}"
+        return ExecResult(status == "passed", status, detail[-1500:])
 
 
-def _kill_group(pid: int) -> None:
+def _start_solution(program: Program, limits: SandboxLimits, mode: str, work: Path,
+                    calls: int, answers: int) -> subprocess.Popen[bytes]:
+    scratch = work / "scratch"
+    config = {"calls_fd": calls, "answers_fd": answers, "isolation": None,
+              "site_packages": isolation.site_packages(),
+              "limits": {"memory_mb": limits.memory_mb, "cpu_s": int(limits.timeout_s) + 1,
+                         "file_mb": limits.file_mb, "processes": limits.processes}}
+    command = [sys.executable, "-I", "-S", "-B", SOLUTION]
+    if mode == isolation.NAMESPACES:
+        readable, links = isolation.readable_paths()
+        uid = isolation.solution_uid()
+        (work / "root").mkdir()
+        if uid is not None:
+            os.chown(scratch, uid, uid)
+            os.chown(scratch / "solution.py", uid, uid)
+        config["isolation"] = {"root": str(work / "root"), "readable": readable, "links": links,
+                               "uid": uid}
+        command = isolation.unshare_command() + command
+    with open(work / "solution.out", "wb") as out:
+        return subprocess.Popen(command + [json.dumps(config)], cwd=scratch,
+                                env={**ENV, "HOME": "/sandbox" if config["isolation"] else str(scratch),
+                                     "TMPDIR": "/sandbox" if config["isolation"] else str(scratch)},
+                                stdin=subprocess.PIPE if config["isolation"] else subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, pass_fds=(calls, answers),
+                                start_new_session=True)
+
+
+def _start_judge(program: Program, limits: SandboxLimits, work: Path, calls: int,
+                 answers: int) -> subprocess.Popen[bytes]:
+    spec = work / "judge.json"  # outside the scratch directory: S never sees the test
+    spec.write_text(json.dumps({"calls_fd": calls, "answers_fd": answers, "test": program.test,
+                                "prelude": program.prelude, "entry_point": program.entry_point,
+                                "memory_mb": limits.memory_mb}))
+    with open(work / "judge.err", "wb") as err:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-B", JUDGE, str(spec)], cwd=work,
+                                env={**ENV, "HOME": str(work)}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err, pass_fds=(calls, answers),
+                                start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes] | None) -> None:
+    """End a process and everything it started. For an isolated S, closing its keeper's stdin
+    makes the keeper kill the namespace's first process, and with it the whole namespace."""
+    if proc is None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
     try:
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    proc.wait()
+
+
+def _tail(path: Path, size: int = 1000) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+

@@ -14,7 +14,7 @@ from typing import Any
 from hlat.eval.lm import LanguageModel
 from hlat.eval.metrics import exact_match, multiple_choice, pass_at_k
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
-from hlat.eval.sandbox import SandboxLimits, run_programs
+from hlat.eval.sandbox import SandboxLimits, require_isolation, run_programs
 from hlat.eval.tasks.base import Doc, Task
 
 Scores = tuple[list[dict[str, float]], list[dict[str, Any]]]
@@ -61,8 +61,10 @@ def score_generation(lm: LanguageModel, task: Task, docs: Sequence[Doc],
 
 
 def score_code(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequence[str],
-               n_samples: int, temperature: float, limits: SandboxLimits, workers: int) -> Scores:
+               n_samples: int, temperature: float, limits: SandboxLimits, workers: int,
+               allow_unsafe: bool = False) -> Scores:
     assert task.program is not None, f"task {task.name} has no program"
+    require_isolation(allow_unsafe)  # refuse before generating, not after
     if n_samples > 1 and temperature <= 0:
         raise ValueError(f"{n_samples} samples per problem need --temperature > 0 (greedy "
                          "decoding would produce the same completion every time)")
@@ -70,7 +72,7 @@ def score_code(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequ
                 for p in prompts for _ in range(n_samples)]
     completions = lm.generate(requests)
     programs = [task.program(docs[i // n_samples], c) for i, c in enumerate(completions)]
-    results = run_programs(programs, limits, workers)
+    results = run_programs(programs, limits, workers, allow_unsafe)
     ks = [k for k in (1, 10, 100) if k <= n_samples]
     scores, samples = [], []
     for i, (doc, prompt) in enumerate(zip(docs, prompts)):

@@ -10,7 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from hlat.eval.sandbox import Program
 
 Doc = dict[str, Any]
 Kind = Literal["multiple_choice", "generate", "code", "perplexity"]
@@ -58,7 +61,7 @@ class Task:
     ignore: tuple[str, ...] = ()  # regexes removed before exact match
     ignore_punctuation: bool = True
     fewshot_docs: Callable[[list[Doc]], list[Doc]] | None = None  # narrows the few-shot pool
-    program: Callable[[Doc, str], str] | None = None  # code: (doc, completion) -> test program
+    program: Callable[[Doc, str], Program] | None = None  # code: (doc, completion) -> solution + test
     notes: str = ""  # deviations from lm-eval, for docs/evaluation.md
 
     def gold_text(self, doc: Doc) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hlat.eval.sandbox import Program
 from hlat.eval.tasks.base import Dataset, Doc, Task
 
 
@@ -21,13 +22,21 @@ def _mbpp_prompt(d: Doc) -> str:
             f"Your code should pass these tests:\n\n{tests}\n[BEGIN]\n")
 
 
+def _humaneval_program(d: Doc, completion: str) -> Program:
+    """lm-eval's prompt + completion + test + check(entry_point), split in two: the solution is
+    prompt + completion; the test runs the prompt (its helpers, e.g. encode_cyclic) and the
+    dataset's check with `candidate` calling the solution's entry point."""
+    return Program(d["prompt"] + completion, f"{d['test']}\ncheck({d['entry_point']})\n",
+                   prelude=d["prompt"], entry_point=d["entry_point"])
+
+
 TASKS = [
-    Task(  # humaneval/humaneval.yaml: the program is prompt + completion + test + check(entry)
+    Task(  # humaneval/humaneval.yaml
         "humaneval", "code", "code",
         Dataset("humaneval", "test", "openai/openai_humaneval", bundled=humaneval_problems),
         doc_to_text=lambda d: d["prompt"], metrics=("pass@1",),
         until=("\nclass", "\ndef", "\n#", "\nif", "\nprint"), max_tokens=1024,
-        program=lambda d, c: f"{d['prompt']}{c}\n{d['test']}\ncheck({d['entry_point']})"),
+        program=_humaneval_program),
     Task(  # mbpp/mbpp.yaml: 3-shot with the fixed examples (task_ids 2, 3, 4 of the prompt split)
         "mbpp", "code", "code",
         Dataset("mbpp", "test", "google-research-datasets/mbpp", "full", fewshot_split="prompt"),
@@ -35,5 +44,5 @@ TASKS = [
         fewshot_target=lambda d: f"{d['code']}\n[DONE]", target_delimiter="",
         fewshot_docs=lambda docs: [d for d in docs if d["task_id"] in (2, 3, 4)],
         until=("[DONE]",), max_tokens=512,
-        program=lambda d, c: c + "\n" + "\n".join(d["test_list"])),
+        program=lambda d, c: Program(c, "\n".join(d["test_list"]) + "\n")),
 ]
