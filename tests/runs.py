@@ -21,6 +21,7 @@ imports per process; a scenario costs only its own work.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -118,7 +119,7 @@ class ScenarioResults:
 
 def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint's DCP data as full tensors, flattened to dotted keys."""
-    file = scratch / f"{checkpoint.parent.parent.name}-{checkpoint.name}.pt"
+    file = scratch / f"{hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]}.pt"  # one per checkpoint
     dcp_to_torch_save(checkpoint / "dcp", file)
     out: dict[str, torch.Tensor] = {}
 

@@ -1,0 +1,40 @@
+"""Scenario functions (tests/runs.py) that run `hlat train`'s Trainer on the tiny model in this
+scenario's layout: train, resume, reshard, save. Every rank writes OUT/summary.rank<r>.json."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from hlat.config import load_config
+from hlat.train.trainer import Trainer
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from runs import ScenarioContext, tiny_args  # noqa: E402
+
+
+def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str = "auto", start_from: str | None = None,
+          save_only: bool = False) -> None:
+    """Train (or, with `save_only`, resume and save at once) ctx.out/run to `steps`, in a copy of
+    scenario `start_from`'s run directory if given (so that one stays as it was)."""
+    run = ctx.out / "run"
+    if start_from and ctx.rank == 0:
+        shutil.copytree(ctx.root / start_from / "run", run)
+    if ctx.world > 1:
+        dist.barrier()
+    messages: list[str] = []
+    trainer = Trainer(load_config("tiny", None, tiny_args(ctx.corpus, run, "--train.steps", str(steps), *extra)),
+                      resume=resume, out=messages.append)
+    if save_only:
+        trainer.save()
+        trainer.checkpoints.wait()
+        trainer.loader.close()
+        losses: list[float] = []
+    else:
+        losses = trainer.fit().losses
+    summary = {"step": trainer.step, "losses": losses, "messages": messages, "tokens_emitted": trainer.loader.tokens_emitted}
+    (ctx.out / f"summary.rank{ctx.rank}.json").write_text(json.dumps(summary))
