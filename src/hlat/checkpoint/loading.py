@@ -120,7 +120,7 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
     for candidate in (find_tokenizer_file(run_dir), data.tokenizer):
         if candidate and Path(candidate).expanduser().is_file():
             return load_tokenizer(candidate)
-    from hlat.data.sources import open_source
+    from hlat.data.loader import open_source
 
     try:
         source = open_source(data)

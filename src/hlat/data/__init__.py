@@ -10,13 +10,14 @@ from hlat.data.loader import (
     build_loader,
     holdout_split,
     open_documents,
+    open_source,
     tokenizer_corpus,
 )
 from hlat.data.order import epoch_permutation
 from hlat.data.packing import PackedLoader, merge_states
 from hlat.data.records import RowSource
 from hlat.data.shards import ShardDocuments, prepare_shards, verify_shards
-from hlat.data.sources import BadDocument, Concat, DocumentSource, StdlibCorpus, TextFiles, open_source
+from hlat.data.sources import BadDocument, Concat, DocumentSource, StdlibCorpus, TextFiles
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, train_bpe
 

@@ -12,17 +12,25 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hlat.data.records import RowSource, convert_to_arrow, file_fingerprint, read_arrow, text_column
 from hlat.data.sources import _SKIP_DIRS, DocumentSource, StdlibCorpus, TextFiles, scan_text_files
 
-if TYPE_CHECKING:
-    from hlat.data.config import DataConfig
-
 ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".feather")
 JSONL_SUFFIXES = tuple(s + c for s in (".jsonl", ".json", ".ndjson") for c in ("", ".gz", ".zst"))
 SHARDS_MANIFEST = "manifest.json"
+
+
+class SourceSettings(Protocol):
+    """The fields of a data config that say how to read an entry (hlat.data.DataConfig has them)."""
+
+    text_field: str
+    bad_documents: str
+    split: str
+    hf_config: str
+
+    def resolved_cache_dir(self) -> Path: ...
 
 
 def source_entries(source: str) -> list[str]:
@@ -78,7 +86,7 @@ def check_source_path(entry: str) -> str | None:
     return None
 
 
-def open_entry(entry: str, cfg: DataConfig) -> DocumentSource:
+def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
     """The document source of one data.source entry (not token shards: see hlat.data.shards)."""
     problem = check_source_path(entry)
     if problem:
@@ -120,7 +128,7 @@ def _fingerprint(kind: str, field: str, parts: list[str]) -> str:
     return f"{kind}-{len(parts)}-{hashlib.sha256('|'.join([field, *parts]).encode()).hexdigest()[:16]}"
 
 
-def _open_hf(entry: str, kind: str, cfg: DataConfig) -> DocumentSource:
+def _open_hf(entry: str, kind: str, cfg: SourceSettings) -> DocumentSource:
     """A Hugging Face dataset: load_from_disk, or load_dataset by name (downloads; online only).
     Both are Arrow tables mapped from disk; a DatasetDict is narrowed to data.split."""
     import datasets

@@ -1,4 +1,8 @@
-"""Configuration of the data pipeline: where documents come from, how they are tokenized, packed."""
+"""Configuration of the data pipeline: where documents come from, how they are tokenized, packed.
+
+The dataclass only holds and checks values; what needs the filesystem (do the paths it names
+exist?) is ``path_problems``, which ``DataConfig.validate`` calls.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from hlat.data.catalog import check_source_path, source_entries
 from hlat.data.tokenizer import find_tokenizer_file
 
 
@@ -59,8 +64,6 @@ class DataConfig:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
 
     def weight_list(self) -> list[float]:
-        from hlat.data.catalog import source_entries
-
         n = len(source_entries(self.source))
         if not self.weights.strip():
             return [1.0] * n
@@ -68,8 +71,6 @@ class DataConfig:
 
     def validate(self) -> list[tuple[str, str]]:
         """Problems as (field, message naming the fix); empty when the config is usable."""
-        from hlat.data.catalog import check_source_path, source_entries  # catalog imports this
-
         problems: list[tuple[str, str]] = []
         if self.seq_len < 2:
             problems.append(
@@ -97,10 +98,6 @@ class DataConfig:
         if not 0 < self.val_fraction < 1:
             problems.append(("val_fraction", f"{self.val_fraction} must be in (0, 1) (default 0.001)"))
         entries = source_entries(self.source)
-        for entry in entries + ([self.val_source] if self.val_source not in ("", "holdout") else []):
-            problem = check_source_path(entry)
-            if problem:
-                problems.append(("val_source" if entry == self.val_source else "source", problem))
         try:
             weights = self.weight_list()
             if len(weights) != len(entries) or any(not w > 0 for w in weights):
@@ -108,22 +105,32 @@ class DataConfig:
         except ValueError:
             problems.append(("weights", f"{self.weights!r}: give {len(entries)} positive numbers, "
                              "comma-separated, one per data.source entry"))
-        if self.tokenizer:
-            path = Path(self.tokenizer).expanduser()
-            if not path.exists():
-                problems.append(
-                    (
-                        "tokenizer",
-                        f"no such file: {self.tokenizer}; give a Hugging Face tokenizer.json, a "
-                        "SentencePiece .model, or leave empty to train a byte-level BPE",
-                    )
-                )
-            elif path.is_dir():
-                found = find_tokenizer_file(path)
-                fix = f"use {found}" if found else "give a tokenizer.json or SentencePiece .model"
-                problems.append(("tokenizer", f"{self.tokenizer} is a directory; {fix}"))
-        if self.cache_dir and Path(self.cache_dir).expanduser().is_file():
+        return problems + path_problems(self)
+
+
+def path_problems(cfg: DataConfig) -> list[tuple[str, str]]:
+    """Problems with the paths a data config names (sources, tokenizer, cache directory), found
+    by looking at the filesystem without reading any data."""
+    problems: list[tuple[str, str]] = []
+    extra = [cfg.val_source] if cfg.val_source not in ("", "holdout") else []
+    for entry in source_entries(cfg.source) + extra:
+        problem = check_source_path(entry)
+        if problem:
+            problems.append(("val_source" if entry == cfg.val_source else "source", problem))
+    if cfg.tokenizer:
+        path = Path(cfg.tokenizer).expanduser()
+        if not path.exists():
             problems.append(
-                ("cache_dir", f"{self.cache_dir} is a file; give a directory or leave empty")
+                (
+                    "tokenizer",
+                    f"no such file: {cfg.tokenizer}; give a Hugging Face tokenizer.json, a "
+                    "SentencePiece .model, or leave empty to train a byte-level BPE",
+                )
             )
-        return problems
+        elif path.is_dir():
+            found = find_tokenizer_file(path)
+            fix = f"use {found}" if found else "give a tokenizer.json or SentencePiece .model"
+            problems.append(("tokenizer", f"{cfg.tokenizer} is a directory; {fix}"))
+    if cfg.cache_dir and Path(cfg.cache_dir).expanduser().is_file():
+        problems.append(("cache_dir", f"{cfg.cache_dir} is a file; give a directory or leave empty"))
+    return problems

@@ -57,6 +57,15 @@ def tokenizer_corpus(cfg: DataConfig) -> DocumentSource | None:
     return None if not sources else sources[0] if len(sources) == 1 else Concat(sources)
 
 
+def open_source(cfg: DataConfig) -> DocumentSource:
+    """The documents data.source names, as one source (a mixture's entries concatenated; token
+    shards excluded): what a BPE is trained on."""
+    source = tokenizer_corpus(cfg)
+    if source is None:
+        raise ValueError(f"data.source={cfg.source!r} holds only token shards, no documents")
+    return source
+
+
 def build_data_tokenizer(cfg: DataConfig, vocab_size: int) -> tuple[Any, str]:
     """data.tokenizer; else the tokenizer that token shards were made with; else a cached BPE."""
     first = source_entries(cfg.source)[0]

@@ -9,7 +9,9 @@ a set of shard positions: merging all ranks' positions and dealing the shards to
 ranks continues every shard where it stopped, with no document skipped or repeated within an
 epoch (``merge_states``).
 
-Documents are tokenized ahead, in a background thread, in the order the rank will read them; the
+Documents are tokenized ahead, in a background thread, in the order the rank will read them, and
+handed over as segments: a whole document, or one piece of a long document (``TokenPieces``), so
+what waits in the queue stays bounded (a few chunks of ~64k tokens, or of one tokenizer call). The
 saved position only ever describes what the consumer took, so prefetching never makes it drift.
 """
 
@@ -21,14 +23,19 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import torch
 
-from hlat.data.documents import DocTokens, DocumentTokens
+from hlat.data.documents import DocumentTokens, TokenPieces
+from hlat.data.sources import BadDocument
 
 Key = tuple[int, int, int]  # (epoch, cursor, virtual shard)
+# A document's tokens (or the BadDocument reading it raised), or a piece of them; and whether it
+# is the document's last segment (then it ends with the EOS, or is empty for a blank document).
+Segment = tuple[Key, Union[np.ndarray, BadDocument], bool]
+_CHUNK_TOKENS = 65_536
 
 
 def epoch_permutation(num_docs: int, seed: int, epoch: int, stream: int = 0) -> torch.Tensor:
@@ -69,19 +76,37 @@ def _plan(heap: list[Key], lengths: dict[int, int], num_shards: int,
         heapq.heappush(heap, (epoch, cursor, v))
 
 
-def _chunks(plan: Iterator[tuple[Key, int]], docs: DocumentTokens) -> Iterator[list[tuple[Key, DocTokens]]]:
-    """Tokenized documents in batches growing to ~64k tokens, so each encode call is worth it."""
+def _chunks(plan: Iterator[tuple[Key, int]], docs: DocumentTokens) -> Iterator[list[Segment]]:
+    """Segments in batches: documents are tokenized in calls growing to ~64k tokens, so each call
+    is worth it; a long document's pieces are tokenized one by one and batches of them handed on
+    as they reach ~64k tokens, so that no more than a window of it is held."""
     n = 16
     while True:
         keyed = [next(plan) for _ in range(n)]
-        toks = docs.tokens([i for _, i in keyed])
-        yield [(k, t) for (k, _), t in zip(keyed, toks)]
-        got = sum(len(t) for t in toks if isinstance(t, np.ndarray))
-        if got < 65_536 and n < 4096:
+        out: list[Segment] = []
+        got = 0
+        for (key, _), toks in zip(keyed, docs.tokens([i for _, i in keyed])):
+            if not isinstance(toks, TokenPieces):
+                out.append((key, toks, True))
+                got += len(toks) if isinstance(toks, np.ndarray) else 0
+                continue
+            pieces = iter(toks)
+            piece = next(pieces)
+            for following in pieces:
+                out.append((key, piece, False))
+                got += len(piece)
+                if got >= _CHUNK_TOKENS:
+                    yield out
+                    out, got = [], 0
+                piece = following
+            out.append((key, piece, True))
+            got += len(piece)
+        yield out
+        if got < _CHUNK_TOKENS and n < 4096:
             n *= 2
 
 
-def _worker(chunks: Iterator[list[tuple[Key, DocTokens]]], out: queue.Queue, stop: threading.Event) -> None:
+def _worker(chunks: Iterator[list[Segment]], out: queue.Queue, stop: threading.Event) -> None:
     try:
         for chunk in chunks:
             while not stop.is_set():
@@ -119,11 +144,13 @@ class RankStream:
         self._perms = _Permutations(n, seed, stream)
         self.positions: dict[int, list[int]] = {v: [0, 0, 0] for v in self.lengths}  # epoch, cursor, offset
         self._heap: list[Key] = []
-        self._ahead: deque[tuple[Key, DocTokens]] = deque()
+        self._ahead: deque[Segment] = deque()
+        self.start = 0  # the head segment's first token in its document
+        self.last = True  # whether the head segment ends its document
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue | None = None
-        self._local: Iterator[list[tuple[Key, DocTokens]]] | None = None
+        self._local: Iterator[list[Segment]] | None = None
         self._restart()
 
     # ---- reading --------------------------------------------------------------------------------
@@ -133,6 +160,7 @@ class RankStream:
         heapq.heapify(self._heap)
         chunks = _chunks(_plan(list(self._heap), self.lengths, self.num_shards, self._perms), self.docs)
         self._ahead.clear()
+        self.start = 0
         self._stop = threading.Event()
         if self.prefetch:
             self._queue = queue.Queue(maxsize=2)
@@ -155,17 +183,29 @@ class RankStream:
         if hasattr(self, "_stop"):  # construction may have failed before it was set
             self._stop.set()
 
-    def head(self) -> tuple[DocTokens, int]:
-        """The document being read and how many of its tokens were already consumed."""
+    def head(self) -> tuple[np.ndarray | BadDocument, int]:
+        """The head document's segment being read (its tokens from token ``start`` of the
+        document on, or the BadDocument) and how many of the document's tokens were already
+        consumed; ``last`` says whether the segment ends the document."""
         key = self._heap[0]
-        while not self._ahead:
-            item = self._queue.get() if self._queue is not None else next(self._local)  # type: ignore[arg-type]
-            if isinstance(item, BaseException):
-                raise item
-            self._ahead.extend(item)
-        got, toks = self._ahead[0]
-        assert got == key, (got, key)  # the prefetcher follows the same plan
-        return toks, self.positions[key[2]][2]
+        offset = self.positions[key[2]][2]
+        while True:
+            while not self._ahead:
+                item = self._queue.get() if self._queue is not None else next(self._local)  # type: ignore[arg-type]
+                if isinstance(item, BaseException):
+                    raise item
+                self._ahead.extend(item)
+            got, seg, last = self._ahead[0]
+            assert got == key, (got, key)  # the prefetcher follows the same plan
+            if last or isinstance(seg, BadDocument) or offset < self.start + len(seg):
+                break
+            self._ahead.popleft()  # a piece already consumed (or passed over when resuming)
+            self.start += len(seg)
+        if isinstance(seg, np.ndarray) and len(seg) and offset >= self.start + len(seg):
+            raise ValueError(f"loader state points at token {offset} of a document of {self.start + len(seg)} "
+                             "tokens: the data or the tokenizer changed since it was saved")
+        self.last = last
+        return seg, offset
 
     def consume(self, n: int) -> None:
         """n more tokens of the head document were emitted."""
@@ -175,6 +215,7 @@ class RankStream:
         """The head document is finished (or skipped): move its shard on."""
         epoch, cursor, v = heapq.heappop(self._heap)
         self._ahead.popleft()
+        self.start = 0
         cursor += 1
         if cursor == self.lengths[v]:
             epoch, cursor = epoch + 1, 0

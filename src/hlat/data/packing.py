@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from hlat.data.batch import IGNORE_INDEX, Batch, labels_for, make_batch
-from hlat.data.documents import DocumentTokens, OnlineDocuments, split_document
+from hlat.data.documents import DocumentTokens, OnlineDocuments, TokenPieces, split_document
 from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
 
@@ -112,10 +112,11 @@ class PackedLoader:
         return self.streams[source].documents_for_epoch(epoch)
 
     def document_tokens(self, index: int, source: int = 0) -> np.ndarray:
+        """All tokens of one document, EOS included (a long one is joined: for inspection)."""
         toks = self.docs[source].tokens([index])[0]
         if isinstance(toks, BadDocument):
             raise toks
-        return toks
+        return toks.array() if isinstance(toks, TokenPieces) else toks
 
     def token_shares(self) -> dict[str, float]:
         """Each source's share of the tokens emitted so far."""
@@ -134,14 +135,15 @@ class PackedLoader:
         while pos < n:
             k = self._pick()
             stream = self.streams[k]
-            doc, offset = stream.head()
-            if isinstance(doc, BadDocument) or doc.shape[0] == 0:
-                if isinstance(doc, BadDocument):
+            seg, offset = stream.head()
+            offset, last = offset - stream.start, stream.last
+            if isinstance(seg, BadDocument) or (last and seg.shape[0] == 0):  # only a blank document ends empty
+                if isinstance(seg, BadDocument):
                     if not self.skip_bad:
-                        raise doc
+                        raise seg
                     self.bad_skipped += 1
                     if self.bad_skipped <= 10 or self.bad_skipped % 1000 == 0:
-                        self._log(f"skipped bad document #{self.bad_skipped} (data.bad_documents=skip): {doc}")
+                        self._log(f"skipped bad document #{self.bad_skipped} (data.bad_documents=skip): {seg}")
                 else:
                     self.empty_skipped += 1
                 blank_run += 1
@@ -152,15 +154,12 @@ class PackedLoader:
                 self._current = None
                 continue
             blank_run = 0
-            if offset >= doc.shape[0]:
-                raise ValueError(f"loader state points at token {offset} of a document of "
-                                 f"{doc.shape[0]} tokens: the data or the tokenizer changed since it was saved")
-            take = min(n - pos, doc.shape[0] - offset)
-            row[pos : pos + take] = doc[offset : offset + take]
+            take = min(n - pos, seg.shape[0] - offset)
+            row[pos : pos + take] = seg[offset : offset + take]
             pos += take
             self.tokens_emitted[k] += take
             stream.consume(take)
-            if offset + take == doc.shape[0]:
+            if last and offset + take == seg.shape[0]:
                 stream.advance()
                 self._current = None
 

@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from hlat.data.sources import BadDocument
+from hlat.data.sources import BadDocument, decode_windows
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +76,16 @@ class RowSource:
     def __len__(self) -> int:
         return len(self._indices) if self._indices is not None else self._starts[-1]
 
-    def __getitem__(self, i: int) -> str:
+    def _locate(self, i: int) -> tuple[int, int]:
+        """(chunk, global row) of document i."""
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"document {i} out of range for {n} documents")
         row = int(self._indices[i]) if self._indices is not None else i % n
-        k = bisect.bisect_right(self._starts, row) - 1
+        return bisect.bisect_right(self._starts, row) - 1, row
+
+    def __getitem__(self, i: int) -> str:
+        k, row = self._locate(i)
         value = self._chunks[k][row - self._starts[k]]
         if not value.is_valid:
             raise self._bad(k, row, "the text field is null")
@@ -89,6 +94,35 @@ class RowSource:
             return text.decode("utf-8") if self._binary else text
         except UnicodeDecodeError as e:
             raise self._bad(k, row, f"not UTF-8 ({e.reason} at byte {e.start})") from None
+
+    def _extent(self, k: int, row: int) -> tuple[int, int] | None:
+        """Where the row's bytes lie in its chunk's data buffer; None for a null row or a column
+        without offsets (string views), which are read whole."""
+        chunk = self._chunks[k]
+        if len(chunk.buffers()) != 3 or not chunk[row - self._starts[k]].is_valid:
+            return None
+        dtype = np.int64 if pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type) else np.int32
+        j = chunk.offset + row - self._starts[k]
+        a, b = np.frombuffer(chunk.buffers()[1], dtype)[j : j + 2]
+        return int(a), int(b)
+
+    def text_size(self, i: int) -> int | None:
+        """The document's size in bytes, read from the column's offsets (no text is read)."""
+        extent = self._extent(*self._locate(i))
+        return None if extent is None else extent[1] - extent[0]
+
+    def text_windows(self, i: int, window: int) -> Iterator[str]:
+        """The document's text decoded ``window`` bytes at a time from the mapped buffer (a huge
+        row streams: no copy of it is made). ``"".join`` of it is ``self[i]``."""
+        k, row = self._locate(i)
+        extent = self._extent(k, row)
+        if extent is None:
+            yield self[i]
+            return
+        data = memoryview(self._chunks[k].buffers()[2])
+        a, b = extent
+        blocks = (bytes(data[p : min(p + window, b)]) for p in range(a, b, window))
+        yield from decode_windows(blocks, True, lambda e, at: self._bad(k, row, f"not UTF-8 ({e.reason} at byte {at})"))
 
     def _bad(self, chunk: int, row: int, why: str) -> BadDocument:
         f = self._chunk_file[chunk]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hlat.data.documents import DocTokens, OnlineDocuments
+from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
 from hlat.data.sources import BadDocument
 from hlat.data.tokenizer import find_tokenizer_file
 
@@ -109,10 +109,12 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                             raise toks
                         manifest["bad"][str(first + j)] = str(toks)
                         toks = np.empty(0, dtype=np.int64)
-                    data = toks.astype(dtype).tobytes()
-                    f.write(data)
-                    h.update(data)
-                    offsets[j + 1] = offsets[j] + len(toks)
+                    offsets[j + 1] = offsets[j]
+                    for piece in toks if isinstance(toks, TokenPieces) else [toks]:
+                        data = piece.astype(dtype).tobytes()
+                        f.write(data)
+                        h.update(data)
+                        offsets[j + 1] += len(piece)
                 if progress is not None:
                     progress(b - a, int(offsets[b - first] - offsets[a - first]))
         os.replace(tmp, tokens_path)
@@ -188,6 +190,11 @@ class ShardDocuments:
                 out.append(BadDocument(self._bad[i]))
                 continue
             k, j = divmod(i, self.docs_per_shard)
-            offsets = self._offsets[k]
-            out.append(self._tokens[k][offsets[j] : offsets[j + 1]].astype(np.int64))
+            a, b = (int(x) for x in self._offsets[k][j : j + 2])
+            mapped = self._tokens[k]
+            if b - a > STREAM_TOKENS:  # read from the map a piece at a time
+                out.append(TokenPieces(lambda m=mapped, a=a, b=b: (
+                    m[p : min(p + STREAM_TOKENS, b)].astype(np.int64) for p in range(a, b, STREAM_TOKENS))))
+            else:
+                out.append(mapped[a:b].astype(np.int64))
         return out

@@ -9,10 +9,12 @@ JSONL, Hugging Face datasets) in ``records.py``; ``catalog.py`` picks one for a 
 from __future__ import annotations
 
 import bisect
+import codecs
 import hashlib
 import os
 import sys
 import sysconfig
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -50,6 +52,30 @@ class DocumentSource(Protocol):
         ...
 
 
+def decode_windows(blocks: Iterable[bytes], strict: bool,
+                   bad: Callable[[UnicodeDecodeError, int], BadDocument]) -> Iterator[str]:
+    """Decode a document's bytes block by block: what ``bytes.decode`` of the whole gives, without
+    holding it (a character cut at a block's end is carried into the next). ``bad(error, byte)``
+    makes the BadDocument for invalid UTF-8 at that byte of the document."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict" if strict else "replace")
+    start = 0
+    for block in blocks:
+        pending = len(decoder.getstate()[0])
+        try:
+            text = decoder.decode(block)
+        except UnicodeDecodeError as e:
+            raise bad(e, start - pending + e.start) from None
+        start += len(block)
+        if text:
+            yield text
+    try:
+        tail = decoder.decode(b"", final=True)
+    except UnicodeDecodeError as e:
+        raise bad(e, start - len(decoder.getstate()[0]) + e.start) from None
+    if tail:
+        yield tail
+
+
 def scan_text_files(root: Path) -> list[str]:
     """Sorted relative paths of the text files under root (hidden entries and caches skipped)."""
     texts: list[str] = []
@@ -77,21 +103,33 @@ class _Files:
         return len(self.relpaths)
 
     def __getitem__(self, i: int) -> str:
-        if not -len(self.relpaths) <= i < len(self.relpaths):
-            raise IndexError(f"document {i} out of range for {len(self.relpaths)} documents")
-        data = (self.root / self.relpaths[i]).read_bytes()
+        data = self.path(i).read_bytes()
         if not self._strict:
             return data.decode("utf-8", errors="replace")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BadDocument(
-                f"{self.root / self.relpaths[i]} (document {i}): not UTF-8 ({e.reason} at byte "
-                f"{e.start}); re-encode the file as UTF-8 or set data.bad_documents=skip"
-            ) from None
+            raise self._bad(i, e, e.start) from None
+
+    def text_size(self, i: int) -> int:
+        """The document's size in bytes (a stat: nothing is read)."""
+        return self.path(i).stat().st_size
+
+    def text_windows(self, i: int, window: int) -> Iterator[str]:
+        """The document's text, read and decoded ``window`` bytes at a time: ``"".join`` of it is
+        ``self[i]``, and no more than a window is held (a huge file streams)."""
+        with open(self.path(i), "rb") as f:
+            yield from decode_windows(iter(lambda: f.read(window), b""), self._strict,
+                                      lambda e, at: self._bad(i, e, at))
 
     def path(self, i: int) -> Path:
+        if not -len(self.relpaths) <= i < len(self.relpaths):
+            raise IndexError(f"document {i} out of range for {len(self.relpaths)} documents")
         return self.root / self.relpaths[i]
+
+    def _bad(self, i: int, e: UnicodeDecodeError, at: int) -> BadDocument:
+        return BadDocument(f"{self.root / self.relpaths[i]} (document {i}): not UTF-8 ({e.reason} at "
+                           f"byte {at}); re-encode the file as UTF-8 or set data.bad_documents=skip")
 
     def fingerprint(self) -> str:
         # Relative paths and sizes: cheap (one stat per file), and stable when the data is copied to
@@ -171,13 +209,3 @@ class Concat:
     def fingerprint(self) -> str:
         return "+".join(s.fingerprint() for s in self.sources)
 
-
-def open_source(cfg) -> DocumentSource:  # type: ignore[no-untyped-def]
-    """The documents data.source names, as one source (a mixture's entries concatenated; token
-    shards excluded): what a BPE is trained on. Kept here for callers of the first API."""
-    from hlat.data.loader import tokenizer_corpus  # loader imports this module
-
-    source = tokenizer_corpus(cfg)
-    if source is None:
-        raise ValueError(f"data.source={cfg.source!r} holds only token shards, no documents")
-    return source

@@ -12,15 +12,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-if TYPE_CHECKING:
-    from hlat.data.config import DataConfig
-    from hlat.data.sources import DocumentSource
-    from hlat.data.spm import SentencePieceTokenizer
+from hlat.data.sources import BadDocument, DocumentSource
+from hlat.data.spm import SentencePieceTokenizer
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")  # LLaMA-1/2, GPT-2/NeoX, LLaMA-3, Gemma
 BPE_EOS = "<|endoftext|>"
@@ -125,11 +123,9 @@ def find_tokenizer_file(directory: str | os.PathLike) -> Path | None:
     return next((Path(directory) / n for n in TOKENIZER_FILES if (Path(directory) / n).is_file()), None)
 
 
-def load_tokenizer(path: str | os.PathLike) -> "Tokenizer | SentencePieceTokenizer":
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer | SentencePieceTokenizer:
     """A tokenizer.json (Hugging Face) or a SentencePiece .model (told apart by content: a .model
     is a protobuf, a tokenizer.json starts with '{')."""
-    from hlat.data.spm import SentencePieceTokenizer
-
     path = Path(path).expanduser()
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
@@ -145,8 +141,6 @@ def _sample_order(n: int) -> list[int]:
 def _training_texts(
     source: DocumentSource, max_chars: int, stats: dict, progress: Callable[[int], object] | None
 ) -> Iterator[str]:
-    from hlat.data.sources import BadDocument
-
     budget = max_chars
     chars = nbytes = docs = bad = 0
     for i in _sample_order(len(source)):
@@ -213,8 +207,17 @@ def bpe_cache_path(
     return Path(cache_dir) / "tokenizers" / f"bpe-{vocab_size}-{digest}.json"
 
 
+class TokenizerSettings(Protocol):
+    """The fields of a data config that name a tokenizer (hlat.data.DataConfig has them)."""
+
+    tokenizer: str
+    tokenizer_train_chars: int
+
+    def resolved_cache_dir(self) -> Path: ...
+
+
 def build_tokenizer(
-    cfg: DataConfig, vocab_size: int, source: DocumentSource | None
+    cfg: TokenizerSettings, vocab_size: int, source: DocumentSource | None
 ) -> tuple[Tokenizer | SentencePieceTokenizer, str]:
     """The tokenizer a DataConfig names, and one line for the start-up log.
 
