@@ -63,12 +63,19 @@ class SafeLoadPlanner(dcp.DefaultLoadPlanner):
             loaded = torch.load(value, weights_only=True)
         except Exception as err:
             file = self.directory / self.metadata.storage_data[read_item.storage_index].relative_path
-            raise CheckpointError(f"{file}: the non-tensor entry {name!r} is refused: {err}") from err
+            raise CheckpointError(f"{file}: the non-tensor entry {name!r} is refused: {_reason(err)}") from err
         # what DefaultLoadPlanner.load_bytes does with the value it unpickled
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[name], loaded)
         else:
             self.state_dict[name] = loaded
+
+
+def _reason(err: Exception) -> str:
+    """The line of torch's weights-only refusal that names what was refused (the rest of it
+    suggests loading with weights_only=False, which is exactly what must not happen)."""
+    lines = [line.strip() for line in str(err).splitlines()]
+    return next((line for line in lines if "GLOBAL" in line), str(err))
 
 
 def load(state: dict[str, Any], directory: Path, no_dist: bool) -> None:
