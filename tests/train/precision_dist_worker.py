@@ -1,22 +1,18 @@
-"""Train bf16-sr runs under several layouts in one torchrun launch (imports cost ~10 s a launch).
-
-Launched by test_precision_dist.py: `python -m torch.distributed.run --nproc_per_node=2 THIS OUT
-CORPUS`. Every run goes through what `hlat train` does (hlat.config.load_config on command-line
-overrides, then Trainer(...).fit()); the worker only keeps the process group between runs. Each
-rank writes OUT/<run>.rank<r>.json: the losses of the invocation and the dtypes of its local
+"""Train bf16-sr runs under several layouts, one after another on 2 processes: the scenario
+`layouts` of test_precision_dist.py (tests/runs.py). Every run goes through what `hlat train`
+does (hlat.config.load_config on command-line overrides, then Trainer(...).fit()). Each rank
+writes OUT/<run>.rank<r>.json: the losses of the invocation and the dtypes of its local
 parameters, gradients and optimizer state.
 """
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from hlat.config import load_config
-from hlat.parallel.mesh import teardown, world_from_env
 from hlat.train.trainer import Trainer
 
 STEPS = 6
@@ -67,8 +63,8 @@ def train(name: str, args: list[str], out: Path, resume: str = "auto") -> None:
     (out / f"{name}.rank{trainer.layout.rank}.json").write_text(json.dumps(record))
 
 
-def main() -> None:
-    out, corpus = Path(sys.argv[1]), sys.argv[2]
+def layouts(ctx) -> None:
+    out, corpus = ctx.out, str(ctx.corpus)
     for name, layout in LAYOUTS.items():
         train(name, base(corpus, out / name, STEPS) + layout, out, resume="fresh")
     # Exact resume under FSDP2: stop at step 2, resume in a new Trainer to 4, against 4 straight.
@@ -76,9 +72,3 @@ def main() -> None:
     train("straight", base(corpus, out / "straight", 4) + fsdp, out, resume="fresh")
     train("first", base(corpus, out / "resumed", 2) + fsdp, out, resume="fresh")
     train("second", base(corpus, out / "resumed", 4) + fsdp, out, resume="require")
-    if world_from_env()[0] > 1:
-        teardown()
-
-
-if __name__ == "__main__":
-    main()

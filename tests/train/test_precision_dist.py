@@ -1,30 +1,24 @@
 """bf16-sr (bf16 weights, grads and Adam state, stochastic rounding) under torchrun: DDP, ZeRO-1,
 FSDP2 (dp 2) and tensor parallel 2 on gloo, and an exact resume under FSDP2.
 
-One torchrun launch runs every layout (precision_dist_worker.py): each launch costs ~10 s of
-imports, and the compiled optimizer update is built once per process.
+Every layout runs in one scenario of the shared launch (precision_dist_worker.py, tests/runs.py):
+the compiled optimizer update is built once per process.
 """
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("precision_dist_worker.py")
+from runs import Scenario, ScenarioResults
+
 LAYOUTS = ("ddp", "zero1", "fsdp", "tp2")
+SCENARIOS = [Scenario("precision-dist", "train/precision_dist_worker.py:layouts", 2)]
 
 
 @pytest.fixture(scope="module")
-def results(small_corpus, tmp_path_factory):
-    out = tmp_path_factory.mktemp("precision-dist")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER), str(out), str(small_corpus)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+def results(scenarios: ScenarioResults):
+    out = scenarios.path("precision-dist")
 
     def read(name: str, rank: int = 0) -> dict:
         return json.loads((out / f"{name}.rank{rank}.json").read_text())
