@@ -23,10 +23,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.empty(dim))
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
+        self.weight = nn.Parameter(torch.empty(dim))  # ones: Llama.init_weights
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -112,16 +109,6 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def init_weights(self, std: float, out_std: float) -> None:
-        for linear in (self.attention.wq, self.attention.wk, self.attention.wv,
-                       self.feed_forward.w1, self.feed_forward.w3):
-            nn.init.normal_(linear.weight, mean=0.0, std=std)
-        # Scaled init of the projections that write into the residual stream (GPT-2/Megatron).
-        nn.init.normal_(self.attention.wo.weight, mean=0.0, std=out_std)
-        nn.init.normal_(self.feed_forward.w2.weight, mean=0.0, std=out_std)
-        self.attention_norm.reset_parameters()
-        self.ffn_norm.reset_parameters()
-
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
         # kv by keyword: tensor-parallel input hooks see the four positional inputs only
@@ -156,18 +143,14 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """HLAT init: N(0, init_std) everywhere, N(0, init_std/sqrt(2L)) for wo and w2, norms 1.
-        Modules set to None (pipeline stages) are skipped."""
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.n_layers)  # L of the full model, also on a PP stage
-        if self.tok_embeddings is not None:
-            nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
-        for layer in self.layers.values():
-            layer.init_weights(std, out_std)
-        if self.norm is not None:
-            self.norm.reset_parameters()
-        if self.output is not None:
-            nn.init.normal_(self.output.weight, mean=0.0, std=std)
+        """HLAT init of every parameter by its name (init_std_of): N(0, init_std) everywhere,
+        N(0, init_std/sqrt(2L)) for wo and w2, norms 1. A pipeline stage inits what it holds."""
+        for name, param in self.named_parameters():
+            std = self.init_std_of(name)
+            if std is None:
+                nn.init.ones_(param)
+            else:
+                nn.init.normal_(param, mean=0.0, std=std)
         self.reset_rope()
 
     def init_std_of(self, name: str) -> float | None:
@@ -180,6 +163,8 @@ class Llama(nn.Module):
             return None
         std = self.cfg.init_std
         if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            # Scaled init of the projections into the residual stream (GPT-2/Megatron); L of the
+            # full model, also on a pipeline stage.
             return std / math.sqrt(2 * self.cfg.n_layers)
         return std
 

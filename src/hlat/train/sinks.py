@@ -44,8 +44,8 @@ class MetricSinks:
         self.bar.n = step
         self.bar.refresh()
 
-    def advance(self, steps: int = 1) -> None:
-        self.bar.update(steps)
+    def advance(self) -> None:
+        self.bar.update(1)
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as handle:
