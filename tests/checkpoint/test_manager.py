@@ -1,17 +1,13 @@
 import hashlib
 import json
-import os
 import pickle
-import socket
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hlat.checkpoint import CheckpointError, CheckpointManager
-from hlat.checkpoint.manager import own_files
+from manager_runs import FAULTS
+from runs import Scenario
 
 
 def save(mgr: CheckpointManager, step: int):
@@ -86,30 +82,18 @@ def test_pickled_code_is_refused_in_dcp_metadata(tmp_path, capsys):
     assert "refusing to load builtins.print" in out and "executed" not in out
 
 
-def _save_on_two_ranks(rank: int, directory: str, port: int) -> None:
-    """Worker: a synchronous save (step 1) and a background one (step 2) by 2 gloo processes."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    mgr = CheckpointManager(Path(directory), keep_last=None)
-    for step, background in ((1, False), (2, True)):
-        sharded = {"model": {f"w{rank}": torch.full((1000,), float(10 * step + rank))}}  # each rank its own tensor
-        mgr.save(step, sharded, {"loader": {"rank": rank}}, {"progress": {"step": step}} if rank == 0 else None,
-                 background=background)
-    mgr.wait()
-    for path in mgr.checkpoints():  # the DCP files this rank hashed are the ones it wrote
-        assert [p.name for p in own_files(path, rank)] == [f"rank_{rank:05d}.pt", f"__{rank}_0.distcp"]
-    dist.barrier()
-    dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown, which can race gloo's threads
+SAVES, FAULTY = "checkpoint-two-rank-saves", "checkpoint-save-faults"
+SCENARIOS = [Scenario(SAVES, "checkpoint/manager_runs.py:saves_and_shared_verification", 2),
+             Scenario(FAULTY, "checkpoint/manager_runs.py:save_faults", 2)]
 
 
-def test_two_ranks_hash_their_own_files_sync_and_async(tmp_path, capsys):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_save_on_two_ranks, args=(str(tmp_path), port), nprocs=2, join=True)
-    mgr = CheckpointManager(tmp_path, keep_last=None)
+def test_two_ranks_hash_their_own_files_sync_and_async(scenarios):
+    directory = scenarios.path(SAVES) / "checkpoints"
+    mgr = CheckpointManager(directory, keep_last=None)
     assert [p.name for p in mgr.checkpoints()] == ["step_00000001", "step_00000002"]
+    for rank in (0, 1):  # the DCP files each rank hashed at save time are the ones it wrote
+        own = scenarios.json(SAVES, f"result.rank{rank}.json")["own"]
+        assert own == {step: [f"rank_{rank:05d}.pt", f"__{rank}_0.distcp"] for step in ("step_00000001", "step_00000002")}
     for path in mgr.checkpoints():
         manifest = mgr.check(path)
         assert manifest["world"] == 2
@@ -121,10 +105,37 @@ def test_two_ranks_hash_their_own_files_sync_and_async(tmp_path, capsys):
             assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
     target = {"model": {"w0": torch.zeros(1000), "w1": torch.zeros(1000)}}
     mgr.load_sharded(mgr.latest(), target)
-    assert target["model"]["w1"][0].item() == 21.0
-    shard = tmp_path / "step_00000002" / "dcp" / "__1_0.distcp"  # rank 1's data of the newest checkpoint
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    assert mgr.latest().name == "step_00000001"
-    assert "dcp/__1_0.distcp fails its SHA-256 check" in capsys.readouterr().out
+    assert target["model"]["w0"][0].item() == 20.0 and target["model"]["w1"][0].item() == 21.0
+
+
+def test_resume_verification_is_shared_and_agreed(scenarios):
+    """Each rank hashes its own files and a share of the rest; a shard that only rank 1 checks
+    is corrupt: both ranks skip that checkpoint."""
+    results = [scenarios.json(SAVES, f"result.rank{rank}.json") for rank in (0, 1)]
+    assert [r["clean"] for r in results] == ["step_00000002"] * 2
+    hashed = [set(r["hashed"]) for r in results]
+    assert {"rank_00000.pt", "dcp/__0_0.distcp"} <= hashed[0] and {"rank_00001.pt", "dcp/__1_0.distcp"} <= hashed[1]
+    assert not hashed[0] & hashed[1]  # nothing is hashed twice
+    assert hashed[0] | hashed[1] == {"rank_00000.pt", "rank_00001.pt", "shared.pt", "dcp/.metadata",
+                                     "dcp/__0_0.distcp", "dcp/__1_0.distcp"}
+    assert [r["fallback"] for r in results] == ["step_00000001"] * 2
+    assert "step_00000002: rank 1: dcp/__1_0.distcp fails its SHA-256 check" in results[0]["printed"]
+    assert results[1]["printed"] == ""  # rank 0 alone reports
+
+
+def test_a_failed_save_step_raises_on_every_rank(scenarios):
+    """An injected OSError in one of hlat's save steps on one rank (HLAT_FAULT=fail-*) raises
+    CheckpointError on both ranks at once, naming the failing rank and its error; the next save
+    commits. Left uncaught, it ends the scenario on both ranks with that message."""
+    out = scenarios.root / FAULTY
+    results = [json.loads((out / f"result.rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank_results in results:
+        assert [(r["fault"], r["rank"]) for r in rank_results["faults"]] == [(f, r) for f, r, _ in FAULTS]
+        for case in rank_results["faults"]:
+            assert case["error"] and f"rank {case['rank']}: failed" in case["error"], case
+            assert f"injected fault {case['fault']} (HLAT_FAULT)" in case["error"], case
+            assert case["seconds"] < 60, case  # at once, not after a collective timeout (30 min by default)
+        assert rank_results["committed"] == [f"step_{len(FAULTS) + 1:08d}"]
+    for rank in (0, 1):
+        error = (out / f"error.rank{rank}.txt").read_text()
+        assert "CheckpointError: rank 1: failed to hash its files" in error and "injected fault fail-hash" in error
