@@ -4,11 +4,8 @@ when they are sharded across processes), and invisible to training itself."""
 from __future__ import annotations
 
 import copy
-import os
 import random
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -108,16 +105,12 @@ def test_bad_settings_name_the_field(tmp_path) -> None:
     assert not EvalConfig().tasks_due(100, 100)
 
 
-# pp2 takes the path that sends pipeline stages to rank 0; fsdp2 (DTensors gathered by DCP) is
-# ~30 s more on 2 cores, so it runs with -m slow.
-@pytest.mark.parametrize("layout", [pytest.param(["--parallel.dp_sharding", "fsdp"], id="fsdp2", marks=pytest.mark.slow),
+# pp2 takes the path that sends pipeline stages to rank 0; fsdp2 gathers DTensors through DCP.
+@pytest.mark.parametrize("layout", [pytest.param(["--parallel.dp_sharding", "fsdp"], id="fsdp2"),
                                     pytest.param(["--parallel.pp", "2"], id="pp2")])
 def test_sharded_weights_are_gathered_under_torchrun(small_corpus, task_dir, tmp_path, layout) -> None:
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "hlat", "train",
-           *tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "2", *task_args(task_dir, 2), *layout)]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    done = runs.launch(2, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "2", *task_args(task_dir, 2), *layout))
     record = [r for r in read_metrics(run) if "eval/arc_easy/acc" in r]
     assert [r["step"] for r in record] == [2]
     logged = {k.removeprefix("eval/"): v for k, v in record[0].items() if k.startswith("eval/")}

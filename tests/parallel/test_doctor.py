@@ -1,15 +1,13 @@
 """`hlat doctor`: pre-flight checks as one process and under torchrun; failures name the fix."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from hlat.cli import main
 from hlat.config import load_config
 from hlat.model import count_params
 from hlat.parallel import preflight
+
+from runs import torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -49,10 +47,7 @@ def test_checkpoint_bytes_follow_precision_retention_and_archives():
 
 
 def test_torchrun_two_processes_pass_with_a_bandwidth_figure(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "hlat", "doctor",
-           "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = torchrun(2, ["-m", "hlat", "doctor", "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"], timeout=300)
     assert "hlat doctor: tiny, 2 processes" in done.stdout and "all checks passed" in done.stdout
     assert "[rank 1] ok    devices" in done.stdout
     assert "busbw" in done.stdout and "pp 1 x dp 2 x tp 1" in done.stdout

@@ -1,25 +1,21 @@
 """A rank that stops answering (alive, silent) makes the others fail with an error that names it."""
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from hlat.parallel.hang import _missing, _ranks, is_timeout
 
-from runs import tiny_args
+from runs import tiny_args, torchrun
 
 
 def test_stuck_rank_is_named_with_the_step_and_phase(small_corpus, tmp_path):
     marker = tmp_path / "fault-done"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HLAT_FAULT": "hang:3:1", "HLAT_FAULT_MARKER": str(marker),
+    env = {"HLAT_FAULT": "hang:3:1", "HLAT_FAULT_MARKER": str(marker),
            "HLAT_COLLECTIVE_TIMEOUT_S": "10"}  # > the tokenizer barrier on a loaded machine
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "hlat", "train",
-           *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6")]
     start = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+    done = torchrun(2, ["-m", "hlat", "train", *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6")],
+                    env=env, timeout=180, check=False)
     elapsed = time.monotonic() - start
     assert marker.is_file(), "the fault never fired"
     assert done.returncode != 0
