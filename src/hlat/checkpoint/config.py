@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class CheckpointConfig:
     every: int = 1000  # optimizer steps between checkpoints; the last step is always saved
     keep_last: int = 5  # older checkpoints are deleted once a newer one is complete
-    verify: bool = True  # check sizes and SHA-256 checksums against the manifest when loading
+    verify: bool = True  # check SHA-256 checksums against the manifest when loading (sizes and safety: always)
     # Write in a background thread (torch.distributed.checkpoint.async_save): the step that saves
     # blocks only while the state is copied; the checkpoint is committed when the write completes.
     async_save: bool = False
