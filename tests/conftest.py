@@ -1,27 +1,12 @@
-import importlib
-import os
 import shutil
 import sysconfig
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from runs import Scenario, ScenarioResults, run_scenarios
 
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
-
-
-def require(module: str) -> ModuleType:
-    """Import a test dependency. Missing: the test is skipped, except under CI (CI=true in the
-    environment), where the docs' guarantees must all run, so it fails naming the package."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        message = f"{module} is not installed ({err}); install the test extras: pip install -e '.[test]'"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"CI=true: {message}", pytrace=False)
-        pytest.skip(message, allow_module_level=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -14,8 +14,9 @@ from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 
 from runs import tiny_args
+from deps import require
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 
 def test_export_loads_in_transformers_and_imports_back(small_corpus, tmp_path, capsys):

@@ -9,6 +9,7 @@ from hlat.eval import EvalOptions, LanguageModel, TASKS, evaluate_task, load_mod
 
 from task_files import ARC_ROWS, write_jsonl
 from export import save_hf
+from deps import require
 
 TASK_YAML = """task: hlat_tiny_arc
 dataset_path: json
@@ -31,7 +32,7 @@ def test_multiple_choice_agrees_with_lm_eval(model, tokenizer_file, tmp_path, mo
         monkeypatch.setenv(var, "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
-    lm_eval = pytest.importorskip("lm_eval")
+    lm_eval = require("lm_eval")
     from lm_eval.tasks import TaskManager
 
     data = write_jsonl(tmp_path / "data" / "arc_easy" / "test.jsonl", ARC_ROWS)

@@ -10,6 +10,7 @@ from hlat.eval import load_model
 from hlat.checkpoint.loading import run_checkpoints
 
 from export import save_hf, save_run
+from deps import require
 
 
 def logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,7 @@ def test_run_dir_and_checkpoint(model, tokenizer, tokenizer_file, tmp_path) -> N
 
 
 def test_hf_directory(model, tokenizer, tokenizer_file, tmp_path) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     loaded = load_model(save_hf(tmp_path / "hf", model, tokenizer_file))
     tokens = torch.randint(0, tokenizer.vocab_size, (2, 12))
     assert torch.allclose(logits(loaded.model, tokens), logits(model, tokens), atol=1e-5)
@@ -50,7 +51,7 @@ def test_clear_errors(tmp_path) -> None:
 
 def test_run_dir_with_a_sentencepiece_tokenizer(model, tokenizer_file, tmp_path) -> None:
     """A run trained with a SentencePiece model keeps tokenizer.model in its directory."""
-    spm = pytest.importorskip("sentencepiece")
+    spm = require("sentencepiece")
     run = save_run(tmp_path / "run", model, tokenizer_file, [10])
     (run / "tokenizer.json").unlink()
     texts = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b"] * 50

@@ -18,6 +18,7 @@ from hlat.parallel.parallelize import build_parallel_model
 
 from task_files import ARC_ROWS, write_jsonl
 from export import save_hf, save_run
+from deps import require
 
 
 def test_validation_loss_is_the_mean_target_loss() -> None:
@@ -38,7 +39,7 @@ def test_validation_loss_is_the_mean_target_loss() -> None:
 
 
 def test_cli_on_hf_dir_and_run_sweep(model, tokenizer_file, tmp_path, capsys) -> None:
-    pytest.importorskip("transformers")
+    require("transformers")
     write_jsonl(tmp_path / "data" / "arc_easy" / "test.jsonl", ARC_ROWS)
     hf = save_hf(tmp_path / "hf", model, tokenizer_file)
     out = tmp_path / "out"

@@ -6,7 +6,9 @@ import torch
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_config_dict, hf_to_hlat, hlat_to_hf, model_config_from_hf
 
-transformers = pytest.importorskip("transformers")
+from deps import require
+
+transformers = require("transformers")
 
 CONFIGS = {
     "mha": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4,
