@@ -5,6 +5,8 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK:
               step STEP-1 and its checkpoint);
   - "commit": SIGKILL while saving the checkpoint of step STEP, after its data is written
               and before it is committed (the manifest and the rename);
+  - "writing": SIGKILL while the background (checkpoint.async_save) save of step STEP is in
+              flight: DCP's writer thread started, training went on, nothing hashed or committed;
   - "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
               stuck node), so the others' collectives time out (hlat.parallel.hang);
   - "fail-mkdir", "fail-write", "fail-hash", "fail-commit": raise OSError in that step of
@@ -40,13 +42,13 @@ def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
     if marker.exists():
         return None
-    verb = {"hang": "froze", "step": "killed", "commit": "killed"}.get(fault, "failed")
+    verb = {"hang": "froze", "step": "killed", "commit": "killed", "writing": "killed"}.get(fault, "failed")
     marker.write_text(f"{verb} rank {rank} at {fault} {step}\n")
     return fault
 
 
 def maybe_kill(phase: str, step: int, rank: int) -> None:
-    """SIGKILL or freeze at `phase` ("step", "commit") when HLAT_FAULT asks."""
+    """SIGKILL or freeze at `phase` ("step", "commit", "writing") when HLAT_FAULT asks."""
     fault = _strikes(phase, step, rank, raising=False)
     if fault is None:
         return

@@ -183,6 +183,7 @@ class CheckpointManager:
         """Finisher thread, every rank: hash this rank's files once they are written; rank 0
         commits once it has every rank's digests. A rank whose write failed still takes part in
         both agreements (reporting the failure), so no rank is left waiting and all of them raise."""
+        maybe_kill("writing", step, _rank())
         try:
             written.result()
             failure = None
