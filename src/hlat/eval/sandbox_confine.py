@@ -36,8 +36,8 @@ def _check(result: int, what: str) -> None:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
-    enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)),
+    args = [None if s is None else os.fsencode(s) for s in (source, target, fstype)]
+    _check(_libc.mount(*args, flags, None if data is None else data.encode()),
            f"mount {source} on {target}")
 
 
