@@ -19,6 +19,8 @@ from hlat.eval import TASKS, sandbox
 from hlat.eval import sandbox_isolation as isolation
 from hlat.eval.sandbox import Program, SandboxLimits, UnsafeCodeRefused, run_program, run_programs
 
+from deps import under_ci
+
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
 SECRET = "planted-" + secrets.token_hex(8)
 ADD = "def f(x):\n    return x + 1\n"
@@ -71,7 +73,7 @@ def outcome(tmp_path_factory):
     if sandbox.isolation_mode() != isolation.NAMESPACES:
         message = ("this machine gives the sandbox no namespaces (`unshare` missing or refused); "
                    "the OS-isolation tests need them")
-        if os.environ.get("CI") == "true":
+        if under_ci():
             pytest.fail(message)
         pytest.skip(message)
     tmp = tmp_path_factory.mktemp("host")
