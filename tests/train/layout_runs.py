@@ -26,6 +26,7 @@ def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str =
         shutil.copytree(ctx.root / start_from / "run", run)
     if ctx.world > 1:
         dist.barrier()
+    extra = [arg.format(root=ctx.root) for arg in extra]  # "{root}/name": another scenario's files
     messages: list[str] = []
     trainer = Trainer(load_config("tiny", None, tiny_args(ctx.corpus, run, "--train.steps", str(steps), *extra)),
                       resume=resume, out=messages.append)
@@ -38,3 +39,21 @@ def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str =
         losses = trainer.fit().losses
     summary = {"step": trainer.step, "losses": losses, "messages": messages, "tokens_emitted": trainer.loader.tokens_emitted}
     (ctx.out / f"summary.rank{ctx.rank}.json").write_text(json.dumps(summary))
+
+
+def mixture_sources(ctx: ScenarioContext, docs: int, chars: int) -> None:
+    """Two text sources for a mixture, `docs` short documents each (consecutive lines of the
+    corpus up to `chars` characters): short documents make the mixture's granularity fine."""
+    files = sorted(ctx.corpus.iterdir())
+    for name, half in (("a", files[: len(files) // 2]), ("b", files[len(files) // 2:])):
+        lines = [line for f in half for line in f.read_text().splitlines() if line.strip()]
+        out, piece = ctx.out / name, ""
+        out.mkdir()
+        written = 0
+        for line in lines:
+            piece = f"{piece}\n{line}" if piece else line
+            if len(piece) >= chars // 2:
+                (out / f"{written:04d}.txt").write_text(piece[:chars])
+                written, piece = written + 1, ""
+                if written == docs:
+                    break
