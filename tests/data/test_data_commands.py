@@ -47,7 +47,7 @@ def test_sentencepiece_model(tmp_path, source):
         load_tokenizer(tmp_path / "bad.model")
 
 
-@pytest.mark.parametrize("kind", [pytest.param("parquet", marks=pytest.mark.slow), "shards"])
+@pytest.mark.parametrize("kind", ["parquet", "shards"])
 def test_hlat_train_from_source_kinds(tmp_path, corpus_dir, kind, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
