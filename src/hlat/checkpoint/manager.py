@@ -93,6 +93,11 @@ def _agree(failure: str | None, group: dist.ProcessGroup | None = None) -> None:
     if _distributed():
         failures = [None] * dist.get_world_size(group)
         dist.all_gather_object(failures, failure, group=group)
+    _raise_any(failures)
+
+
+def _raise_any(failures: list[str | None]) -> None:
+    """CheckpointError naming every rank's failure (index = rank), if there is one."""
     failed = [f"rank {rank}: {f}" if _distributed() else f for rank, f in enumerate(failures) if f]
     if failed:
         raise CheckpointError("; ".join(failed))
@@ -272,7 +277,7 @@ class CheckpointManager:
             same_world = manifest["world"] == _world()
             for name in shares(manifest["files"], _world(), same_world)[_rank()]:
                 self._check_file(path, name, manifest["files"][name])
-        except CheckpointError as err:
+        except (CheckpointError, OSError) as err:  # OSError: a file this rank cannot read
             failure = str(err)
         _agree(failure)
         return manifest
@@ -398,9 +403,7 @@ def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
     if _distributed():
         gathered = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, (files, failure), group=group)
-    failures = [f"rank {r}: {f}" for r, (_, f) in enumerate(gathered) if f]
-    if failures:
-        raise CheckpointError("; ".join(failures))
+    _raise_any([f for _, f in gathered])
     return {name: entry for part, _ in gathered for name, entry in part.items()}
 
 
