@@ -7,7 +7,7 @@ A checkpoint is a directory `step_NNNNNNNN/`:
   shared.pt          what rank 0 alone holds: progress counters and the layout that saved it;
   manifest.json      byte size and SHA-256 of every file, written last.
 Every rank hashes the files it wrote itself (its DCP shards and rank file) and sends the digests
-to rank 0, which hashes only the shared files and writes the manifest: hashing is spread over the
+to the others; rank 0 hashes only the shared files and writes the manifest: hashing is spread over the
 ranks like the writing. A checkpoint is written under a temporary name and renamed into place only
 when every rank has finished, so a crash at any moment leaves the previous checkpoint as the
 newest valid one. With `background=True` the DCP data is written by a thread (dcp.async_save)

@@ -21,8 +21,8 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from hlat.checkpoint.errors import CheckpointError
@@ -45,7 +45,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
             name = getattr(info, "relative_path", None)
             if not isinstance(name, str) or not name or name != os.path.basename(name) or name.startswith("."):
                 raise CheckpointError(f"{file} names the data file {name!r}, which is not a plain file name in {self.path}")
-        metadata.storage_meta = metadata.storage_meta or dcp.metadata.StorageMeta()
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # as FileSystemReader.read_metadata does
         return metadata
 
