@@ -1,0 +1,104 @@
+"""Expected user errors end an `hlat` command with one message and exit code 2, no traceback;
+HLAT_DEBUG=1 (or --debug) adds the traceback. One case per kind of bad input, through hlat.cli.main;
+under torchrun, a bad layout is reported once, by rank 0, before any process group starts."""
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from hlat.checkpoint.manager import CheckpointManager
+from hlat.cli import USER_ERROR_EXIT, main
+from hlat.model import Llama, ModelConfig
+
+from runs import tiny_args, torchrun
+
+TINY = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
+
+
+def _weights_checkpoint(run: Path, drop: str | None = None) -> Path:
+    """A weights-only checkpoint of TINY in a run directory (as hlat import writes one)."""
+    weights = {k: v for k, v in Llama(TINY).state_dict().items() if k != drop}
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.toml").write_text("[model]\n" + "".join(f"{k} = {v!r}\n" for k, v in vars(TINY).items()))
+    return CheckpointManager(run / "checkpoints", keep_last=None).save(0, {"model": weights}, None, {"progress": {"step": 0}}).path
+
+
+def bad_data_row(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    rows = [{"text": (corpus / name).read_text()} for name in sorted(p.name for p in corpus.iterdir())[:20]]
+    rows[3] = {"body": "no text field"}
+    (tmp / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = tiny_args(tmp / "data.jsonl", tmp / "run", "--data.bad_documents", "error", "--train.steps", "2")
+    return ["train", *args], f"{tmp / 'data.jsonl'}, line 4: no field 'text'"
+
+
+def refused_hf_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    (tmp / "hf").mkdir()
+    (tmp / "hf" / "config.json").write_text(json.dumps({"model_type": "llama", "rope_scaling": {"rope_type": "yarn"}}))
+    return ["import", str(tmp / "hf"), str(tmp / "run")], "rope_scaling={'rope_type': 'yarn'}"
+
+
+def corrupt_checkpoint(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    checkpoint = _weights_checkpoint(tmp / "run")
+    shard = next((checkpoint / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return ["export", str(checkpoint), str(tmp / "hf")], "fails its SHA-256 check"
+
+
+def incomplete_weights(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    checkpoint = _weights_checkpoint(tmp / "source", drop="layers.1.feed_forward.w2.weight")
+    args = tiny_args(corpus, tmp / "run", "--checkpoint.init_from", str(tmp / "source"), "--train.steps", "1")
+    return ["train", *args], f"init_from {checkpoint}: missing tensors layers.1.feed_forward.w2.weight"
+
+
+def missing_file(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    return ["export", str(tmp / "nowhere"), str(tmp / "hf")], f"{tmp / 'nowhere'} is neither an hlat checkpoint"
+
+
+def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    return ["train", "--train.steps", "0"], "train.steps: must be >= 1"
+
+
+CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
+    bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, invalid_config]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
+def test_expected_errors_print_one_message_and_exit_2(case, tmp_path, small_corpus, capsys, monkeypatch):
+    argv, message = case(tmp_path, small_corpus)
+    monkeypatch.delenv("HLAT_DEBUG", raising=False)
+    assert main(argv) == USER_ERROR_EXIT
+    err = capsys.readouterr().err
+    assert f"hlat {argv[0]}: " in err and message in err, err
+    assert "Traceback" not in err
+    # the debug switch: the same message and code, with the traceback
+    monkeypatch.setenv("HLAT_DEBUG", "1")
+    assert main(argv) == USER_ERROR_EXIT
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and message in err
+
+
+def test_debug_flag_and_other_ranks(capsys, monkeypatch):
+    monkeypatch.delenv("HLAT_DEBUG", raising=False)
+    assert main(["--debug", "config", "--train.steps", "0"]) == USER_ERROR_EXIT
+    assert "Traceback" in capsys.readouterr().err
+    assert main(["config", "--debug", "--train.steps", "0"]) == USER_ERROR_EXIT
+    assert "Traceback" in capsys.readouterr().err
+    # under torchrun, before the process group starts, every rank has the same error: rank 0 says it
+    monkeypatch.setenv("RANK", "1")
+    assert main(["config", "--train.steps", "0"]) == USER_ERROR_EXIT
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bad_layout_is_reported_once_under_torchrun(tmp_path):
+    """The layout is checked before any process group starts; rank 0 alone prints it."""
+    done = torchrun(2, ["-m", "hlat", "train", "--parallel.tp", "3", "--train.run_dir", str(tmp_path / "run")], check=False)
+    assert done.returncode != 0
+    assert done.stderr.count("hlat train: invalid configuration") == 1, done.stderr[-3000:]
+    assert "parallel.tp: tp=3 x pp=1 = 3 does not divide the world size 2" in done.stderr
+    assert "exitcode  : 2" in done.stderr and "hlat/cli.py" not in done.stderr  # torchrun's own report only
+    assert not (tmp_path / "run").exists()  # nothing started
