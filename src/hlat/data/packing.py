@@ -147,7 +147,9 @@ class PackedLoader:
                 else:
                     self.empty_skipped += 1
                 blank_run += 1
-                if blank_run > self.docs_per_epoch:
+                # unusable documents at the end of one epoch and the start of the next make a run
+                # of under two epochs' worth while any document is usable
+                if blank_run > 2 * self.docs_per_epoch:
                     raise ValueError(f"every document of data-parallel rank {self.dp_rank}'s share of "
                                      f"{self.docs[k].name} is empty or unreadable: nothing to train on")
                 stream.advance()
