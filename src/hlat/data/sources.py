@@ -2,7 +2,9 @@
 
 A source is anything with ``len(source)``, ``source[i] -> str``, a human ``name`` and a stable
 ``fingerprint()`` (used as a cache key and to refuse resuming a loader on different data). The
-loader only ever asks for documents by index. Text files live here; row formats (Arrow, Parquet,
+loader only ever asks for documents by index. A source may also offer ``text_size(i)`` (bytes) and
+``text_windows(i, window)`` (the text decoded a window at a time), so that a huge document is
+streamed rather than read whole (see documents.py); text files and row sources do. Text files live here; row formats (Arrow, Parquet,
 JSONL, Hugging Face datasets) in ``records.py``; ``catalog.py`` picks one for a path.
 """
 
