@@ -1,3 +1,4 @@
+import os
 import shutil
 import sysconfig
 from pathlib import Path
@@ -7,6 +8,10 @@ import pytest
 from runs import Scenario, ScenarioResults, run_scenarios
 
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
+
+# Nothing downloads at test time: the Hugging Face libraries fail at once instead of retrying
+# (set before any test module imports them; subprocesses inherit it).
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

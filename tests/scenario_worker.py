@@ -14,10 +14,13 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
 import torch.distributed as dist
+from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -30,6 +33,15 @@ def join_group(index: int, rank: int, world: int) -> None:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
     prefix = f"scenario_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}_{index}"
     dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout)
+
+
+def forget_meshes() -> None:
+    """Drop DTensor's caches of sharding decisions and redistribution plans. They are keyed by
+    DeviceMesh equality, which ignores process groups: without this, a later scenario whose mesh
+    equals an earlier one's (same ranks, dims and names) reuses plans that name the destroyed
+    groups and fails with "Could not resolve the process group"."""
+    _clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
 
 
 def load(call: str):
@@ -56,6 +68,7 @@ def main() -> None:
         out = root / spec["name"]
         out.mkdir(parents=True, exist_ok=True)
         os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        started = time.perf_counter()
         try:
             if world > 1:
                 join_group(index, rank, world)
@@ -69,6 +82,9 @@ def main() -> None:
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            forget_meshes()
+            if rank == 0:  # what each scenario costs, for the launch's timeout budget
+                print(f"scenario {spec['name']}: {time.perf_counter() - started:.1f} s", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter teardown racing gloo's threads (see hlat.commands.train)

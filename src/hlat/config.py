@@ -77,10 +77,12 @@ class RunConfig:
         except ConfigError as err:
             return err.problems
         problems = []
-        for check in ((lambda: check_tensor_parallel(self.model, tp)) if tp > 1 else None,
-                      lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)):
+        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)]
+        if tp > 1:
+            checks.insert(0, lambda: check_tensor_parallel(self.model, tp))
+        for check in checks:  # the rules the model builder applies, asked before any process group exists
             try:
-                check and check()
+                check()
             except ConfigError as err:
                 problems += err.problems
         stages = pp * self.parallel.pp_stages_per_rank
@@ -150,7 +152,8 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     """Preset <- config file <- command-line overrides, then validate.
 
     The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
-    A file without a preset applies over the built-in defaults, which are the HLAT 7B recipe.
+    A file without a preset applies over the built-in defaults: the HLAT 7B model shape and
+    optimiser, but fp32 on one process with weight decay on matrices only (docs/recipe.md).
     With `world` (the number of processes that will run it), the micro-batch adapts to the layout
     unless the file or an override set it, and the layout is validated as well.
     """

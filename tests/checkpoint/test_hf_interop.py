@@ -111,7 +111,7 @@ def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     imported = load_model(run).model.state_dict()
     args = ["--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "4",
             "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--precision.mode", "fp32",
-            "--train.tensorboard", "false", "--train.peak_tflops", "1", "--eval.every", "0",
+            "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1", "--eval.every", "0",
             "--train.run_dir", str(tmp_path / "continued")]
     cfg = load_config("tiny", run / "config.toml", args)  # the imported architecture, tokenizer and weights
     assert cfg.checkpoint.init_from == str(run.resolve()) and cfg.name == "imported-continued"

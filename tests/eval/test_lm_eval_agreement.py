@@ -42,7 +42,7 @@ def test_multiple_choice_agrees_with_lm_eval(model, tokenizer_file, tmp_path, mo
 
     theirs = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={hf_dir},dtype=float32", tasks=["hlat_tiny_arc"],
-        task_manager=TaskManager(include_path=str(tmp_path / "yaml")), num_fewshot=0,
+        task_manager=TaskManager(include_path=str(tmp_path / "yaml"), include_defaults=False), num_fewshot=0,
         batch_size=2, device="cpu", log_samples=True)
     loaded = load_model(hf_dir)
     lm = LanguageModel(loaded.model, loaded.tokenizer, batch_size=4,

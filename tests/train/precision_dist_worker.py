@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from hlat.config import load_config
+from hlat.parallel.dtensor import local_tensor
 from hlat.train.trainer import Trainer
 
 STEPS = 6
@@ -29,14 +29,11 @@ def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
         "--data.source", corpus, "--model.vocab_size", "512", "--model.d_model", "64",
         "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
         "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2",
-        "--train.log_every", "1", "--train.tensorboard", "false", "--train.run_dir", str(run_dir),
+        "--train.log_every", "1", "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
+        "--train.run_dir", str(run_dir),
         "--checkpoint.every", "2", "--optim.lr", "1e-2", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100",
         "--eval.every", "0", "--precision.mode", "bf16-sr", "--train.steps", str(steps),
     ]
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def dtypes(trainer: Trainer) -> dict[str, list[str]]:
@@ -44,13 +41,13 @@ def dtypes(trainer: Trainer) -> dict[str, list[str]]:
     state = [t for opt in trainer.optimizers.optimizers for s in getattr(opt, "optim", opt).state.values()
              for t in s.values() if isinstance(t, torch.Tensor) and t.ndim > 0]
     return {
-        "params": sorted({str(local(p).dtype) for p in params}),
-        "grads": sorted({str(local(p.grad).dtype) for p in params if p.grad is not None}),
-        "optim_state": sorted({str(local(t).dtype) for t in state}),
+        "params": sorted({str(local_tensor(p).dtype) for p in params}),
+        "grads": sorted({str(local_tensor(p.grad).dtype) for p in params if p.grad is not None}),
+        "optim_state": sorted({str(local_tensor(t).dtype) for t in state}),
         "n_state": [len(state)],
         # Replicas (DDP, ZeRO-1 after its broadcast) must hold bit-identical weights: their rounding
         # noise is shared. Under FSDP/TP each rank's digest is of its own shard.
-        "digest": [hashlib.sha256(b"".join(local(p).detach().contiguous().view(torch.int16).numpy().tobytes()
+        "digest": [hashlib.sha256(b"".join(local_tensor(p).detach().contiguous().view(torch.int16).numpy().tobytes()
                                             for p in params)).hexdigest()],
     }
 

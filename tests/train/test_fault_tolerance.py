@@ -13,15 +13,16 @@ from hlat.checkpoint import CheckpointManager
 from hlat.config import load_config
 from hlat.train.trainer import Trainer
 
-from runs import assert_same_tensors, checkpoint_tensors, launch, tiny_args
+from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args
 
 STEPS = ["--train.steps", "6", "--checkpoint.every", "2"]
+# the uninterrupted run both kills are compared with, in the shared launch (tests/runs.py)
+SCENARIOS = [Scenario("faults-straight", "train/layout_runs.py:train", 2, {"steps": 6, "extra": STEPS[2:]})]
 
 
 @pytest.mark.parametrize("fault", ["step:4:1", "commit:4:0"], ids=["kill-rank1-training", "kill-rank0-committing"])
-def test_killed_rank_restarts_and_matches_uninterrupted_run(small_corpus, tmp_path, fault):
-    straight = tmp_path / "straight"
-    launch(2, tiny_args(small_corpus, straight, *STEPS))
+def test_killed_rank_restarts_and_matches_uninterrupted_run(scenarios: ScenarioResults, small_corpus, tmp_path, fault):
+    straight = scenarios.path("faults-straight") / "run"
     faulty = tmp_path / "faulty"
     marker = tmp_path / "fault-done"
     env = {"HLAT_FAULT": fault, "HLAT_FAULT_MARKER": str(marker)}

@@ -23,7 +23,7 @@ def tiny_cfg(corpus, run_dir, *extra: str):
         "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "4",
         "--train.micro_batch", "2", "--train.steps", "6", "--train.log_every", "1",
         "--precision.mode", "fp32", "--train.run_dir", str(run_dir), "--checkpoint.every", "3",
-        "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6", "--train.tensorboard", "false",
+        "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6", "--train.tensorboard", "false", "--train.plot", "false",
         "--train.peak_tflops", "1", *extra,
     ]
     return load_config("tiny", None, overrides)
@@ -91,7 +91,7 @@ def test_resume_is_exact(small_corpus, tmp_path):
 def test_run_directory_contents_and_learning(small_corpus, tmp_path):
     cfg = tiny_cfg(small_corpus, tmp_path / "run", "--train.steps", "40", "--train.log_every", "10",
                    "--optim.lr", "3e-3", "--schedule.decay_steps", "40", "--train.tensorboard", "true",
-                   "--checkpoint.every", "20")
+                   "--train.plot", "true", "--checkpoint.every", "20")
     summary = Trainer(cfg, out=quiet).fit()
     run = tmp_path / "run"
     assert (run / "config.toml").is_file() and (run / "loss.png").stat().st_size > 1000

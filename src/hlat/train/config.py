@@ -19,6 +19,7 @@ class TrainConfig:
     log_every: int = 10
     peak_tflops: float = 0.0  # MFU denominator; 0 = known device table, or measured on a CPU
     tensorboard: bool = True
+    plot: bool = True  # loss.png at the end of a run (matplotlib; about a second)
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

@@ -206,9 +206,9 @@ class Trainer:
             if sinks:
                 sinks.close()
         if self.layout.is_main:
-            plot = plot_loss(self.run_dir, f"{cfg.name}: {count_params(cfg.model) / 1e6:,.1f}M params")
+            plot = plot_loss(self.run_dir, f"{cfg.name}: {count_params(cfg.model) / 1e6:,.1f}M params") if cfg.train.plot else None
             self.out(f"done: step {self.step:,}, {self.tokens:,} tokens, final loss {final_loss:.4f} "
-                     f"(ln vocab = {math.log(cfg.model.vocab_size):.3f}); loss plot {plot}")
+                     f"(ln vocab = {math.log(cfg.model.vocab_size):.3f})" + (f"; loss plot {plot}" if plot else ""))
         return TrainSummary(self.run_dir, self.step, self.tokens, final_loss, losses)
 
     def _train_step(self, window: _Window) -> tuple[float, torch.Tensor]:
