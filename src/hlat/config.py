@@ -25,6 +25,8 @@ from hlat.model.config import ModelConfig
 from hlat.optim.config import OptimConfig, ScheduleConfig
 from hlat.parallel.config import ParallelConfig
 from hlat.train.config import PrecisionConfig, TrainConfig
+from hlat.train.profiling import ProfileConfig
+from hlat.train.wandb_sink import WandbConfig
 
 DEFAULT_PRESET = "tiny"
 
@@ -41,6 +43,8 @@ class RunConfig:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     name: str = "run"  # preset or config-file name; names the default run directory
     # "section.field" keys a config file or the command line set (a preset's values are not the
     # user's choice: those may adapt to the layout), and what load_config adapted, to be logged.
@@ -59,6 +63,10 @@ class RunConfig:
             problems.append(("eval.every", "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0"))
         if self.data.document_masking and self.parallel.pp > 1:
             problems.append(("data.document_masking", "is not yet passed between pipeline stages; use parallel.pp 1 or turn masking off"))
+        traced = self.profile.range() if not self.profile.validate() else None
+        if traced and traced[1] > self.train.steps:
+            problems.append(("profile.steps", f"{self.profile.steps} ends after the run's last step (train.steps={self.train.steps}); "
+                             f"trace steps within 1:{self.train.steps}"))
         if world is not None and not problems:  # the layout rules assume sane degrees and batch sizes
             problems += self.layout_problems(world)
         if problems:

@@ -24,6 +24,13 @@ class Batch:
 
         return Batch(move(self.tokens), move(self.labels), move(self.positions), move(self.doc_ids))  # type: ignore[arg-type]
 
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked host memory, which a non_blocking copy to CUDA reads asynchronously."""
+        def pin(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.pin_memory()
+
+        return Batch(pin(self.tokens), pin(self.labels), pin(self.positions), pin(self.doc_ids))  # type: ignore[arg-type]
+
     @property
     def attn_mask(self) -> torch.Tensor | None:
         """Block-causal bool mask [B, 1, T, T] (True = may attend): causal and same document.

@@ -1,0 +1,87 @@
+"""`--profile.steps A:B`: a torch.profiler trace of training steps A to B, one file per rank, and on
+CUDA a memory snapshot of the same steps (docs/training.md says how to open them)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_STEPS = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
+
+
+@dataclass
+class ProfileConfig:
+    steps: str = ""  # "A:B" traces optimizer steps A to B (1-based, inclusive); "" = no profile
+    dir: str = ""  # "" = <run_dir>/profile
+
+    def range(self) -> tuple[int, int] | None:
+        """(A, B), or None when off; assumes validate() passed."""
+        match = _STEPS.fullmatch(self.steps)
+        return (int(match[1]), int(match[2])) if match else None
+
+    def validate(self) -> list[tuple[str, str]]:
+        if not self.steps:
+            return []
+        match = _STEPS.fullmatch(self.steps)
+        if match is None or not 1 <= int(match[1]) <= int(match[2]):
+            return [("steps", f"got {self.steps!r}; write A:B with 1 <= A <= B, the first and last optimizer step to "
+                              "trace (e.g. --profile.steps 5:7), or \"\" for none")]
+        return []
+
+
+class StepProfiler:
+    """Starts before step A's work and stops once step B's is done (logging and saving included)."""
+
+    def __init__(self, cfg: ProfileConfig, out_dir: Path, device: torch.device, rank: int, out: Callable[[str], None]):
+        self.range, self.dir, self.device, self.rank, self.out = cfg.range(), out_dir, device, rank, out
+        self._profile: Any = None
+        self._done = self.range is None
+
+    def before_step(self, step: int) -> None:
+        """Call before optimizer step `step` (1-based); stops after B, starts at A."""
+        if self._done:
+            return
+        first, last = self.range  # type: ignore[misc]
+        if self._profile is not None:
+            if step > last:
+                self.stop()
+            else:
+                self._last = step
+        elif first <= step <= last:
+            self._start(step)
+        elif step > last:
+            self.out(f"profile: steps {first}:{last} were already trained when this run started; nothing traced")
+            self._done = True
+
+    def _start(self, step: int) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        self._first = self._last = step
+        self._profile = profile(activities=activities, record_shapes=True, profile_memory=True)
+        self._profile.start()
+
+    def stop(self) -> None:
+        """End the trace (if one is running) and write its files, named by the steps it holds; called
+        before step B + 1 and when the run ends."""
+        if self._profile is None:
+            return
+        profile, self._profile, self._done = self._profile, None, True
+        profile.stop()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        stem = f"rank{self.rank}_steps{self._first}-{self._last}"
+        paths = [self.dir / f"{stem}.pt.trace.json"]
+        profile.export_chrome_trace(str(paths[0]))
+        if self.device.type == "cuda":
+            paths.append(self.dir / f"{stem}_memory.pickle")
+            torch.cuda.memory._dump_snapshot(str(paths[1]))
+            torch.cuda.memory._record_memory_history(enabled=None)
+        self.out(f"profile: wrote {', '.join(str(p) for p in paths)} (one set per rank; docs/training.md says how to open them)")
