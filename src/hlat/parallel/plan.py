@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from hlat.config import RunConfig
+from hlat.devices import Accelerator
 from hlat.model import Llama
 from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.data_parallel import check_data_parallel
@@ -116,3 +117,12 @@ def format_plan(cfg: RunConfig, world: int, degrees: tuple[int, int, int], stage
         lines.append(f"{st.stage:>5} {span:>9} {st.local_params:>14,} {st.weights / GIB:>9.2f} {st.grads / GIB:>9.2f} "
                      f"{st.optimizer / GIB:>9.2f} {st.activations / GIB:>9.2f} {st.total / GIB:>10.2f}")
     return "\n".join(lines)
+
+
+def format_fit(stages: list[StagePlan], device: Accelerator) -> str:
+    """Whether the rank of the largest stage fits in `device`'s memory (the data sheet's capacity;
+    allocator fragmentation and the CUDA context, a few hundred MiB to GiB, come on top)."""
+    need = max(st.total for st in stages) / GIB
+    verdict = "fits" if need <= device.memory_gib else "does NOT fit"
+    return (f"on {device.name} ({device.memory_gib:g} GiB): the largest stage needs {need:.2f} GiB per rank "
+            f"({need / device.memory_gib:.0%} of the device): {verdict}")

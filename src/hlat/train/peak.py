@@ -1,59 +1,88 @@
-"""Peak matmul throughput of the training device: the denominator of model FLOPs utilisation."""
+"""The MFU denominator: the theoretical peak FLOP/s of one training device, and beside it the
+achievable GEMM rate of this machine.
+
+In order: train.peak_tflops if set; a known accelerator's dense data-sheet figure
+(hlat.devices); on a CPU, cores x FLOPs/cycle x max clock (hlat.train.cpu_peak). Any other
+device has no peak: MFU is left empty and one warning names the device and the fix.
+"""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-# Dense bf16 tensor-core peaks from the vendors' data sheets, TFLOP/s (no sparsity).
-KNOWN_PEAKS_TFLOPS = {
-    "H200": 989.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "A10G": 125.0,
-    "TRAINIUM1": 190.0,  # one trn1 NeuronCore-v2 pair ("chip"), as HLAT.md states
-}
+from hlat.devices import cuda_accelerator
+from hlat.train.cpu_peak import CpuFacts, cpu_peak, has_native_bf16, read_cpu_facts
+from hlat.train.gemm_ceiling import Shape, gemm_ceiling_tflops
 
 
-def peak_tflops(device: torch.device, dtype: torch.dtype, override: float = 0.0) -> tuple[float, str]:
-    """(peak TFLOP/s, how it was obtained) for MFU. CPUs have no data-sheet number: measure one."""
+@dataclass(frozen=True)
+class Peak:
+    tflops: float | None  # per device (per process on a CPU); None: unknown, MFU is not computed
+    summary: str  # for the start-up line: the figure and how it was obtained
+    ceiling_tflops: float | None = None  # measured GEMM rate
+    warning: str | None = None
+
+    def mfu(self, flops_per_s: float, world: int) -> float | None:
+        return None if self.tflops is None else flops_per_s / (self.tflops * 1e12 * world)
+
+    def mfu_of_gemm(self, flops_per_s: float, world: int) -> float | None:
+        return None if self.ceiling_tflops is None else flops_per_s / (self.ceiling_tflops * 1e12 * world)
+
+
+def resolve_peak(device: torch.device, dtype: torch.dtype, override: float, shapes: list[Shape], cache_dir: Path,
+                 cpu: CpuFacts | None = None) -> Peak:
+    """The peak for matmuls in `dtype` on `device`; `shapes` are timed for the GEMM ceiling (not
+    with an override: nothing is measured then). `cpu` replaces this machine's facts (tests)."""
     if override > 0:
-        return override, "set by train.peak_tflops"
+        return Peak(override, f"MFU against {_rate(override)} per device (set by train.peak_tflops)")
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device).upper()
-        for key, value in KNOWN_PEAKS_TFLOPS.items():
-            if key in name:
-                return value, f"bf16 data-sheet peak of {name}"
-    measured = measure_matmul_tflops(device, dtype)
-    return measured, f"{str(dtype).removeprefix('torch.')} matmul measured on this {device.type} at start-up"
+        name, accelerator = cuda_accelerator(device)
+        if accelerator is None:
+            return _unknown(repr(name))
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+        kind = "bf16" if dtype in (torch.bfloat16, torch.float16) else "tf32" if tf32 else "fp32"
+        tflops = accelerator.peak_tflops(dtype, tf32)
+        text = f"{_rate(tflops)} per device ({name} = {accelerator.name}, dense {kind}, {accelerator.source})"
+        return _with_ceiling(tflops, text, device, name, dtype, shapes, cache_dir)
+    if device.type == "cpu":
+        cpu = cpu or read_cpu_facts()
+        peak = cpu_peak(cpu, torch.get_num_threads(), dtype)
+        if peak is None:
+            return _unknown(f"this CPU ({cpu.model!r}: instruction set {cpu.capability}, {cpu.clock_source})")
+        text = f"{_rate(peak.gflops / 1e3)} per process: {peak.explanation}"
+        return _with_ceiling(peak.gflops / 1e3, text, device, cpu.model, dtype, shapes, cache_dir)
+    return _unknown(f"this {device.type} device")
 
 
-def slow_bf16_warning(device: torch.device, mode: str) -> str | None:
-    """CPUs without bf16 instructions (no AVX512-BF16/AMX) emulate it, many times slower than fp32."""
+def slow_bf16_warning(device: torch.device, mode: str, flags: frozenset[str] | None = None) -> str | None:
+    """CPUs without bf16 instructions (AMX, AVX512-BF16, Arm BF16) emulate bf16 matmuls in fp32
+    registers, several times slower than fp32 ones."""
     if device.type != "cpu" or mode != "mixed":
         return None
-    fp32 = measure_matmul_tflops(device, torch.float32, seconds=0.1)
-    bf16 = measure_matmul_tflops(device, torch.bfloat16, seconds=0.1)
-    if bf16 >= fp32:
+    if has_native_bf16(read_cpu_facts().flags if flags is None else flags):
         return None
-    return (f"warning: this CPU runs bf16 matmuls at {bf16 * 1e3:.3g} GFLOP/s against {fp32 * 1e3:.3g} in fp32 "
-            "(no native bf16 instructions): --precision.mode fp32 will train faster here")
+    return ("warning: this CPU has no bf16 instructions (no amx_bf16, avx512_bf16 or bf16 in its flags), so bf16 "
+            "matmuls are emulated, several times slower than fp32: --precision.mode fp32 will train faster here")
 
 
-def measure_matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 1024, seconds: float = 0.3) -> float:
-    """Best-of-runs throughput of an n x n matmul: a practical peak for devices without a data sheet."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)  # warm-up: kernel selection, thread pool start
-    best, runs, deadline = 0.0, 0, time.perf_counter() + seconds
-    while runs < 3 or time.perf_counter() < deadline:
-        runs += 1
-        start = time.perf_counter()
-        torch.matmul(a, b)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = max(best, 2 * n**3 / (time.perf_counter() - start))
-    return best / 1e12
+def _with_ceiling(tflops: float, text: str, device: torch.device, name: str, dtype: torch.dtype, shapes: list[Shape],
+                  cache_dir: Path) -> Peak:
+    ceiling, _ = gemm_ceiling_tflops(device, name, dtype, shapes, cache_dir)
+    if ceiling > tflops:  # the clock read (or the table) is below what the device runs at
+        return Peak(ceiling, f"MFU against {_rate(ceiling)}, the measured GEMM rate, per device: it exceeds the "
+                    f"theoretical {text}", ceiling)
+    return Peak(tflops, f"MFU against {text}; measured GEMM ceiling {_rate(ceiling)} ({ceiling / tflops:.0%} of peak)",
+                ceiling)
+
+
+def _unknown(what: str) -> Peak:
+    return Peak(None, "MFU not computed (no peak known)",
+                warning=f"warning: no peak FLOP/s known for {what}: MFU is left empty; pass --train.peak_tflops "
+                        "with its dense peak TFLOP/s per device to get it")
+
+
+def _rate(tflops: float) -> str:
+    return f"{tflops:.3g} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.3g} GFLOP/s"

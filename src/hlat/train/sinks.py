@@ -1,5 +1,4 @@
-"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file, a loss plot and,
-optionally, Weights & Biases."""
+"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file and a loss plot."""
 
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hlat.train.wandb_sink import WandbSink
-
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 
@@ -22,12 +19,11 @@ class MetricSinks:
     """Fan one record per log step out to every sink. Each step is recorded once: a resumed run, or
     a rollback, first drops the records past the step it restarts from (see `rewind`)."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
         self.tensorboard = tensorboard
         self.writer = None
-        self.wandb = wandb
         # A live bar on terminals; plain lines (below) carry the history in logs and CI.
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
         self.rewind(start_step)
@@ -45,23 +41,15 @@ class MetricSinks:
                 self.writer.close()
             # purge_step makes TensorBoard hide the events of steps >= it written before this point.
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=step + 1)
-        if self.wandb is not None:
-            self.wandb.start(step)  # W&B cannot hide points: a new W&B run continues after `step`
         self.bar.n = step
         self.bar.refresh()
 
     def advance(self) -> None:
         self.bar.update(1)
 
-    def _append(self, record: dict[str, Any]) -> None:
-        """One record to metrics.jsonl (one line, one write) and W&B."""
+    def log(self, record: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record)
-
-    def log(self, record: dict[str, Any]) -> None:
-        self._append(record)
         if self.writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -69,18 +57,18 @@ class MetricSinks:
                 elif isinstance(value, dict):  # e.g. tokens per data source
                     for name, sub in value.items():
                         self.writer.add_scalar(f"{key}/{name}", sub, record["step"])
-        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=f"{record['mfu']:.1%}")
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=_percent(record["mfu"]))
         line = (
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
             f"grad {record['grad_norm']:.3f} | param {record['param_norm']:.1f} | {record['tokens_per_s']:,.0f} tok/s | "
-            f"mfu {record['mfu']:.1%} | {record['tokens']:,} tokens | {record['step_s']:.2f} s/step | "
-            f"data {record['data_frac']:.0%} | mem {record['mem_peak_gib']:.2f} GiB"
+            f"mfu {_percent(record['mfu'])} | {record['tokens']:,} tokens"
         )
         self.bar.write(line, file=sys.stdout)
 
     def log_validation(self, step: int, tokens: int, loss: float) -> None:
         record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
-        self._append(record)
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
         if self.writer is not None:
             self.writer.add_scalar("val/loss", loss, step)
         self.bar.write(f"step {step:>7} | validation loss {loss:.4f} | ppl {record['val_ppl']:.1f}", file=sys.stdout)
@@ -89,7 +77,8 @@ class MetricSinks:
         """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
         values = {f"eval/{name}": value for name, value in scores.items()}
         record = {"step": step, "tokens": tokens, **values, "eval_seconds": seconds}
-        self._append(record)
+        with open(self.metrics_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in values.items():
                 self.writer.add_scalar(key, value, step)
@@ -100,8 +89,6 @@ class MetricSinks:
         self.bar.close()
         if self.writer is not None:
             self.writer.close()
-        if self.wandb is not None:
-            self.wandb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -135,6 +122,10 @@ def plot_loss(run_dir: Path, title: str) -> Path | None:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.1%}"  # None: no peak known for the device
 
 
 def perplexity(loss: float) -> float:

@@ -1,0 +1,107 @@
+"""The accelerators hlat knows: data-sheet peaks and memory, for MFU (trainer) and fits (planner).
+
+One row per accelerator, matched on the exact name torch reports (torch.cuda.get_device_name),
+never on a substring: "NVIDIA L40" is not an L4, "NVIDIA H100 PCIe" is not the SXM part. Where
+one name covers several memory sizes, the device's total memory picks the row.
+
+Peaks are dense (the data sheets' "with sparsity" figures halved), per device as torch sees it:
+one GPU, or for Trainium one NeuronCore (what one rank drives; a trn1 chip holds 2 NeuronCore-v2,
+a trn2 chip 8 NeuronCore-v3, so the chip figures are divided). `fp32` is the non-tensor-core FP32
+rate (what torch's default float32 matmul precision "highest" runs at); `tf32` the tensor-core
+rate used when torch.set_float32_matmul_precision("high"/"medium") allows it. Memory is the data
+sheet's capacity; HBM and GDDR are sized in binary units, so "80 GB" is 80 GiB, of which the
+driver keeps a few hundred MiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hlat.errors import UserError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str  # the table's name: what `hlat plan --device` takes
+    reported: tuple[str, ...]  # exact torch.cuda.get_device_name strings (XLA devices: none)
+    bf16_tflops: float  # dense tensor-core peak
+    tf32_tflops: float
+    fp32_tflops: float
+    memory_gib: float
+    bandwidth_tbs: float  # memory bandwidth, TB/s
+    source: str
+    min_memory_gib: float = 0.0  # where names are shared: the smallest total memory of this row
+
+    def peak_tflops(self, dtype: torch.dtype, tf32: bool) -> float:
+        """The dense peak for matmuls in `dtype`; `tf32`: float32 matmuls may use TF32 tensor cores."""
+        if dtype in (torch.bfloat16, torch.float16):
+            return self.bf16_tflops
+        return self.tf32_tflops if tf32 else self.fp32_tflops
+
+
+_H100 = "NVIDIA H100 Tensor Core GPU data sheet"
+_A100 = "NVIDIA A100 Tensor Core GPU data sheet (SXM and PCIe share the compute figures)"
+ACCELERATORS: tuple[Accelerator, ...] = (
+    Accelerator("H100 SXM", ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"), 989.4, 494.7, 66.9, 80, 3.35, f"{_H100}, SXM5"),
+    Accelerator("H100 PCIe", ("NVIDIA H100 PCIe",), 756.5, 378.0, 51.2, 80, 2.0, f"{_H100}, PCIe"),
+    Accelerator("H100 NVL", ("NVIDIA H100 NVL",), 835.5, 417.5, 60.0, 94, 3.9, f"{_H100}, H100 NVL (per GPU)"),
+    Accelerator("H200", ("NVIDIA H200",), 989.4, 494.7, 66.9, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, SXM"),
+    Accelerator("H200 NVL", ("NVIDIA H200 NVL",), 835.5, 417.5, 60.0, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, NVL"),
+    Accelerator("GH200", ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"), 989.4, 494.7, 66.9, 96, 4.0,
+                "NVIDIA GH200 Grace Hopper Superchip data sheet, the Hopper GPU (96 GB HBM3; 144 GB HBM3e parts: next row)"),
+    Accelerator("GH200 144GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"), 989.4, 494.7, 66.9, 144, 4.9,
+                "NVIDIA GH200 Grace Hopper Superchip data sheet, HBM3e GPU", min_memory_gib=120),
+    Accelerator("H800", ("NVIDIA H800",), 989.4, 494.7, 66.9, 80, 3.35, "NVIDIA H800 data sheet, SXM5 (H100 SXM compute)"),
+    Accelerator("H800 PCIe", ("NVIDIA H800 PCIe",), 756.5, 378.0, 51.2, 80, 2.0, "NVIDIA H800 data sheet, PCIe (H100 PCIe compute)"),
+    Accelerator("H20", ("NVIDIA H20",), 148.0, 74.0, 44.0, 96, 4.0, "NVIDIA HGX H20 data sheet"),
+    Accelerator("A100 SXM 40GB", ("NVIDIA A100-SXM4-40GB",), 312.0, 156.0, 19.5, 40, 1.555, _A100),
+    Accelerator("A100 SXM 80GB", ("NVIDIA A100-SXM4-80GB",), 312.0, 156.0, 19.5, 80, 2.039, _A100),
+    Accelerator("A100 PCIe 40GB", ("NVIDIA A100-PCIE-40GB",), 312.0, 156.0, 19.5, 40, 1.555, _A100),
+    Accelerator("A100 PCIe 80GB", ("NVIDIA A100 80GB PCIe",), 312.0, 156.0, 19.5, 80, 1.935, _A100),
+    Accelerator("L4", ("NVIDIA L4",), 121.0, 60.0, 30.3, 24, 0.3, "NVIDIA L4 Tensor Core GPU data sheet"),
+    Accelerator("L40", ("NVIDIA L40",), 181.0, 90.5, 90.5, 48, 0.864, "NVIDIA L40 GPU data sheet"),
+    Accelerator("L40S", ("NVIDIA L40S",), 362.1, 183.0, 91.6, 48, 0.864, "NVIDIA L40S GPU data sheet"),
+    Accelerator("B200", ("NVIDIA B200",), 2250.0, 1100.0, 75.0, 180, 8.0, "NVIDIA HGX B200 data sheet (8-GPU figures / 8)"),
+    Accelerator("GB200", ("NVIDIA GB200",), 2500.0, 1250.0, 80.0, 186, 8.0, "NVIDIA GB200 NVL72 data sheet (72-GPU figures / 72)"),
+    Accelerator("MI300X", ("AMD Instinct MI300X", "AMD Instinct MI300X VF"), 1307.4, 653.7, 163.4, 192, 5.3,
+                "AMD Instinct MI300X data sheet"),
+    Accelerator("trn1 NeuronCore-v2", (), 95.0, 95.0, 23.75, 16, 0.41,
+                "AWS Trainium (trn1) chip: 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB HBM, 820 GB/s, over its 2 NeuronCores"),
+    Accelerator("trn2 NeuronCore-v3", (), 83.4, 83.4, 22.6, 12, 0.36,
+                "AWS Trainium2 chip: 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB HBM, 2.9 TB/s, over its 8 NeuronCores "
+                "(a rank of the default logical NeuronCore size 2 drives two)"),
+)
+
+
+def identify(reported_name: str, total_memory_bytes: int) -> Accelerator | None:
+    """The row whose exact reported name is `reported_name`, picked by total memory where names are
+    shared; None for a device the table does not know."""
+    rows = [a for a in ACCELERATORS if reported_name.strip() in a.reported]
+    fitting = [a for a in rows if total_memory_bytes >= a.min_memory_gib * GIB]
+    return max(fitting, key=lambda a: a.min_memory_gib) if fitting else None
+
+
+def by_table_name(name: str) -> Accelerator:
+    """The row named `name` (case-insensitive), as `hlat plan --device` takes it."""
+    for accelerator in ACCELERATORS:
+        if accelerator.name.lower() == name.strip().lower():
+            return accelerator
+    raise UserError(f"unknown device {name!r}; pick one of: {', '.join(repr(a.name) for a in ACCELERATORS)}")
+
+
+def format_table() -> str:
+    """The table as `hlat plan --device list` prints it."""
+    lines = [f"{'device':<20} {'bf16 TFLOP/s':>12} {'tf32':>7} {'fp32':>6} {'memory GiB':>10} {'TB/s':>6}  source"]
+    lines += [f"{a.name:<20} {a.bf16_tflops:>12,.1f} {a.tf32_tflops:>7,.1f} {a.fp32_tflops:>6.1f} {a.memory_gib:>10g} "
+              f"{a.bandwidth_tbs:>6g}  {a.source}" for a in ACCELERATORS]
+    return "\n".join(lines)
+
+
+def cuda_accelerator(device: torch.device) -> tuple[str, Accelerator | None]:
+    """(the name torch reports, its table row or None) for a CUDA (or ROCm) device."""
+    name = torch.cuda.get_device_name(device)
+    return name, identify(name, torch.cuda.get_device_properties(device).total_memory)

@@ -1,0 +1,83 @@
+"""The accelerator table: exact names, memory-picked variants, unknown devices, the planner's view."""
+
+import pytest
+import torch
+
+from hlat.devices import ACCELERATORS, GIB, by_table_name, identify
+from hlat.errors import UserError
+
+# (name torch.cuda.get_device_name reports, total memory GiB, the row it must select)
+REPORTED = [
+    ("NVIDIA H100 80GB HBM3", 79.6, "H100 SXM"),
+    ("NVIDIA H100 PCIe", 79.6, "H100 PCIe"),
+    ("NVIDIA H100 NVL", 93.6, "H100 NVL"),
+    ("NVIDIA H200", 140.4, "H200"),
+    ("NVIDIA H200 NVL", 140.4, "H200 NVL"),
+    ("NVIDIA GH200 480GB", 94.5, "GH200"),
+    ("NVIDIA GH200 480GB", 142.0, "GH200 144GB"),
+    ("NVIDIA H800", 79.6, "H800"),
+    ("NVIDIA H800 PCIe", 79.6, "H800 PCIe"),
+    ("NVIDIA H20", 95.0, "H20"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "A100 SXM 40GB"),
+    ("NVIDIA A100-SXM4-80GB", 79.2, "A100 SXM 80GB"),
+    ("NVIDIA A100-PCIE-40GB", 39.4, "A100 PCIe 40GB"),
+    ("NVIDIA A100 80GB PCIe", 79.2, "A100 PCIe 80GB"),
+    ("NVIDIA L4", 22.5, "L4"),
+    ("NVIDIA L40", 45.0, "L40"),
+    ("NVIDIA L40S", 45.0, "L40S"),
+    ("NVIDIA B200", 179.0, "B200"),
+    ("NVIDIA GB200", 184.0, "GB200"),
+    ("AMD Instinct MI300X", 192.0, "MI300X"),
+    ("AMD Instinct MI300X VF", 192.0, "MI300X"),
+]
+
+
+@pytest.mark.parametrize("reported, gib, row", REPORTED)
+def test_each_reported_name_selects_its_row(reported, gib, row):
+    assert identify(reported, int(gib * GIB)).name == row
+
+
+def test_near_names_are_not_confused():
+    """Today's substring matching read an L40 as an L4 and every H100 as the SXM part."""
+    l4, l40 = identify("NVIDIA L4", 24 * GIB), identify("NVIDIA L40", 48 * GIB)
+    assert (l4.bf16_tflops, l40.bf16_tflops) == (121.0, 181.0)
+    assert identify("NVIDIA H100 PCIe", 80 * GIB).bf16_tflops < identify("NVIDIA H100 80GB HBM3", 80 * GIB).bf16_tflops
+    assert identify("NVIDIA A100-SXM4-40GB", 40 * GIB).memory_gib == 40
+    assert identify("NVIDIA A100-SXM4-80GB", 80 * GIB).memory_gib == 80
+
+
+@pytest.mark.parametrize("reported", ["NVIDIA GeForce RTX 4090", "NVIDIA H100", "H100 SXM", "NVIDIA L", ""])
+def test_unknown_names_match_nothing(reported):
+    assert identify(reported, 80 * GIB) is None
+
+
+def test_table_is_consistent():
+    names = [a.name.lower() for a in ACCELERATORS]
+    assert len(names) == len(set(names))
+    for a in ACCELERATORS:
+        assert a.bf16_tflops >= a.tf32_tflops >= a.fp32_tflops > 0 and a.memory_gib > 0 and a.bandwidth_tbs > 0, a
+        assert a.peak_tflops(torch.bfloat16, tf32=False) == a.bf16_tflops
+        assert a.peak_tflops(torch.float32, tf32=True) == a.tf32_tflops
+        assert a.peak_tflops(torch.float32, tf32=False) == a.fp32_tflops
+    # Trainium: one row per NeuronCore, what one rank drives (a trn1 chip of 190 TFLOP/s holds 2).
+    assert by_table_name("trn1 NeuronCore-v2").bf16_tflops == 95.0
+
+
+def test_table_names_are_looked_up_case_insensitively_and_typos_list_the_names():
+    assert by_table_name("h100 sxm").name == "H100 SXM"
+    with pytest.raises(UserError, match="unknown device 'H100'.*'H100 SXM'.*'MI300X'"):
+        by_table_name("H100")
+
+
+def test_plan_shows_the_device_memory_and_whether_it_fits(capsys):
+    from hlat.cli import main
+    from hlat.parallel.plan import StagePlan, format_fit
+
+    stages = [StagePlan(0, range(0, 2), 0, 10 * GIB, 2 * GIB, 4 * GIB, 2 * GIB), StagePlan(1, range(2, 4), 0, 1, 1, 1, 1)]
+    assert format_fit(stages, by_table_name("L4")) == (
+        "on L4 (24 GiB): the largest stage needs 18.00 GiB per rank (75% of the device): fits")
+    assert format_fit(stages, by_table_name("trn2 NeuronCore-v3")).endswith("(150% of the device): does NOT fit")
+    assert main(["plan", "--world", "1", "--device", "H100 SXM"]) == 0  # the tiny preset
+    assert capsys.readouterr().out.splitlines()[-1].startswith("on H100 SXM (80 GiB): the largest stage needs 0.")
+    assert main(["plan", "--device", "list"]) == 0
+    assert "L40S" in capsys.readouterr().out
