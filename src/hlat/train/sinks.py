@@ -1,4 +1,5 @@
-"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file and a loss plot."""
+"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file, a loss plot and,
+optionally, Weights & Biases."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from hlat.train.wandb_sink import WandbSink
+
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 
@@ -19,11 +22,12 @@ class MetricSinks:
     """Fan one record per log step out to every sink. Each step is recorded once: a resumed run, or
     a rollback, first drops the records past the step it restarts from (see `rewind`)."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool):
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None):
         self.run_dir = run_dir
         self.metrics_path = run_dir / METRICS_FILE
         self.tensorboard = tensorboard
         self.writer = None
+        self.wandb = wandb
         # A live bar on terminals; plain lines (below) carry the history in logs and CI.
         self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
         self.rewind(start_step)
@@ -41,15 +45,23 @@ class MetricSinks:
                 self.writer.close()
             # purge_step makes TensorBoard hide the events of steps >= it written before this point.
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=step + 1)
+        if self.wandb is not None:
+            self.wandb.start(step)  # W&B cannot hide points: a new W&B run continues after `step`
         self.bar.n = step
         self.bar.refresh()
 
     def advance(self) -> None:
         self.bar.update(1)
 
-    def log(self, record: dict[str, Any]) -> None:
+    def _append(self, record: dict[str, Any]) -> None:
+        """One record to metrics.jsonl (one line, one write) and W&B."""
         with open(self.metrics_path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(record)
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._append(record)
         if self.writer is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -61,14 +73,14 @@ class MetricSinks:
         line = (
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
             f"grad {record['grad_norm']:.3f} | param {record['param_norm']:.1f} | {record['tokens_per_s']:,.0f} tok/s | "
-            f"mfu {_percent(record['mfu'])} | {record['tokens']:,} tokens"
+            f"mfu {_percent(record['mfu'])} | {record['tokens']:,} tokens | {record['step_s']:.2f} s/step | "
+            f"data {record['data_frac']:.0%} | mem {record['mem_peak_gib']:.2f} GiB"
         )
         self.bar.write(line, file=sys.stdout)
 
     def log_validation(self, step: int, tokens: int, loss: float) -> None:
         record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
-        with open(self.metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self._append(record)
         if self.writer is not None:
             self.writer.add_scalar("val/loss", loss, step)
         self.bar.write(f"step {step:>7} | validation loss {loss:.4f} | ppl {record['val_ppl']:.1f}", file=sys.stdout)
@@ -77,8 +89,7 @@ class MetricSinks:
         """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
         values = {f"eval/{name}": value for name, value in scores.items()}
         record = {"step": step, "tokens": tokens, **values, "eval_seconds": seconds}
-        with open(self.metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        self._append(record)
         if self.writer is not None:
             for key, value in values.items():
                 self.writer.add_scalar(key, value, step)
@@ -89,6 +100,8 @@ class MetricSinks:
         self.bar.close()
         if self.writer is not None:
             self.writer.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,19 +26,23 @@ from hlat.checkpoint.recovery import Incident, Recovery
 from hlat.config import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.config import default_cache_dir
+from hlat.data.batch import Batch
 from hlat.eval.in_training import InTrainingTasks
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
+from hlat.train.memory import MemoryMeter
 from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
 from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir
 from hlat.train.sinks import MetricSinks, perplexity, plot_loss
+from hlat.train.profiling import StepProfiler
 from hlat.train.step import train_step
+from hlat.train.wandb_sink import WandbSink
 
 
 @dataclass
@@ -184,14 +188,17 @@ class Trainer:
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
         self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
                  f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}")
-        sinks = MetricSinks(self.run_dir, total, self.step, cfg.train.tensorboard) if self.layout.is_main else None
-        window = _Window(time.perf_counter())
+        sinks = self._sinks() if self.layout.is_main else None
+        profile_dir = Path(cfg.profile.dir) if cfg.profile.dir else self.run_dir / "profile"
+        profiler = StepProfiler(cfg.profile, profile_dir, self.device, self.layout.rank, self.out)
+        window = _Window(time.perf_counter(), MemoryMeter(self.device))
         start = self.step
         losses: list[float] = []
         final_loss = None
         self.model.train()
         try:
             while self.step < total:
+                profiler.before_step(self.step + 1)
                 lr, grad_norm = self._train_step(window)
                 if sinks:
                     sinks.advance()
@@ -214,6 +221,7 @@ class Trainer:
                     self.out(f"archived weights: {stats.path} ({stats.blocking_s:.2f} s)")
             self._log_save(self.checkpoints.wait())
         finally:
+            profiler.stop()
             self.loader.close()
             if sinks:
                 sinks.close()
@@ -227,7 +235,9 @@ class Trainer:
         """One optimizer step; returns (its LR, its pre-clip grad norm on device). No host sync."""
         cfg = self.cfg
         maybe_kill("step", self.step + 1, self.layout.rank)
-        batches = [self.loader.next_batch().to(self.device) for _ in range(self.accum)]
+        waited = time.perf_counter()
+        batches = [self._to_device(self.loader.next_batch()) for _ in range(self.accum)]
+        window.data_s += time.perf_counter() - waited
         lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
         self.optimizers.set_lr(lr)
         with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
@@ -237,6 +247,21 @@ class Trainer:
         self.step += 1
         self.tokens += self.tokens_per_step
         return lr, grad_norm
+
+    def _to_device(self, batch: Batch) -> Batch:
+        """On CUDA, through pinned memory without waiting for the copy (the stream orders it before
+        the forward); elsewhere an ordinary copy (none on the CPU)."""
+        if self.device.type == "cuda":
+            return batch.pin_memory().to(self.device, non_blocking=True)
+        return batch.to(self.device)
+
+    def _sinks(self) -> MetricSinks:
+        cfg = self.cfg
+        wandb = None
+        if cfg.wandb.enabled:
+            config = {"name": cfg.name, **{name: asdict(section) for name, section in cfg.sections().items()}}
+            wandb = WandbSink(cfg.wandb, cfg.name, self.run_dir, config)
+        return MetricSinks(self.run_dir, cfg.train.steps, self.step, cfg.train.tensorboard, wandb)
 
     def _read_window(self, window: _Window) -> tuple[list[float], int]:
         """The one host sync of a logging step: the window's losses and the skipped-step counter."""
@@ -253,7 +278,7 @@ class Trainer:
         if incident is None:
             return False
         if incident.action == "rollback" and self._roll_back(incident, sinks):
-            window.started = time.perf_counter()
+            window.restart()
             return True
         reason = ("recovery.spike_action=skip" if incident.action == "skip" else
                   f"no checkpoint to roll back to, or recovery.max_rollbacks={self.cfg.recovery.max_rollbacks} reached")
@@ -283,7 +308,8 @@ class Trainer:
         """Log the window's metrics (collective: norms and token counts); return its mean loss."""
         finite = [x for x in losses if math.isfinite(x)]  # a skipped step's loss may be NaN
         mean = sum(finite) / len(finite) if finite else math.nan
-        tokens_per_s = len(losses) * self.tokens_per_step / (time.perf_counter() - window.started)
+        elapsed = time.perf_counter() - window.started
+        tokens_per_s = len(losses) * self.tokens_per_step / elapsed
         with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
             param_norm, source_tokens = self.model.param_norm().item(), self._source_tokens()
         record = {
@@ -293,11 +319,13 @@ class Trainer:
             "mfu": self.peak.mfu(tokens_per_s * self.flops_per_token, self.layout.world),
             "mfu_of_gemm": self.peak.mfu_of_gemm(tokens_per_s * self.flops_per_token, self.layout.world),
             "skipped_steps": skipped,
+            "step_s": elapsed / len(losses), "data_s": window.data_s, "data_frac": window.data_s / elapsed,
+            **window.memory.read(),
             "source_tokens": source_tokens,
         }
         if sinks:
             sinks.log(record)
-        window.started = time.perf_counter()
+        window.restart()
         return mean
 
     def _evaluate(self, total: int, window: _Window, sinks: MetricSinks | None) -> None:
@@ -319,4 +347,9 @@ class Trainer:
 class _Window:
     """The steps since the last logging step, whose device losses are read in one host sync."""
     started: float  # perf_counter at the window's start, less time spent evaluating
+    memory: MemoryMeter  # peak memory since the last logging step
     shares: list[torch.Tensor] = field(default_factory=list)
+    data_s: float = 0.0  # time the steps waited for the loader and the copy to the device
+
+    def restart(self) -> None:
+        self.started, self.data_s = time.perf_counter(), 0.0
