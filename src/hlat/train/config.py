@@ -17,7 +17,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" takes CUDA when present, else the CPU
     run_dir: str = ""  # "" = runs/<preset or config name>
     log_every: int = 10
-    peak_tflops: float = 0.0  # MFU denominator; 0 = known device table, or measured on a CPU
+    peak_tflops: float = 0.0  # MFU denominator per device; 0 = the accelerator table, or the CPU formula (docs/training.md)
     tensorboard: bool = True
     plot: bool = True  # loss.png at the end of a run (matplotlib; about a second)
 
