@@ -86,7 +86,8 @@ def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypa
     assert "measured GEMM ceiling 100 GFLOP/s" in cpu.summary and cpu.mfu_of_gemm(0.05e12, 1) == pytest.approx(0.5)
     # A ceiling above the formula (a clock read below the boost clock) becomes the peak: MFU stays <= 1.
     monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (5.0, True))
-    assert resolve_peak(CPU, torch.float32, 0, [], tmp_path, cpu=facts()).tflops == 5.0
+    faster = resolve_peak(CPU, torch.float32, 0, [], tmp_path, cpu=facts())
+    assert faster.tflops == 5.0 and "the measured GEMM ceiling, as it exceeds the theoretical" in faster.summary
 
     monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (400.0, True))
     monkeypatch.setattr(peak_module, "cuda_accelerator", lambda device: ("NVIDIA L40S", by_table_name("L40S")))

@@ -45,15 +45,15 @@ def resolve_peak(device: torch.device, dtype: torch.dtype, override: float, shap
         tf32 = torch.get_float32_matmul_precision() != "highest"
         kind = "bf16" if dtype in (torch.bfloat16, torch.float16) else "tf32" if tf32 else "fp32"
         tflops = accelerator.peak_tflops(dtype, tf32)
-        text = f"{_rate(tflops)} per device ({name} = {accelerator.name}, dense {kind}, {accelerator.source})"
-        return _with_ceiling(tflops, text, device, name, dtype, shapes, cache_dir)
+        how = f"({name} = {accelerator.name}, dense {kind}, {accelerator.source})"
+        return _with_ceiling(tflops, "per device", how, device, name, dtype, shapes, cache_dir)
     if device.type == "cpu":
         cpu = cpu or read_cpu_facts()
         peak = cpu_peak(cpu, torch.get_num_threads(), dtype)
         if peak is None:
             return _unknown(f"this CPU ({cpu.model!r}: instruction set {cpu.capability}, {cpu.clock_source})")
-        text = f"{_rate(peak.gflops / 1e3)} per process: {peak.explanation}"
-        return _with_ceiling(peak.gflops / 1e3, text, device, cpu.model, dtype, shapes, cache_dir)
+        return _with_ceiling(peak.gflops / 1e3, "per process", f": {peak.explanation}", device, cpu.model, dtype, shapes,
+                             cache_dir)
     return _unknown(f"this {device.type} device")
 
 
@@ -68,14 +68,15 @@ def slow_bf16_warning(device: torch.device, mode: str, flags: frozenset[str] | N
             "matmuls are emulated, several times slower than fp32: --precision.mode fp32 will train faster here")
 
 
-def _with_ceiling(tflops: float, text: str, device: torch.device, name: str, dtype: torch.dtype, shapes: list[Shape],
-                  cache_dir: Path) -> Peak:
+def _with_ceiling(tflops: float, per: str, how: str, device: torch.device, name: str, dtype: torch.dtype,
+                  shapes: list[Shape], cache_dir: Path) -> Peak:
+    """`per`: "per device" or "per process"; `how`: how `tflops` was obtained."""
     ceiling, _ = gemm_ceiling_tflops(device, name, dtype, shapes, cache_dir)
     if ceiling > tflops:  # the clock read (or the table) is below what the device runs at
-        return Peak(ceiling, f"MFU against {_rate(ceiling)}, the measured GEMM rate, per device: it exceeds the "
-                    f"theoretical {text}", ceiling)
-    return Peak(tflops, f"MFU against {text}; measured GEMM ceiling {_rate(ceiling)} ({ceiling / tflops:.0%} of peak)",
-                ceiling)
+        return Peak(ceiling, f"MFU against {_rate(ceiling)} {per}, the measured GEMM ceiling, as it exceeds the "
+                    f"theoretical {_rate(tflops)}{how} (the device runs faster than that figure assumes)", ceiling)
+    return Peak(tflops, f"MFU against {_rate(tflops)} {per}{how}; measured GEMM ceiling {_rate(ceiling)} "
+                f"({ceiling / tflops:.0%} of peak)", ceiling)
 
 
 def _unknown(what: str) -> Peak:
