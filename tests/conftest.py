@@ -5,13 +5,25 @@ from pathlib import Path
 
 import pytest
 
-from runs import Scenario, ScenarioResults, run_scenarios
+# Nothing downloads at test time: the Hugging Face libraries fail at once instead of retrying
+# (set before any test module imports them; subprocesses inherit it). Every run is eager
+# (torch.compile is a no-op; parallel.compile auto means eager): compiling costs seconds per
+# process. Tests of compilation turn it back on with the `compiling` fixture.
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TORCH_COMPILE_DISABLE="1")
+
+import torch._dynamo.config  # noqa: E402  (reads TORCH_COMPILE_DISABLE at import)
+
+from runs import Scenario, ScenarioResults, run_scenarios  # noqa: E402
 
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
+torch._dynamo.config.disable = True  # also if something imported torch before this file
 
-# Nothing downloads at test time: the Hugging Face libraries fail at once instead of retrying
-# (set before any test module imports them; subprocesses inherit it).
-os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+
+@pytest.fixture
+def compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile on again for one test, in its process and the subprocesses it starts."""
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -220,6 +220,8 @@ def set_field(cfg: RunConfig, key: str, value: Any, source: str, user: bool) -> 
     fields = {f.name: f for f in dataclasses.fields(section)}
     if field_name not in fields:
         raise ConfigError([(key, f"unknown field{_did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
+    if fields[field_name].metadata.get("accepts_bool"):  # a choice of words that include true/false
+        value = _bool_word(value) if isinstance(value, (bool, str)) else value
     expected = type(getattr(type(section)(), field_name))
     setattr(section, field_name, _coerce(key, value, expected, source))
     if user:
@@ -259,6 +261,16 @@ def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
         raise ConfigError([(key, f"expected {expected.__name__}, got {type(value).__name__} {value!r} (from {source})")])
     return value
+
+
+def _bool_word(value: bool | str) -> str:
+    """A TOML or command-line boolean as "true"/"false"; other words lower-cased."""
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return "true"
+    if text in ("false", "0", "no", "off"):
+        return "false"
+    return text
 
 
 def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:

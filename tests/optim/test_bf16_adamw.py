@@ -80,7 +80,7 @@ def test_state_dict_resume_is_exact():
     assert all(torch.equal(x, y) for x, y in zip(straight, resumed))
 
 
-def test_compiled_update_matches_eager():
+def test_compiled_update_matches_eager(compiling):
     results = []
     for compile in (False, True):
         params = bf16_params(shapes=((300, 17), (5,)))
@@ -107,7 +107,7 @@ def test_adamw_class_for_zero_redundancy():
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_found_inf_skips_the_step_exactly(compile):
+def test_found_inf_skips_the_step_exactly(compile, compiling):
     """A flagged step with NaN gradients changes nothing; the next one equals an unskipped run's."""
     skipped, straight = bf16_params(), bf16_params()
     opt_s = BF16AdamW(skipped, compile=compile, **HYPER)

@@ -32,7 +32,7 @@ def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
         "--train.log_every", "1", "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
         "--train.run_dir", str(run_dir),
         "--checkpoint.every", "2", "--optim.lr", "1e-2", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100",
-        "--eval.every", "0", "--precision.mode", "bf16-sr", "--train.steps", str(steps),
+        "--eval.every", "0", "--precision.mode", "bf16-sr", "--train.steps", str(steps), "--parallel.compile", "false",
     ]
 
 
@@ -61,6 +61,16 @@ def train(name: str, args: list[str], out: Path, resume: str = "auto") -> None:
 
 
 def layouts(ctx) -> None:
+    # The suite runs eager (tests/conftest.py); these runs keep the compiled optimizer update
+    # they document, on eager transformer blocks (--parallel.compile false in base()).
+    torch._dynamo.config.disable = False
+    try:
+        _layouts(ctx)
+    finally:
+        torch._dynamo.config.disable = True
+
+
+def _layouts(ctx) -> None:
     out, corpus = ctx.out, str(ctx.corpus)
     for name, layout in LAYOUTS.items():
         train(name, base(corpus, out / name, STEPS) + layout, out, resume="fresh")

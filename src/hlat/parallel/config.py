@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DP_SHARDING = ("ddp", "zero1", "zero2", "fsdp")
 PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
 ACTIVATION_CHECKPOINT = ("none", "selective", "full")
+COMPILE = ("auto", "true", "false")
 
 
 @dataclass
@@ -22,7 +23,9 @@ class ParallelConfig:
     pp_schedule: str = "1f1b"
     pp_stages_per_rank: int = 1  # virtual stages per rank; > 1 for interleaved 1F1B
     activation_checkpoint: str = "none"  # "selective" = HLAT's core attention + SwiGLU recompute
-    compile: bool = False  # torch.compile each transformer block
+    # torch.compile each transformer block: "auto" = wherever inductor works (CPU, CUDA), checked
+    # by a start-up probe that falls back to eager; true/false (TOML or command-line booleans too).
+    compile: str = field(default="auto", metadata={"accepts_bool": True})
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -31,7 +34,7 @@ class ParallelConfig:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.dp < 0:
             problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
-        for name, choices in (("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
+        for name, choices in (("compile", COMPILE), ("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
             if getattr(self, name) not in choices:
                 problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(choices)}"))
         if self.pp_schedule == "interleaved-1f1b" and self.pp_stages_per_rank < 2:

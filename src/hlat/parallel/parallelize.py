@@ -22,6 +22,7 @@ from hlat.data.packing import Batch
 from hlat.model import Llama
 from hlat.model.config import ModelConfig
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
+from hlat.parallel.compile import compile_blocks
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
@@ -167,7 +168,8 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
 
 
 def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,
-                         seed: int, n_microbatches: int, precision_mode: str) -> ParallelModel:
+                         seed: int, n_microbatches: int, precision_mode: str, compiled: bool = False) -> ParallelModel:
+    """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile)."""
     check_layout(model_cfg, par, layout)
     with torch.device("meta"):
         full = cast_parameters(Llama(model_cfg), precision_mode)  # bf16 modes store bf16 weights
@@ -185,9 +187,8 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
         if layout.tp > 1:
             apply_tensor_parallel(module, layout.mesh["tp"])
         apply_activation_checkpoint(module, par.activation_checkpoint)
-        if par.compile:
-            for name, block in list(module.layers.items()):
-                module.layers[name] = torch.compile(block)
+        if compiled:
+            compile_blocks(module)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp)
         module.to_empty(device=device)

@@ -30,6 +30,7 @@ from hlat.data.batch import Batch
 from hlat.eval.in_training import InTrainingTasks
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
+from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
@@ -79,8 +80,11 @@ class Trainer:
         per_rank = cfg.train.global_batch // self.layout.dp
         self.accum = per_rank // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
+        compiled = decide_compile(cfg.parallel.compile, cfg.model, self.device, cfg.precision.mode,
+                                  cfg.train.micro_batch, cfg.data.seq_len, cfg.data.document_masking, self.layout.tp)
+        self.out(compiled.line)
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
-                                          self.accum, cfg.precision.mode)
+                                          self.accum, cfg.precision.mode, compiled.enabled)
         self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
                                      cfg.precision.mode) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)

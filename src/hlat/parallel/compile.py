@@ -1,0 +1,123 @@
+"""Whether this run compiles its transformer blocks, decided once at start-up, and the compiling.
+
+`parallel.compile = "auto"` compiles wherever inductor works (CPU and CUDA) and runs eager
+elsewhere. A probe compiles one block of the run's own shape on the run's device, dtype and
+precision and runs a forward and backward; every rank must succeed (MIN over the world group) or
+the whole run falls back to eager, so no rank diverges alone. Under "true" a failing probe is an
+error. torch's own switch (TORCH_COMPILE_DISABLE=1, i.e. torch._dynamo.config.disable) always wins.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hlat.errors import UserError
+from hlat.model.config import ModelConfig
+from hlat.model.llama import TransformerBlock, rope_tables
+from hlat.precision import autocast, cast_parameters, param_dtype
+
+INDUCTOR_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class CompileDecision:
+    enabled: bool
+    line: str  # the one start-up line: "compile: on (inductor, probe 5.8 s)" or why not
+
+
+def compile_disabled_by_torch() -> bool:
+    return bool(torch._dynamo.config.disable)
+
+
+# Compiled blocks under tensor parallelism fail in backward on torch 2.13 (with or without
+# fullgraph; CPU/gloo): a block's DTensor input receives a plain-tensor gradient, which the
+# sequence-parallel redistribute before it cannot take ("'Tensor' object has no attribute
+# '_local_tensor'"). FSDP2, pipeline stages and both recompute modes compile with fullgraph.
+TP_UNSUPPORTED = "tensor-parallel blocks do not compile on this torch (a DTensor input gets a plain gradient in backward)"
+
+
+def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, precision_mode: str,
+                   micro_batch: int, seq_len: int, document_masking: bool, tp: int = 1) -> CompileDecision:
+    """Collective when a process group exists (every rank must call it). `setting`: auto/true/false."""
+    if setting == "false":
+        return CompileDecision(False, "compile: off (parallel.compile false)")
+    if compile_disabled_by_torch():
+        return CompileDecision(False, f"compile: off (parallel.compile {setting}, but torch.compile is disabled by "
+                                      "TORCH_COMPILE_DISABLE=1 / torch._dynamo.config.disable)")
+    if tp > 1:
+        if setting == "true":
+            raise UserError(f"parallel.compile=true with parallel.tp={tp}: {TP_UNSUPPORTED}; set --parallel.compile "
+                            "false (or auto, which runs tensor-parallel layouts eager)")
+        return CompileDecision(False, f"compile: off (auto: {TP_UNSUPPORTED})")
+    if device.type not in INDUCTOR_DEVICES:
+        if setting == "true":
+            raise UserError(f"parallel.compile=true, but inductor does not support device {device.type!r}; "
+                            "set --parallel.compile false (or auto)")
+        return CompileDecision(False, f"compile: off (auto: no inductor backend for {device.type})")
+    start = time.perf_counter()
+    try:
+        probe_block(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking)
+        error = None
+    except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
+        error = err
+    seconds = time.perf_counter() - start
+    if not _all_ranks(error is None, device):
+        reason = _first_line(error) if error is not None else "failed on another rank"
+        if setting == "true":
+            raise UserError(f"parallel.compile=true, but compiling a transformer block failed: {reason}; "
+                            "set --parallel.compile false (or auto, which falls back to eager)") from error
+        return CompileDecision(False, f"warning: compile: torch.compile failed ({reason}); running eager")
+    return CompileDecision(True, f"compile: on (inductor, probe {seconds:.1f} s)")
+
+
+def compile_blocks(module: nn.Module) -> None:
+    """Compile each transformer block in place; fullgraph, so a graph break is an error, not a slowdown."""
+    for name, block in list(module.layers.items()):
+        module.layers[name] = torch.compile(block, fullgraph=True)
+
+
+def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
+                seq_len: int, document_masking: bool) -> None:
+    """Compile one block with the run's shapes and run forward and backward. The same shapes and
+    inputs as Llama.forward gives its blocks, so the real blocks reuse this compilation."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG untouched
+        _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking)
+
+
+def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
+           seq_len: int, document_masking: bool) -> None:
+    with torch.device("meta"):
+        block = cast_parameters(TransformerBlock(model_cfg), precision_mode)
+    block.to_empty(device=device)
+    for param in block.parameters():
+        nn.init.normal_(param, std=model_cfg.init_std)
+    compiled = torch.compile(block, fullgraph=True)
+    cos, sin = rope_tables(model_cfg.head_dim, model_cfg.max_seq_len, model_cfg.rope_theta, device=device)
+    x = torch.randn(micro_batch, seq_len, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode), requires_grad=True)
+    if document_masking:
+        positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
+        cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
+        mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril().expand(micro_batch, 1, seq_len, seq_len).contiguous()
+    else:
+        cos, sin, mask = cos[None, :, None], sin[None, :, None], None
+    with autocast(precision_mode, device):
+        out = compiled(x, cos, sin, mask)
+    out.float().sum().backward()
+
+
+def _all_ranks(ok: bool, device: torch.device) -> bool:
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    flag = torch.tensor([int(ok)], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -1,0 +1,84 @@
+"""parallel.compile: the setting's values and the start-up decision (probe, fallback, torch's own
+switch, tensor parallelism). Compiled training against eager and the golden trajectory of the
+default path: tests/train/test_golden.py.
+
+The suite runs eager (tests/conftest.py sets TORCH_COMPILE_DISABLE=1); the tests that compile ask
+for the `compiling` fixture.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hlat.config import load_config
+from hlat.errors import ConfigError, UserError
+from hlat.model import ModelConfig
+from hlat.parallel import compile as compile_mod
+from hlat.parallel.compile import decide_compile
+from hlat.train.trainer import Trainer
+
+from runs import tiny_args
+
+CPU = torch.device("cpu")
+MODEL = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
+
+
+def decide(setting: str, device: torch.device = CPU):
+    return decide_compile(setting, MODEL, device, "fp32", micro_batch=2, seq_len=32, document_masking=False)
+
+
+@pytest.mark.parametrize(("given", "stored"), [("auto", "auto"), ("true", "true"), ("off", "false"), ("1", "true"),
+                                               ("False", "false")])
+def test_command_line_words(given, stored):
+    assert load_config("tiny", None, ["--parallel.compile", given]).parallel.compile == stored
+
+
+def test_toml_booleans_and_default(tmp_path: Path):
+    assert load_config("tiny").parallel.compile == "auto"
+    for value, stored in (("true", "true"), ("false", "false"), ('"auto"', "auto")):
+        (tmp_path / "c.toml").write_text(f"[parallel]\ncompile = {value}\n")
+        assert load_config(None, tmp_path / "c.toml").parallel.compile == stored
+
+
+def test_other_values_name_the_field_and_choices():
+    with pytest.raises(ConfigError, match=r"parallel\.compile: got 'maybe'; choose one of auto, true, false"):
+        load_config("tiny", None, ["--parallel.compile", "maybe"])
+
+
+def test_torch_switch_wins():
+    """Without the `compiling` fixture torch.compile is disabled: auto and true both run eager, and say why."""
+    for setting in ("auto", "true"):
+        decision = decide(setting)
+        assert not decision.enabled and "TORCH_COMPILE_DISABLE=1" in decision.line
+    assert decide("false").line == "compile: off (parallel.compile false)"
+
+
+def test_no_inductor_backend(compiling):
+    assert decide("auto", torch.device("meta")).line == "compile: off (auto: no inductor backend for meta)"
+    with pytest.raises(UserError, match="inductor does not support device 'meta'; set --parallel.compile false"):
+        decide("true", torch.device("meta"))
+
+
+def test_tensor_parallel_runs_eager(compiling):
+    """Compiled tensor-parallel blocks fail in backward on torch 2.13 (hlat.parallel.compile.TP_UNSUPPORTED)."""
+    assert not decide_compile("auto", MODEL, CPU, "fp32", 2, 32, False, tp=2).enabled
+    with pytest.raises(UserError, match=r"parallel\.compile=true with parallel\.tp=2: .*set --parallel\.compile false"):
+        decide_compile("true", MODEL, CPU, "fp32", 2, 32, False, tp=2)
+
+
+def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_corpus, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
+
+    monkeypatch.setattr(compile_mod, "probe_block", broken)
+    with pytest.raises(UserError, match=r"compiling a transformer block failed: RuntimeError: InvalidCxxCompiler: "
+                                        r"No working C\+\+ compiler found; set --parallel.compile false"):
+        decide("true")
+    lines: list[str] = []
+    trainer = Trainer(load_config(None, None, tiny_args(small_corpus, tmp_path / "run", "--train.steps", "1")), out=lines.append)
+    warnings = [line for line in lines if "compile" in line]
+    assert warnings == ["warning: compile: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
+                        "compiler found); running eager"]
+    assert not any(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in trainer.model.raw_parts[0].layers.values())
+    assert len(trainer.fit().losses) == 1
