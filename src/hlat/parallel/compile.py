@@ -119,5 +119,7 @@ def _all_ranks(ok: bool, device: torch.device) -> bool:
 
 
 def _first_line(error: BaseException) -> str:
+    inner = getattr(error, "inner_exception", None)  # dynamo's BackendCompilerFailed wraps the real cause
+    error = inner if isinstance(inner, BaseException) else error
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
