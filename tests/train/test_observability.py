@@ -122,9 +122,7 @@ def test_wandb_runs_hold_the_records_of_each_stretch_of_kept_steps(tmp_path, mon
     assert [(r["step"], r["loss"]) for r in read_metrics(run_dir)] == [(2, 5.0), (4, 4.0)]
     runs = {}
     for path in (tmp_path / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"):
-        records = list(_wandb_records(path))
-        kinds = [r.WhichOneof("record_type") for r in records]
-        assert "run" in kinds, f"{path} ({path.stat().st_size} bytes) holds no run record: {kinds}"
+        records = _complete_wandb_records(path)
         run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
         config = {item.key: json.loads(item.value_json) for item in run.config.update}
         history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
@@ -144,6 +142,19 @@ def _record(step: int, loss: float) -> dict[str, float]:
             "tokens_per_s": 100.0, "mfu": 0.01, "step_s": 0.5, "data_s": 0.1, "data_frac": 0.1, "mem_peak_gib": 1.5}
 
 
+def _complete_wandb_records(path: Path, timeout_s: float = 30.0) -> list:
+    """The records of a finished W&B run's file. wandb's service may still be writing it when
+    run.finish() returns (seen holding only its header): wait for the run's exit record."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = list(_wandb_records(path))
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds:
+            return records
+        assert time.monotonic() < deadline, f"{path} ({path.stat().st_size} bytes) has no exit record after {timeout_s} s: {kinds}"
+        time.sleep(0.1)
+
+
 def _wandb_records(path: Path) -> Iterator:
     """The protobuf records of a .wandb file: a 7-byte header (":W&B", magic, version), then
     LevelDB's log format: 32 KiB blocks of chunks, each with a 7-byte header (CRC32, length, type:
@@ -151,7 +162,8 @@ def _wandb_records(path: Path) -> Iterator:
     from wandb.proto import wandb_internal_pb2
 
     data, pos, pending = path.read_bytes(), 7, b""
-    assert data[:4] == b":W&B"
+    if data[:4] != b":W&B":  # not even the header yet
+        return
     while pos + 7 <= len(data):
         room = 32768 - pos % 32768
         if room < 7:
@@ -161,6 +173,8 @@ def _wandb_records(path: Path) -> Iterator:
         if kind == 0:  # zero-filled rest of a block
             pos += room
             continue
+        if pos + 7 + length > len(data):  # still being written
+            return
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):

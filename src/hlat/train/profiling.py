@@ -41,6 +41,7 @@ class StepProfiler:
         self.range, self.dir, self.device, self.rank, self.out = cfg.range(), out_dir, device, rank, out
         self._profile: Any = None
         self._done = self.range is None
+        self._first = self._last = 0  # the steps the running trace covers
 
     def before_step(self, step: int) -> None:
         """Call before optimizer step `step` (1-based); stops after B, starts at A."""
@@ -51,7 +52,7 @@ class StepProfiler:
             if step > last:
                 self.stop()
             else:
-                self._last = step
+                self._last = max(self._last, step)  # a rollback redoes earlier steps inside the trace
         elif first <= step <= last:
             self._start(step)
         elif step > last:
