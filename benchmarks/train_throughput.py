@@ -1,10 +1,15 @@
-"""Training throughput and MFU of hlat's LLaMA against transformers' LlamaForCausalLM.
+"""Training throughput of hlat as a user gets it (compiled by default) against transformers'
+LlamaForCausalLM, eager and compiled, and against the machine's own GEMM rate.
 
-Same config (the `small` preset by default), same batch, same AdamW step, in one process; rounds
-alternate between implementations so machine drift hits all of them alike. Prints a markdown
-table; `--out FILE` also writes it with the hardware, versions and date.
+Same config, same batch, same fp32 AdamW step, in one process; rounds alternate between the
+implementations step by step so that machine drift hits all of them alike. Each config's table
+gives tokens/s, the ratio to transformers eager, and hlat's model FLOP/s as a fraction of the best
+GEMM rate of the model's own matmul shapes, measured in the same run. `--out FILE` writes the
+report with the hardware, versions and date.
 
-    python benchmarks/train_throughput.py --preset small --steps 5 --rounds 3 --out benchmarks/train_throughput.md
+    python benchmarks/train_throughput.py --configs small:8192,small --out benchmarks/train_throughput.md
+
+A config is PRESET or PRESET:VOCAB (the preset with another vocabulary size).
 """
 
 from __future__ import annotations
@@ -20,19 +25,21 @@ import torch
 
 from hlat.config import load_config
 from hlat.model import Llama, count_params, flops_per_token
-from hlat.parallel.loss import token_loss_sum
 from hlat.model.hf import hf_config_dict
 from hlat.optim import OptimConfig, build_adamw
+from hlat.parallel.compile import compile_blocks, decide_compile
+from hlat.parallel.loss import token_loss_sum
 from hlat.train.gemm_ceiling import measure_gemm_tflops, model_shapes
 
+CPU = torch.device("cpu")
 
-def make_step(model: torch.nn.Module, tokens: torch.Tensor, bf16: bool, hf: bool) -> Callable[[], None]:
+
+def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callable[[], None]:
     optimizer = build_adamw(model, OptimConfig())
     labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], dim=1)
 
     def step() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(tokens).logits if hf else model(tokens)
+        logits = model(tokens).logits if hf else model(tokens)
         (token_loss_sum(logits, labels) / labels.numel()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
         optimizer.step()
@@ -51,70 +58,101 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callable[[], None]], float, float, int]:
+    """(title, steps by name, FLOPs per token, GEMM rate TFLOP/s, tokens per step) of one config."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    preset, _, vocab = spec.partition(":")
+    cfg = load_config(preset, None, ["--model.vocab_size", vocab] if vocab else [])
+    seq = cfg.data.seq_len
+    tokens = torch.randint(0, cfg.model.vocab_size, (micro_batch, seq), generator=torch.Generator().manual_seed(0))
+    decision = decide_compile("auto", cfg.model, CPU, "fp32", micro_batch, seq, document_masking=False)
+    print(f"{spec}: hlat default {decision.line}", flush=True)
+
+    def hlat(compiled: bool) -> Callable[[], None]:
+        torch.manual_seed(0)
+        model = Llama(cfg.model)
+        if compiled:
+            compile_blocks(model)
+        return make_step(model, tokens, hf=False)
+
+    def transformers(compiled: bool) -> Callable[[], None]:
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**hf_config_dict(cfg.model), attn_implementation="sdpa"))
+        if compiled:
+            for i, layer in enumerate(model.model.layers):
+                model.model.layers[i] = torch.compile(layer)
+        return make_step(model, tokens, hf=True)
+
+    runs = {
+        f"hlat default ({'compiled' if decision.enabled else 'eager'})": hlat(decision.enabled),
+        "hlat eager": hlat(False),
+        "transformers eager": transformers(False),
+        "transformers, each decoder layer compiled": transformers(True),
+    }
+    shapes = model_shapes(cfg.model.d_model, cfg.model.ffn_dim, micro_batch * seq)[:3]  # the model's own GEMMs
+    gemm = max(measure_gemm_tflops(CPU, torch.float32, shape, 1.0) for shape in shapes)
+    title = (f"`{spec}`: {count_params(cfg.model) / 1e6:.1f}M parameters, batch {micro_batch} x {seq}, "
+             f"GEMM rate of its matmul shapes {gemm * 1e3:.0f} GFLOP/s")
+    return title, runs, flops_per_token(cfg.model, seq), gemm, micro_batch * seq
+
+
+def time_rounds(runs: dict[str, Callable[[], None]], steps: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds per step of each implementation, one sample per round, implementations alternating."""
+    for step in runs.values():  # warm-up: compilation, allocator, thread pool
+        step()
+        step()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(rounds):
+        for name, step in runs.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append((time.perf_counter() - start) / steps)
+            print(f"  round {round_ + 1}/{rounds}: {name}: {times[name][-1]:.3f} s/step", flush=True)
+    return times
+
+
+def table(title: str, times: dict[str, list[float]], flops: float, gemm: float, tokens: int) -> list[str]:
+    baseline = tokens / statistics.median(times["transformers eager"])
+    lines = [f"### {title}", "",
+             "| implementation | s/step (median) | tokens/s | vs transformers eager | model FLOP/s / GEMM rate |",
+             "|---|---:|---:|---:|---:|"]
+    for name, samples in times.items():
+        tps = tokens / statistics.median(samples)
+        lines.append(f"| {name} | {statistics.median(samples):.3f} | {tps:,.0f} | {tps / baseline:.2f}x | "
+                     f"{tps * flops / (gemm * 1e12):.0%} |")
+    return lines + [""]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="small")
+    parser.add_argument("--configs", default="small:8192,small", help="comma-separated PRESET or PRESET:VOCAB")
     parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--bf16-steps", type=int, default=1,
-                        help="timed steps per round for bf16 autocast (CPUs without native bf16 run it ~6x slower)")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per implementation per round")
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", help="also write the markdown report to this file")
     args = parser.parse_args()
 
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = load_config(args.preset)
-    seq = cfg.data.seq_len
-    tokens = torch.randint(0, cfg.model.vocab_size, (args.micro_batch, seq), generator=torch.Generator().manual_seed(0))
-    flops = flops_per_token(cfg.model, seq)
-    shapes = model_shapes(cfg.model.d_model, cfg.model.ffn_dim, args.micro_batch * seq)  # the model's own GEMMs
-    peaks = {bf16: max(measure_gemm_tflops(torch.device("cpu"), torch.bfloat16 if bf16 else torch.float32, shape, 0.5)
-                       for shape in shapes) for bf16 in (False, True)}
-
-    runs: dict[str, Callable[[], None]] = {}
-    for bf16 in (False, True):
-        torch.manual_seed(0)
-        runs[f"hlat Llama, {'bf16 autocast' if bf16 else 'fp32'}"] = make_step(Llama(cfg.model), tokens, bf16, hf=False)
-        torch.manual_seed(0)
-        hf_model = LlamaForCausalLM(LlamaConfig(**hf_config_dict(cfg.model), attn_implementation="sdpa"))
-        runs[f"transformers LlamaForCausalLM, {'bf16 autocast' if bf16 else 'fp32'}"] = make_step(hf_model, tokens, bf16, hf=True)
-
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for name, step in runs.items():  # warm-up: allocator, thread pool, autocast caches
-        step()
-    for round_ in range(args.rounds):
-        for name, step in runs.items():
-            n = args.bf16_steps if "bf16" in name else args.steps
-            start = time.perf_counter()
-            for _ in range(n):
-                step()
-            times[name].append((time.perf_counter() - start) / n)
-            print(f"round {round_ + 1}/{args.rounds}: {name}: {times[name][-1]:.3f} s/step", flush=True)
-
-    tokens_per_step = args.micro_batch * seq
-    lines = [
-        f"| implementation | s/step (median of {args.rounds}) | tokens/s | MFU |",
-        "|---|---:|---:|---:|",
-    ]
-    for name, samples in times.items():
-        median = statistics.median(samples)
-        tps = tokens_per_step / median
-        peak = peaks["bf16" in name]
-        lines.append(f"| {name} | {median:.3f} | {tps:,.0f} | {tps * flops / (peak * 1e12):.1%} |")
+    body: list[str] = []
+    for spec in args.configs.split(","):
+        title, runs, flops, gemm, tokens = implementations(spec, args.micro_batch)
+        body += table(title, time_rounds(runs, args.steps, args.rounds), flops, gemm, tokens)
     header = [
-        f"# Training throughput: `{args.preset}` preset ({count_params(cfg.model) / 1e6:.1f}M parameters)",
+        "# Training throughput: hlat's default against transformers",
         "",
         f"- date: {datetime.date.today().isoformat()}",
-        f"- hardware: {cpu_name()}, {torch.get_num_threads()} threads",
-        f"- versions: Python {platform.python_version()}, torch {torch.__version__}, transformers {__import__('transformers').__version__}",
-        f"- batch: {args.micro_batch} x {seq} tokens, full training step (forward, backward, clip, AdamW), "
-        f"{args.steps} steps (bf16: {args.bf16_steps}) x {args.rounds} alternating rounds after one warm-up step",
-        f"- MFU: {flops / 1e9:.3f} GFLOP/token (6N + 12·L·d·T) against the best GEMM rate of the model's matmul shapes measured in the same run: "
-        f"fp32 {peaks[False] * 1e3:.0f} GFLOP/s, bf16 {peaks[True] * 1e3:.0f} GFLOP/s",
+        f"- hardware: {cpu_name()}, {torch.get_num_threads()} threads, torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}",
+        f"- versions: Python {platform.python_version()}, torch {torch.__version__}, "
+        f"transformers {__import__('transformers').__version__}",
+        f"- method: full fp32 training step (forward, backward, clip, AdamW) in one process; two warm-up steps each, "
+        f"then {args.rounds} rounds alternating the implementations, {args.steps} steps each; medians",
+        "- model FLOP/s: 6N + 12·L·d·T per token (causal attention not halved), divided by the best rate of the model's "
+        "own GEMMs (x·Wᵀ, g·W, gᵀ·x of the feed-forward, timed 1 s each) in the same process",
         "",
     ]
-    report = "\n".join(header + lines) + "\n"
+    report = "\n".join(header + body)
     print(report)
     if args.out:
         with open(args.out, "w") as handle:
