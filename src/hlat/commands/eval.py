@@ -19,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="step_NNNNNNNN/ directory, run directory, or Hugging Face model directory")
     parser.add_argument("--tasks", help="comma-separated task names (see --list)")
     parser.add_argument("--suite", help="a named suite: hlat (the paper's table), commonsense, code")
+    parser.add_argument("--task-file", type=Path, action="append", default=[], metavar="YAML",
+                        help="an lm-evaluation-harness task YAML file, or a folder of them "
+                        "(repeatable; the supported keys are in docs/evaluation.md)")
     parser.add_argument("--list", action="store_true", help="list tasks and suites, then exit")
     parser.add_argument("--data-dir", type=Path, help="local task files: <dir>/<task>/<split>.jsonl")
     parser.add_argument("--output", type=Path, help="results folder (default: <checkpoint>/eval)")
@@ -69,8 +72,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
     from hlat.eval.sandbox import describe, require_isolation
     from hlat.eval.sweep import sweep_run, write_sweep
+    from hlat.eval.tasks.task_file import load_task_files
 
-    tasks = resolve_tasks(args.tasks, args.suite)
+    tasks = resolve_tasks(args.tasks, args.suite, load_task_files(args.task_file))
     isolation = None
     if any(t.kind == "code" for t in tasks):  # refuse before loading a model, not after
         isolation = describe(require_isolation(args.allow_unsafe_code))
@@ -89,7 +93,8 @@ def _evaluate(args: argparse.Namespace) -> int:
                              precision=args.precision, prefix_token=loaded.prefix_token, seed=args.seed)
 
     if is_run_dir(path) and not args.latest:
-        rows = sweep_run(path, tasks, options, make_lm, args.tokenizer)
+        rows = sweep_run(path, tasks, options, make_lm, args.tokenizer,
+                         samples_dir=out_dir if args.log_samples else None)
         json_file, png = write_sweep(rows, out_dir, f"{path.name}: quality over training")
         last = rows[-1]
         print(markdown_table({"model": last["checkpoint"], **last}, baselines))

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from hlat.eval.lm import LanguageModel
-from hlat.eval.metrics import mean_stderr, perplexity_metrics
+from hlat.eval.metrics import loglikelihood_perplexity, mean_stderr, perplexity_metrics
 from hlat.eval.sandbox import SandboxLimits, describe, isolation_mode
-from hlat.eval.scoring import (score_code, score_generation, score_multiple_choice,
-                               score_perplexity)
+from hlat.eval.scoring import (score_code, score_generation, score_loglikelihood,
+                               score_multiple_choice, score_perplexity)
 from hlat.eval.tasks import DataMissing, Doc, Task, choose_shots, load_split
 
 
@@ -81,6 +81,8 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
                for i, doc in enumerate(docs)]
     if task.kind == "multiple_choice":
         scores, samples = score_multiple_choice(lm, task, docs, prompts)
+    elif task.kind == "loglikelihood":
+        scores, samples = score_loglikelihood(lm, task, docs, prompts)
     elif task.kind == "generate":
         scores, samples = score_generation(lm, task, docs, prompts)
     elif task.kind == "code":
@@ -92,10 +94,13 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
     if task.kind == "perplexity":
         totals = perplexity_metrics([s["loglikelihood"] for s in scores],
                                     [int(s["words"]) for s in scores], [int(s["bytes"]) for s in scores])
-        metrics = {m: {"value": v, "stderr": None} for m, v in totals.items()}
+        metrics = {m: {"value": totals[m], "stderr": None} for m in task.metrics}
     else:
         metrics = {m: {"value": sum(s[m] for s in scores) / max(len(scores), 1),
                        "stderr": mean_stderr([s[m] for s in scores])} for m in scores[0]}
+        if "perplexity" in metrics:  # of a loglikelihood task: per-example log-likelihoods
+            metrics["perplexity"] = {"value": loglikelihood_perplexity([s["perplexity"] for s in scores]),
+                                     "stderr": None}
     digest = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
     if task.notes:
         notes.insert(0, task.notes)

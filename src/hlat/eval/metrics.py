@@ -26,22 +26,25 @@ def multiple_choice(lls: Sequence[float], choices: Sequence[str], gold: int) -> 
             "acc_norm": float(np.argmax(scores / lengths) == gold)}
 
 
-def normalize_answer(text: str, ignore: Sequence[str] = (), ignore_punctuation: bool = True) -> str:
-    """lm-eval's exact_match with ignore_case: strip the `ignore` regexes, lower-case, optionally
-    drop ASCII punctuation, then trim surrounding whitespace (lm-eval's remove_whitespace filter
-    drops one leading space; trimming also forgives trailing spaces)."""
+def normalize_answer(text: str, ignore: Sequence[str] = (), ignore_punctuation: bool = True,
+                     ignore_case: bool = True) -> str:
+    """lm-eval's exact_match: strip the `ignore` regexes, optionally lower-case and drop ASCII
+    punctuation, then trim surrounding whitespace (lm-eval's remove_whitespace filter drops one
+    leading space; trimming also forgives trailing spaces)."""
     for pattern in ignore:
         text = re.sub(pattern, "", text)
-    text = text.lower()
+    if ignore_case:
+        text = text.lower()
     if ignore_punctuation:
         text = text.translate(str.maketrans("", "", string.punctuation))
     return text.strip()
 
 
 def exact_match(prediction: str, targets: Sequence[str], ignore: Sequence[str] = (),
-                ignore_punctuation: bool = True) -> float:
-    pred = normalize_answer(prediction, ignore, ignore_punctuation)
-    return float(any(pred == normalize_answer(t, ignore, ignore_punctuation) for t in targets))
+                ignore_punctuation: bool = True, ignore_case: bool = True) -> float:
+    pred = normalize_answer(prediction, ignore, ignore_punctuation, ignore_case)
+    return float(any(pred == normalize_answer(t, ignore, ignore_punctuation, ignore_case)
+                     for t in targets))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -49,6 +52,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def loglikelihood_perplexity(lls: Sequence[float]) -> float:
+    """lm-eval's `perplexity` of a loglikelihood task: exp(-mean log-likelihood per example)."""
+    return math.exp(-sum(lls) / max(len(lls), 1))
 
 
 def perplexity_metrics(lls: Sequence[float], words: Sequence[int], nbytes: Sequence[int]) -> dict[str, float]:

@@ -25,11 +25,17 @@ def write_results(out_dir: Path, data: dict[str, Any], results: Sequence[TaskRes
     path.write_text(json.dumps(data, indent=1))
     (out_dir / "results.md").write_text(markdown_table(data, baselines) + "\n")
     if log_samples:
-        for r in results:
-            with open(out_dir / f"samples_{r.task}.jsonl", "w", encoding="utf-8") as handle:
-                for i, sample in enumerate(r.samples):
-                    handle.write(json.dumps({"doc": i, **sample}, default=str) + "\n")
+        write_samples(out_dir, results)
     return path
+
+
+def write_samples(out_dir: Path, results: Sequence[TaskResult]) -> None:
+    """samples_<task>.jsonl: one record per evaluated example, in document order."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for r in results:
+        with open(out_dir / f"samples_{r.task}.jsonl", "w", encoding="utf-8") as handle:
+            for i, sample in enumerate(r.samples):
+                handle.write(json.dumps({"doc": i, **sample}, default=str) + "\n")
 
 
 def load_baselines(path: str | Path) -> Baselines:

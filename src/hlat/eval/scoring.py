@@ -45,6 +45,20 @@ def score_multiple_choice(lm: LanguageModel, task: Task, docs: Sequence[Doc],
     return scores, samples
 
 
+def score_loglikelihood(lm: LanguageModel, task: Task, docs: Sequence[Doc],
+                        prompts: Sequence[str]) -> Scores:
+    """One continuation per example (lm-eval's loglikelihood output type: doc_to_target, with no
+    delimiter added). `perplexity` carries the log-likelihood; the harness aggregates it."""
+    targets = [str(task.doc_to_target(doc)) for doc in docs]
+    results = lm.loglikelihood([LoglikelihoodRequest(p, t) for p, t in zip(prompts, targets)])
+    scores, samples = [], []
+    for prompt, target, (ll, greedy) in zip(prompts, targets, results):
+        values = {"perplexity": ll, "acc": float(greedy)}
+        scores.append({m: values[m] for m in task.metrics})
+        samples.append({"prompt": prompt, "target": target, "loglikelihood": ll, "greedy": greedy})
+    return scores, samples
+
+
 def score_generation(lm: LanguageModel, task: Task, docs: Sequence[Doc],
                      prompts: Sequence[str]) -> Scores:
     outputs = lm.generate([GenerateRequest(p, task.until, task.max_tokens) for p in prompts])
@@ -53,8 +67,8 @@ def score_generation(lm: LanguageModel, task: Task, docs: Sequence[Doc],
     for doc, prompt, output in zip(docs, prompts, outputs):
         targets = task.doc_to_target(doc)
         answers = {m: extractors[m](output) for m in task.metrics}
-        scores.append({m: exact_match(answers[m], targets, task.ignore, task.ignore_punctuation)
-                       for m in task.metrics})
+        scores.append({m: exact_match(answers[m], targets, task.ignore, task.ignore_punctuation,
+                                      task.ignore_case) for m in task.metrics})
         samples.append({"prompt": prompt, "output": output, "answers": answers, "targets": targets,
                         **scores[-1]})
     return scores, samples

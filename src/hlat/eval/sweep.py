@@ -11,6 +11,7 @@ from typing import Any
 
 from hlat.eval.harness import EvalOptions, evaluate
 from hlat.eval.lm import LanguageModel
+from hlat.eval.results import write_samples
 from hlat.checkpoint.loading import (LoadedModel, load_hlat_checkpoint, read_run_config,
                                run_checkpoints, run_tokenizer)
 from hlat.eval.tasks import Task
@@ -21,8 +22,10 @@ SWEEP_PNG = "sweep.png"
 
 def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
               make_lm: Callable[[LoadedModel], LanguageModel], tokenizer: str | Path | None = None,
-              log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """One row per checkpoint, oldest first: {checkpoint, step, tokens, tasks: {task: summary}}."""
+              log: Callable[[str], None] = print,
+              samples_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per checkpoint, oldest first: {checkpoint, step, tokens, tasks: {task: summary}}.
+    With samples_dir, each checkpoint's per-example records go to <samples_dir>/<checkpoint>/."""
     model_cfg, data_cfg = read_run_config(run_dir)
     tok = run_tokenizer(run_dir, data_cfg, model_cfg.vocab_size, tokenizer)
     checkpoints = run_checkpoints(run_dir)
@@ -34,6 +37,8 @@ def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
         log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: step {loaded.step}, "
             f"{loaded.tokens} tokens")
         results, skipped = evaluate(make_lm(loaded), tasks, options, log)
+        if samples_dir is not None:
+            write_samples(samples_dir / checkpoint.name, results)
         rows.append({"checkpoint": checkpoint.name, "step": loaded.step, "tokens": loaded.tokens,
                      "tasks": {r.task: r.summary() for r in results}, "skipped": skipped})
     return rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hlat.eval.tasks import code, generation, multiple_choice, perplexity
 from hlat.eval.tasks.base import Dataset, Doc, Task, choose_shots
 from hlat.eval.tasks.data import DataMissing, load_split
@@ -19,8 +21,10 @@ SUITES: dict[str, tuple[str, ...]] = {
 }
 
 
-def resolve_tasks(tasks: str | None = None, suite: str | None = None) -> list[Task]:
-    """Tasks named by a comma-separated list and/or a suite, in order, without repeats."""
+def resolve_tasks(tasks: str | None = None, suite: str | None = None,
+                  task_files: Sequence[Task] = ()) -> list[Task]:
+    """Tasks named by a comma-separated list and/or a suite, in order, without repeats, then the
+    tasks read from task files (hlat.eval.tasks.task_file)."""
     if suite and suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose one of {', '.join(SUITES)}")
     names: list[str] = list(SUITES[suite]) if suite else []
@@ -28,9 +32,16 @@ def resolve_tasks(tasks: str | None = None, suite: str | None = None) -> list[Ta
     unknown = [n for n in names if n not in TASKS]
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
-    if not names:
-        raise ValueError("no tasks: pass --tasks a,b,c or --suite " + "|".join(SUITES))
-    return [TASKS[n] for n in dict.fromkeys(names)]
+    if not names and not task_files:
+        raise ValueError("no tasks: pass --tasks a,b,c, --suite " + "|".join(SUITES)
+                         + " or --task-file FILE.yaml")
+    chosen = [TASKS[n] for n in dict.fromkeys(names)]
+    from_files = [t.name for t in task_files]
+    clash = sorted({n for n in from_files if n in names or from_files.count(n) > 1})
+    if clash:
+        raise ValueError(f"task name(s) {', '.join(clash)} given twice (a task file's `task:` "
+                         "names its results); rename the task in its file")
+    return chosen + list(task_files)
 
 
 __all__ = ["DataMissing", "Dataset", "Doc", "SUITES", "TASKS", "Task", "choose_shots",

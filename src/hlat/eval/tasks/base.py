@@ -16,13 +16,14 @@ if TYPE_CHECKING:
     from hlat.eval.sandbox import Program
 
 Doc = dict[str, Any]
-Kind = Literal["multiple_choice", "generate", "code", "perplexity"]
+Kind = Literal["multiple_choice", "loglikelihood", "generate", "code", "perplexity"]
 
 
 @dataclass(frozen=True)
 class Dataset:
     """Local files `<data-dir>/<local>/<split>.{jsonl,json,parquet,arrow}` (or one folder per
-    entry of `hub_configs`), else the Hugging Face hub (`hub`, `hub_name`), else `bundled`."""
+    entry of `hub_configs`), else the Hugging Face hub (`hub`, `hub_name`), else `bundled`. A task
+    file may instead name its files: `files` (split -> files) or a folder `path` of <split>.<ext>."""
 
     local: str
     split: str
@@ -31,6 +32,8 @@ class Dataset:
     hub_configs: tuple[str, ...] = ()  # loaded one by one, each doc tagged with "config"
     fewshot_split: str | None = None  # None: the evaluation split, minus the example itself
     bundled: Callable[[str], list[Doc]] | None = None  # split -> docs shipped by a package
+    files: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (split, its files)
+    path: str = ""  # a folder holding <split>.{jsonl,json,parquet,arrow}
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,8 @@ class Task:
     kind: Kind
     data: Dataset
     doc_to_text: Callable[[Doc], str]
-    # multiple_choice: the gold index; generate: the accepted answers; code: unused (see program)
+    # multiple_choice: the gold index; generate: the accepted answers; loglikelihood: the
+    # continuation; code: unused (see program)
     doc_to_target: Callable[[Doc], Any] = lambda doc: None
     doc_to_choice: Callable[[Doc], list[str]] | None = None
     metrics: tuple[str, ...] = ("acc",)
@@ -60,6 +64,7 @@ class Task:
     extractors: dict[str, Callable[[str], str]] | None = None
     ignore: tuple[str, ...] = ()  # regexes removed before exact match
     ignore_punctuation: bool = True
+    ignore_case: bool = True
     fewshot_docs: Callable[[list[Doc]], list[Doc]] | None = None  # narrows the few-shot pool
     program: Callable[[Doc, str], Program] | None = None  # code: (doc, completion) -> solution + test
     notes: str = ""  # deviations from lm-eval, for docs/evaluation.md

@@ -15,6 +15,8 @@ class DataMissing(FileNotFoundError):
 
 
 def load_split(data: Dataset, split: str, data_dir: Path | None) -> list[Doc]:
+    if data.files or data.path:  # a task file's own data: --data-dir does not apply
+        return _load_named(data, split)
     if data_dir is not None:
         docs = _load_local(Path(data_dir) / data.local, split, data.hub_configs)
         if docs is not None:
@@ -55,6 +57,23 @@ def _find(folder: Path, split: str) -> Path | None:
         if (folder / f"{split}.{ext}").is_file():
             return folder / f"{split}.{ext}"
     return None
+
+
+def _load_named(data: Dataset, split: str) -> list[Doc]:
+    if data.path:
+        docs = _load_local(Path(data.path), split, ())
+        if docs is None:
+            raise DataMissing(f"no {split} split in {data.path}: put {split}.jsonl (or .json, "
+                              ".parquet, .arrow) there")
+        return docs
+    files = dict(data.files).get(split)
+    if not files:
+        raise DataMissing(f"no {split} split among dataset_kwargs.data_files "
+                          f"({', '.join(s for s, _ in data.files)})")
+    missing = [f for f in files if not Path(f).is_file()]
+    if missing:
+        raise DataMissing(f"{split} split: {', '.join(missing)} not found")
+    return [doc for f in files for doc in read_file(Path(f))]
 
 
 def _load_local(folder: Path, split: str, configs: tuple[str, ...]) -> list[Doc] | None:

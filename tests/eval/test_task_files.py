@@ -1,0 +1,120 @@
+"""Task files (lm-eval task YAML): the shipped copies of built-in tasks ask the same as the built-in
+definitions; keys outside the supported subset are refused with file and line; results and
+per-example records go through the usual paths, a run-directory sweep included."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hlat.cli import main
+from hlat.eval import TASKS
+from hlat.eval.tasks.task_file import TaskFileError, load_task_file, load_task_files
+
+from export import save_run
+from task_files import ARC_ROWS, write_jsonl
+
+SHIPPED = Path(__file__).parents[2] / "src" / "hlat" / "eval" / "tasks" / "yaml"
+ARC = {"question": "Which tool cuts wood?", "answerKey": "B",
+       "choices": {"label": ["A", "B"], "text": ["a hammer", "a saw"]}}
+DOCS = {  # two examples per task, with the hub dataset's fields
+    "arc_easy": [ARC, {**ARC, "answerKey": "A"}],
+    "arc_challenge": [ARC, {**ARC, "question": "What cuts?"}],
+    "boolq": [{"passage": "Saws cut wood.", "question": "do saws cut wood", "label": 1},
+              {"passage": "Fish fly.", "question": "do fish fly", "label": 0}],
+    "openbookqa": [{"question_stem": "Saws are for", "answerKey": " B",
+                    "choices": {"label": ["A", "B"], "text": ["nails", "wood"]}},
+                   {"question_stem": "Light feeds", "answerKey": "A",
+                    "choices": {"label": ["A", "B"], "text": ["plants", "rocks"]}}],
+    "piqa": [{"goal": "cut wood", "sol1": "use a saw", "sol2": "use a fish", "label": 0},
+             {"goal": "boil water", "sol1": "freeze it", "sol2": "heat it", "label": 1}],
+    "siqa": [{"context": "Ann cut wood.", "question": "Why?", "answerA": "cold", "answerB": "bored",
+              "answerC": "fire", "label": "3"},
+             {"context": "Bo ran.", "question": "How?", "answerA": "fast", "answerB": "slow",
+              "answerC": "never", "label": "1"}],
+    "nq_open": [{"question": "who wrote hamlet", "answer": ["Shakespeare", "W. Shakespeare"]},
+                {"question": "capital of france", "answer": ["Paris"]}],
+    "triviaqa": [{"question": "Who wrote Hamlet", "answer": {"aliases": ["Shakespeare", "Bard"]}},
+                 {"question": "Capital of France", "answer": {"aliases": ["Paris"]}}],
+    "gsm8k": [{"question": "2+2?", "answer": "Two and two.\n#### 4"},
+              {"question": "1,000+1?", "answer": "Add.\n#### 1,001"}],
+    "perplexity": [{"text": "The quick brown fox."}, {"text": "A man on a roof."}],
+}
+GENERATIONS = [" The Paris, France", " so #### 1,001 then 7", " nothing", "$5.00 and #### 4."]
+
+
+def test_shipped_task_files_ask_what_the_built_in_tasks_ask() -> None:
+    shipped = {t.name: t for t in load_task_files([SHIPPED])}
+    assert set(shipped) == set(DOCS)
+    for name, mine in shipped.items():
+        builtin, (doc, shot) = TASKS[name], DOCS[name]
+        assert mine.kind == builtin.kind, name
+        assert mine.prompt(doc, [shot]) == builtin.prompt(doc, [shot]), name
+        assert mine.prompt(doc, []) == builtin.prompt(doc, []), name
+        assert (mine.data.split, mine.data.fewshot_split, mine.num_fewshot) == \
+            (builtin.data.split, builtin.data.fewshot_split, builtin.num_fewshot), name
+        assert (mine.data.hub, mine.data.hub_name) == (builtin.data.hub, builtin.data.hub_name), name
+        if builtin.kind == "perplexity":
+            assert mine.doc_to_text(doc) == builtin.doc_to_text(doc)
+            assert mine.metrics == builtin.metrics
+            continue
+        assert mine.doc_to_target(doc) == builtin.doc_to_target(doc), name
+        assert mine.target_delimiter == builtin.target_delimiter, name
+        if builtin.kind == "multiple_choice":
+            assert mine.doc_to_choice(doc) == builtin.doc_to_choice(doc), name
+            assert mine.metrics == builtin.metrics, name
+            continue
+        assert (mine.until, mine.max_tokens) == (builtin.until, builtin.max_tokens), name
+        assert (mine.ignore, mine.ignore_case, mine.ignore_punctuation) == \
+            (builtin.ignore, builtin.ignore_case, builtin.ignore_punctuation), name
+        # the same answers extracted, metric by metric (gsm8k's keys are lm-eval's filter names)
+        for ours, theirs in zip(mine.metrics, builtin.metrics):
+            for text in GENERATIONS:
+                assert mine.extractors[ours](text).strip() == builtin.extractors[theirs](text).strip()
+
+
+@pytest.mark.parametrize("text, where", [
+    ("task: t\ninclude: base.yaml\n", "t.yaml:2: key 'include' is not supported"),
+    ("task: t\noutput_type: multiple_choice\nprocess_docs: !function utils.process\n",
+     "t.yaml:3: tag !function is not supported"),
+    ("task: t\ndataset_path: json\noutput_type: generate_until\ntest_split: test\n"
+     "doc_to_target: a\nmetric_list:\n  - metric: bleu\n",
+     "t.yaml:6: metric_list: metric 'bleu' is not supported for output_type generate_until"),
+    ("task: t\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+     "doc_to_target: a\ndoc_to_choice: b\n",
+     "t.yaml:2: dataset_path: json needs dataset_kwargs.data_files"),
+    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+     "filter_list:\n  - name: f\n    filter:\n      - function: majority_vote\n",
+     "filter function 'majority_vote' is not supported"),
+])
+def test_unsupported_keys_are_refused_with_file_and_line(tmp_path, text, where) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(TaskFileError, match="docs/evaluation.md|not supported|needs") as err:
+        load_task_file(path)
+    assert where in str(err.value)
+
+
+def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_path, capsys) -> None:
+    """A task file through `hlat eval` on a run directory: every checkpoint's results in
+    sweep.json and its per-example records under <output>/<checkpoint>/."""
+    data = write_jsonl(tmp_path / "data" / "mine.jsonl", ARC_ROWS)
+    (tmp_path / "mine.yaml").write_text(
+        "task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\n"
+        "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
+        "doc_to_target: answerKey\ndoc_to_choice: \"{{choices.label}}\"\n")
+    run = save_run(tmp_path / "run", model, tokenizer_file, [1, 2])
+    out = tmp_path / "out"
+    assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "mine.yaml"),
+                 "--output", str(out), "--log-samples", "--batch-size", "8"]) == 0
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [set(r["tasks"]) for r in rows] == [{"mine"}, {"mine"}]
+    for row in rows:
+        lines = (out / row["checkpoint"] / "samples_mine.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines]
+        assert [r["doc"] for r in records] == list(range(len(ARC_ROWS)))
+        assert all(len(r["loglikelihoods"]) == 3 for r in records)
+    assert "hlat eval" not in capsys.readouterr().err
