@@ -20,7 +20,7 @@ import traceback
 from hlat.errors import UserError
 
 # subcommand name -> module in hlat.commands (one module may register several names)
-COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor"}
+COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor", "generate": "generate"}
 EXPECTED = (UserError, FileNotFoundError)  # what the user can fix from the message alone
 USER_ERROR_EXIT = 2
 DEBUG_ENV = "HLAT_DEBUG"

@@ -9,7 +9,7 @@ than the model are cut from the left.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -21,6 +21,7 @@ from hlat.model import KVCache
 from hlat.precision import autocast
 
 TokenPair = tuple[list[int], list[int]]  # (context ids, continuation ids)
+Stream = Callable[[int, str], None]  # (request index, its text so far) after each generated token
 
 
 def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> Iterator[TokenPair]:
@@ -115,8 +116,9 @@ class LanguageModel:
 
     # --- generation -----------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, requests: Sequence[GenerateRequest]) -> list[str]:
-        """The continuation of each request (see GenerateRequest), batched longest context first."""
+    def generate(self, requests: Sequence[GenerateRequest], stream: Stream | None = None) -> list[str]:
+        """The continuation of each request (see GenerateRequest), batched longest context first.
+        `stream(i, text)` is called each time request i's text grows by a token (uncut)."""
         contexts = self.tokenizer.encode_batch([r.context for r in requests])
         order = sorted(range(len(requests)), key=lambda i: -len(contexts[i]))
         out: list[str] = [""] * len(requests)
@@ -124,8 +126,9 @@ class LanguageModel:
         bar = tqdm(total=len(requests), desc="generate", disable=not self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
             batch = order[start:start + self.batch_size]
+            on_token = None if stream is None else (lambda row, text, batch=batch: stream(batch[row], text))
             texts = self._generate_batch([requests[i] for i in batch], [contexts[i] for i in batch],
-                                         generator)
+                                         generator, on_token)
             for i, text in zip(batch, texts):
                 out[i] = text
             bar.update(len(batch))
@@ -133,7 +136,7 @@ class LanguageModel:
         return out
 
     def _generate_batch(self, reqs: list[GenerateRequest], contexts: list[list[int]],
-                        generator: torch.Generator) -> list[str]:
+                        generator: torch.Generator, on_token: Stream | None) -> list[str]:
         """Prefill the left-padded prompts once, then one position per generated token (KV cache)."""
         # Within the model's context: prompt + generation <= max_length, the prompt cut from the
         # left (as lm-eval does) and the generation capped at max_length - 1 tokens.
@@ -147,6 +150,7 @@ class LanguageModel:
             tokens[row, width - len(p):] = torch.tensor(p, device=self.device)
             valid[row, width - len(p):] = True
         temps = torch.tensor([r.temperature for r in reqs], device=self.device)
+        top_ps = torch.tensor([r.top_p for r in reqs], device=self.device)
         cache = KVCache(width + steps)
         positions, mask = _positions(valid), _padded_causal_mask(valid)
         generated: list[list[int]] = [[] for _ in reqs]
@@ -154,7 +158,7 @@ class LanguageModel:
         done = [False] * len(reqs)
         for _ in range(steps):
             logits = self._forward(tokens, positions, mask, cache)[:, -1].float()
-            next_ids = _pick(logits, temps, generator)
+            next_ids = _pick(logits, temps, top_ps, generator)
             # The next call feeds only the new token: at the next position, seeing every real one.
             tokens, positions = next_ids[:, None], positions[:, -1:] + 1
             valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
@@ -167,6 +171,8 @@ class LanguageModel:
                     continue
                 generated[row].append(token)
                 texts[row] = self.tokenizer.decode(generated[row])
+                if on_token is not None:
+                    on_token(row, texts[row])
                 r = reqs[row]
                 done[row] = len(generated[row]) >= r.max_tokens or any(s in texts[row] for s in r.until)
             if all(done):
@@ -195,12 +201,20 @@ def _padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
     return ((causal & valid[:, None, None, :]) | eye)
 
 
-def _pick(logits: torch.Tensor, temps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _pick(logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
+          generator: torch.Generator) -> torch.Tensor:
+    """Greedy where the temperature is 0; elsewhere sampled from the nucleus: the most probable
+    tokens up to and including the one that takes their total to top_p (always at least one)."""
     greedy = logits.argmax(-1)
     if not bool((temps > 0).any()):
         return greedy
     probs = (logits / temps.clamp_min(1e-6)[:, None]).softmax(-1)
-    sampled = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    # stable: among equal probabilities the lowest id comes first, as in argmax
+    sorted_probs, ids = probs.sort(dim=-1, descending=True, stable=True)
+    before = sorted_probs.cumsum(-1) - sorted_probs  # the mass of the more probable tokens
+    sorted_probs = sorted_probs.masked_fill(before >= top_ps[:, None], 0.0)
+    picked = torch.multinomial(sorted_probs, 1, generator=generator)
+    sampled = ids.gather(-1, picked)[:, 0]
     return torch.where(temps > 0, sampled, greedy)
 
 

@@ -23,10 +23,12 @@ class RollingRequest:
 
 @dataclass(frozen=True)
 class GenerateRequest:
-    """Continue `context` until a stop sequence, EOS or `max_tokens`; greedy when temperature is 0.
+    """Continue `context` until a stop sequence, EOS or `max_tokens`; greedy when temperature is 0,
+    else sampled from the smallest set of tokens whose probability reaches `top_p` (nucleus).
     The result excludes the context and is cut before the first stop sequence."""
 
     context: str
     until: tuple[str, ...] = ()
     max_tokens: int = 256
     temperature: float = 0.0
+    top_p: float = 1.0

@@ -20,10 +20,14 @@ class TrainConfig:
     peak_tflops: float = 0.0  # MFU denominator per device; 0 = the accelerator table, or the CPU formula (docs/training.md)
     tensorboard: bool = True
     plot: bool = True  # loss.png at the end of a run (matplotlib; about a second)
+    # The run ends by printing the model's greedy continuation of this prompt (sample_tokens
+    # tokens): "auto" = the first line of the training data's first document; "" = no sample.
+    sample_prompt: str = "auto"
+    sample_tokens: int = 32
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
-        for name in ("steps", "global_batch", "micro_batch", "log_every"):
+        for name in ("steps", "global_batch", "micro_batch", "log_every", "sample_tokens"):
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.micro_batch >= 1 and self.global_batch % self.micro_batch:

@@ -42,6 +42,7 @@ from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
 from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir
 from hlat.train.sinks import MetricSinks, perplexity, plot_loss
 from hlat.train.profiling import StepProfiler
+from hlat.train.sample import end_of_training_sample
 from hlat.train.step import train_step
 from hlat.train.wandb_sink import WandbSink
 
@@ -233,6 +234,13 @@ class Trainer:
             plot = plot_loss(self.run_dir, f"{cfg.name}: {count_params(cfg.model) / 1e6:,.1f}M params") if cfg.train.plot else None
             self.out(f"done: step {self.step:,}, {self.tokens:,} tokens, final loss {final_loss:.4f} "
                      f"(ln vocab = {math.log(cfg.model.vocab_size):.3f})" + (f"; loss plot {plot}" if plot else ""))
+        if cfg.train.sample_prompt:
+            with watch(self.layout, "end-of-training sample (gathering the weights to rank 0)", self.step):
+                sample = end_of_training_sample(self.model.parts, self.layout, cfg.model, cfg.data, self.tokenizer,
+                                                self.device, cfg.precision.mode, cfg.train.sample_prompt,
+                                                cfg.train.sample_tokens)
+            if sample:
+                self.out(sample)
         return TrainSummary(self.run_dir, self.step, self.tokens, final_loss, losses)
 
     def _train_step(self, window: _Window) -> tuple[float, torch.Tensor]:

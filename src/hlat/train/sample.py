@@ -1,0 +1,57 @@
+"""The sample a run prints when it ends: a few greedy tokens continuing a short prompt, written by
+the model just trained, so that what training did can be read as well as plotted.
+
+The weights are gathered to rank 0 the way in-training evaluation gathers them (every layout:
+DDP, ZeRO, FSDP2, TP, PP); generation is the evaluation harness's (hlat.eval.lm, KV cache).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from hlat.data.config import DataConfig
+from hlat.data.loader import open_source
+from hlat.data.tokenizer import Tokenizer
+from hlat.eval.in_training import gather_full_weights, unsharded_model
+from hlat.eval.lm import LanguageModel
+from hlat.eval.requests import GenerateRequest
+from hlat.model import ModelConfig
+from hlat.parallel.mesh import Layout
+
+AUTO = "auto"  # train.sample_prompt: the start of the training data's first document
+PROMPT_CHARS = 40
+
+
+def sample_prompt(setting: str, data: DataConfig) -> str | None:
+    """The prompt train.sample_prompt asks for; None when there is none to draw from."""
+    if setting != AUTO:
+        return setting
+    try:
+        first = open_source(data)[0]
+    except (ValueError, IndexError):  # token shards only, or no documents
+        return None
+    line = next((line for line in first.splitlines() if line.strip()), "")
+    return line if len(line) <= PROMPT_CHARS else line[:PROMPT_CHARS].rsplit(" ", 1)[0]  # whole words
+
+
+def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: ModelConfig, data: DataConfig,
+                           tokenizer: Tokenizer, device: torch.device, precision_mode: str, setting: str,
+                           max_tokens: int) -> str | None:
+    """Rank 0: the line that shows the model's greedy continuation of the prompt that `setting`
+    (train.sample_prompt) names; None elsewhere. Collective: every rank joins the gather."""
+    weights = gather_full_weights(parts, layout)
+    if weights is None:
+        return None
+    prompt = sample_prompt(setting, data)
+    if prompt is None:
+        return (f"sample: skipped, data.source={data.source!r} has no documents to draw a prompt from; "
+                "set train.sample_prompt")
+    lm = LanguageModel(unsharded_model(model_cfg, weights), tokenizer, device, batch_size=1,
+                       precision=precision_mode, progress=False)
+    start = time.perf_counter()
+    (text,) = lm.generate([GenerateRequest(prompt, max_tokens=max_tokens)])
+    return (f"sample (greedy, {time.perf_counter() - start:.2f} s; --train.sample_prompt \"\" turns it off):\n"
+            f"{prompt}{text}")
