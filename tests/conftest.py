@@ -1,6 +1,7 @@
 import os
 import shutil
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFL
 
 import torch._dynamo.config  # noqa: E402  (reads TORCH_COMPILE_DISABLE at import)
 
-from runs import Scenario, ScenarioResults, run_scenarios  # noqa: E402
+import runs  # noqa: E402
+from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
@@ -26,16 +28,37 @@ def compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCH_COMPILE_DISABLE")
 
 
+def _waits_for_processes(item: pytest.Item) -> bool:
+    """Whether a test's module reads scenarios or starts processes of its own (through tests/runs.py)."""
+    module = getattr(item, "module", None)
+    return bool(getattr(module, "SCENARIOS", None)) or any(
+        getattr(module, name, None) in (runs, runs.torchrun, runs.launch) for name in ("runs", "torchrun", "launch"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Single-process tests first: they run while the shared launch works in the background; the
+    tests that wait for it, or for processes of their own, after them (order otherwise kept)."""
+    items.sort(key=_waits_for_processes)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The scenarios of every module with a selected test, in collection order (tests/runs.py)."""
     modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
     session.stash[_SCENARIOS] = [s for m in modules for s in getattr(m, "SCENARIOS", ())]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _shared_launch(request, tmp_path_factory, small_corpus, _isolated_cache) -> Iterator[SharedLaunch]:
+    """Every collected scenario in one torchrun launch, started in the background at once (tests/runs.py)."""
+    launch = SharedLaunch(request.session.stash[_SCENARIOS], tmp_path_factory.mktemp("scenarios"), small_corpus)
+    yield launch
+    launch.stop()
+
+
 @pytest.fixture(scope="session")
-def scenarios(request, tmp_path_factory, small_corpus) -> ScenarioResults:
-    """Every collected scenario, run once in one torchrun launch (tests/runs.py)."""
-    return run_scenarios(request.session.stash[_SCENARIOS], tmp_path_factory.mktemp("scenarios"), small_corpus)
+def scenarios(_shared_launch: SharedLaunch) -> ScenarioResults:
+    """The shared launch's results, once it has ended."""
+    return _shared_launch.results()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -9,14 +9,19 @@ a launch of its own: a command-line check, a fault that kills or freezes a rank,
 
 Everything else runs as a *scenario*: a function `fn(ctx: ScenarioContext, **kwargs)` named
 "FILE:function" (FILE relative to tests/, e.g. "train/layout_runs.py:train"). A test module lists
-its scenarios in a module-level `SCENARIOS = [Scenario(...), ...]`; before the first test that
-asks for the session fixture `scenarios` (tests/conftest.py), every scenario of every collected
-module runs in ONE torchrun launch (tests/scenario_worker.py) of as many processes as the largest
-scenario needs, in the order listed. Each scenario runs on ranks 0..world-1 in a process group
-of its own (world 1: a plain process, no group); the other ranks skip it. Its files go to
-`scenarios.path(name)`, which fails the asking test with the scenario's traceback if it raised.
-A scenario may read an earlier one's files (`ctx.root / other_name`). Launching costs ~5-10 s of
-imports per process; a scenario costs only its own work.
+its scenarios in a module-level `SCENARIOS = [Scenario(...), ...]`; every scenario of every
+collected module runs in ONE torchrun launch (tests/scenario_worker.py) of as many processes as
+the largest scenario needs, in the order listed. Each scenario runs on ranks 0..world-1 in a
+process group of its own (world 1: a plain process, no group); the other ranks skip it. Its files
+go to `scenarios.path(name)` (session fixture `scenarios`, tests/conftest.py), which fails the
+asking test with the scenario's traceback if it raised. A scenario may read an earlier one's files
+(`ctx.root / other_name`). Launching costs ~5-10 s of imports per process; a scenario costs only
+its own work.
+
+The shared launch starts in the background when the session starts, and the single-process
+tests run beside it: tests/conftest.py orders the modules that read scenarios or start processes
+of their own last, and `torchrun` first waits for the shared launch to end, so no two launches
+compete for the cores.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,14 +56,22 @@ def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+def _command(nproc: int, target: list[str], restarts: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            f"--max-restarts={restarts}", *target]
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
 def torchrun(nproc: int, target: list[str], env: dict[str, str] | None = None, restarts: int = 0,
              timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node NPROC TARGET` (TARGET: a script and its arguments, or
-    ["-m", module, ...]) on gloo; with `check`, a non-zero exit fails the test with the output's tail."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           f"--max-restarts={restarts}", *target]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-                          timeout=timeout)
+    ["-m", module, ...]) on gloo, once the shared launch has ended; with `check`, a non-zero exit
+    fails the test with the output's tail."""
+    wait_for_shared_launch()
+    done = subprocess.run(_command(nproc, target, restarts), capture_output=True, text=True, env=_env(env), timeout=timeout)
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
@@ -85,21 +100,62 @@ class ScenarioContext:
     world: int
 
 
-def run_scenarios(scenarios: list[Scenario], root: Path, corpus: Path, timeout: float = 600) -> ScenarioResults:
-    """Run every scenario in one torchrun launch (see the module docstring)."""
-    names = [s.name for s in scenarios]
-    assert len(set(names)) == len(names), f"scenario names must be unique: {names}"
-    plan = {"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}
-    (root / PLAN).write_text(json.dumps(plan, indent=1))
-    nproc = max((s.world for s in scenarios), default=1)
-    # a scenario whose ranks fail unevenly leaves the others in a collective: bound that wait
-    done = torchrun(nproc, [str(WORKER), str(root)], env={"HLAT_COLLECTIVE_TIMEOUT_S": "120"}, timeout=timeout, check=False)
-    return ScenarioResults(root, {s.name: s.world for s in scenarios}, done)
+class SharedLaunch:
+    """The one torchrun launch of every scenario (see the module docstring), started at once in the
+    background; `results()` waits for it. Its output goes to files, so nothing blocks on a pipe."""
+
+    def __init__(self, scenarios: list[Scenario], root: Path, corpus: Path, timeout: float = 900):
+        names = [s.name for s in scenarios]
+        assert len(set(names)) == len(names), f"scenario names must be unique: {names}"
+        self.root, self.worlds = root, {s.name: s.world for s in scenarios}
+        self.deadline = time.monotonic() + timeout
+        self._results: ScenarioResults | None = None
+        self.process: subprocess.Popen | None = None
+        if scenarios:
+            (root / PLAN).write_text(json.dumps({"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}, indent=1))
+            nproc = max(s.world for s in scenarios)
+            with open(root / "launch.out", "w") as out, open(root / "launch.err", "w") as err:
+                # a scenario whose ranks fail unevenly leaves the others in a collective: bound that wait
+                self.process = subprocess.Popen(_command(nproc, [str(WORKER), str(root)], 0), stdout=out, stderr=err,
+                                                env=_env({"HLAT_COLLECTIVE_TIMEOUT_S": "120"}), start_new_session=True)
+        _RUNNING.append(self)
+
+    def results(self) -> ScenarioResults:
+        if self._results is None:
+            code, note = 0, ""
+            if self.process is not None:
+                try:
+                    code = self.process.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    code, note = self.process.wait(), "the shared launch ran out of time and was killed\n"
+            output = note + "".join((self.root / f).read_text()[-4000:] for f in ("launch.out", "launch.err")
+                                    if (self.root / f).is_file())
+            self._results = ScenarioResults(self.root, self.worlds, code, output)
+            _RUNNING.remove(self)
+        return self._results
+
+    def stop(self) -> None:
+        """End of session: a launch still running (a run cut short, e.g. -x) is killed."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self in _RUNNING:
+            _RUNNING.remove(self)
+
+
+_RUNNING: list[SharedLaunch] = []
+
+
+def wait_for_shared_launch() -> None:
+    """Before a test starts processes of its own: let the shared launch finish first."""
+    for launch in list(_RUNNING):
+        launch.results()
 
 
 class ScenarioResults:
-    def __init__(self, root: Path, worlds: dict[str, int], launch: subprocess.CompletedProcess):
-        self.root, self.worlds, self.launch = root, worlds, launch
+    def __init__(self, root: Path, worlds: dict[str, int], returncode: int, output: str):
+        self.root, self.worlds, self.returncode, self.output = root, worlds, returncode, output
 
     def path(self, name: str) -> Path:
         """The scenario's directory, once it finished on every rank; else fail with why."""
@@ -111,8 +167,8 @@ class ScenarioResults:
             raise AssertionError(f"scenario {name} failed:\n" + "\n".join(e.read_text() for e in errors))
         missing = [r for r in range(self.worlds[name]) if not (out / f"done.rank{r}").is_file()]
         if missing:
-            raise AssertionError(f"scenario {name} did not finish on ranks {missing} (launch exit {self.launch.returncode}):\n"
-                                 + self.launch.stdout[-3000:] + self.launch.stderr[-5000:])
+            raise AssertionError(f"scenario {name} did not finish on ranks {missing} (launch exit {self.returncode}):\n"
+                                 + self.output)
         return out
 
     def json(self, name: str, file: str) -> Any:

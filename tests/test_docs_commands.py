@@ -28,6 +28,8 @@ from hlat.cli import main
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
+import runs
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # one step, no validation pass: the commands' own settings (preset, layout, file) are what is tested
@@ -143,6 +145,7 @@ def test_documented_command_runs_as_written(shown, workdir, capsys, monkeypatch)
     argv = [*shown.argv, *SHORTENED.get(shown.text, [])]
     monkeypatch.chdir(workdir)
     if argv[0] == "torchrun":
+        runs.wait_for_shared_launch()
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], capture_output=True, text=True,
                               env=env, timeout=600)

@@ -5,6 +5,8 @@ import socket
 import subprocess
 from pathlib import Path
 
+import runs
+
 SCRIPT = Path(__file__).parents[2] / "scripts" / "two_nodes_local.sh"
 
 
@@ -21,6 +23,7 @@ def test_two_nodes_rendezvous_and_train(small_corpus, tmp_path):
                  "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "4",
                  "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--train.tensorboard", "false", "--train.plot", "false",
                  "--data.val_source", "", "--eval.every", "0", "--train.run_dir", str(tmp_path / "run")]
+    runs.wait_for_shared_launch()
     done = subprocess.run(["bash", str(SCRIPT), "1", *overrides], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "on 2 x cpu (pp 1 x dp 2 x tp 1" in done.stdout and "done: step 2" in done.stdout
