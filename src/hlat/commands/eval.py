@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Evaluate an hlat checkpoint (step_NNNNNNNN/), every checkpoint of a run "
         "directory (plotting each metric against tokens seen), or a local Hugging Face LLaMA "
         "directory. Task data comes from --data-dir (jsonl/json/parquet/arrow, see "
-        "docs/evaluation.md), else the Hugging Face hub; HumanEval works offline.",
+        "docs/evaluation.md), else the Hugging Face hub; HumanEval works offline. Your own "
+        "tasks: --task-file with lm-evaluation-harness task YAML.",
         epilog="example: hlat eval --checkpoint runs/tiny --tasks arc_easy,humaneval --data-dir data/eval")
     parser.add_argument("--checkpoint", required=True, metavar="PATH",
                         help="step_NNNNNNNN/ directory, run directory, or Hugging Face model directory")
