@@ -43,14 +43,16 @@ def test_export_loads_in_transformers_and_imports_back(small_corpus, tmp_path, c
         assert torch.equal(fresh.model.raw_parts[0].state_dict()[name], value), name
 
 
-def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB") -> torch.nn.Module:
-    """A tiny random LlamaForCausalLM saved as safetensors, with a WordLevel tokenizer.json."""
+def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB", **variant) -> torch.nn.Module:
+    """A tiny random LlamaForCausalLM saved as safetensors, with a WordLevel tokenizer.json;
+    `variant`: LlamaConfig keys over the plain LLaMA's."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                                       num_attention_heads=8, num_key_value_heads=n_kv_heads, max_position_embeddings=64,
-                                      rope_theta=500000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+                                      rope_theta=500000.0, rms_norm_eps=1e-6,
+                                      **{"tie_word_embeddings": False, **variant})
     config._attn_implementation = "eager"
     model = transformers.LlamaForCausalLM(config).float().eval()
     with torch.no_grad():  # perturb everything, norms included, so a swapped mapping shows
@@ -88,11 +90,53 @@ def test_import_gives_transformers_logits(tmp_path, capsys, n_kv_heads, max_shar
         assert (back(ids).logits - hf(ids).logits).abs().max().item() < 1e-4
 
 
+# The LLaMA variants hlat represents, each as its model family's config.json says it (tiny sizes).
+VARIANTS = {
+    "smollm2-tied": dict(tie_word_embeddings=True),
+    # Llama 3.1's rope_scaling, pre-trained length scaled down so 40 positions span all three bands
+    "llama3.1-rope": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "head_dim-bias-linear": dict(head_dim=16, attention_bias=True, mlp_bias=True,
+                                 rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, variant):
+    """A variant's logits agree with transformers' through hlat import, --checkpoint.init_from hf:DIR
+    and hlat export back into transformers."""
+    hf = _hf_llama(tmp_path / "hf", 2, **VARIANTS[variant])
+    ids = torch.randint(0, 96, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = hf(ids).logits
+    run = tmp_path / "run"
+    assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
+    loaded = load_model(run)
+    with torch.no_grad():
+        assert (loaded.model(ids) - expected).abs().max().item() < 1e-4
+    assert sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in hf.parameters())
+
+    args = ["--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "2",
+            "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
+            "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
+            "--checkpoint.init_from", f"hf:{tmp_path / 'hf'}"]
+    trainer = Trainer(load_config("tiny", run / "config.toml", args), out=print)
+    assert "initialised from Hugging Face weights" in capsys.readouterr().out
+    model = trainer.model.raw_parts[0]
+    with torch.no_grad():
+        assert (model(ids) - expected).abs().max().item() < 1e-4
+    assert model.cfg == loaded.model.cfg
+
+    assert main(["export", str(run), str(tmp_path / "back")]) == 0
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    with torch.no_grad():
+        assert (back(ids).logits - expected).abs().max().item() < 1e-4
+
+
 @pytest.mark.parametrize("field,value,message", [
-    ("rope_scaling", {"rope_type": "linear", "factor": 2.0}, "rope_scaling={'rope_type': 'linear', 'factor': 2.0}"),
-    ("attention_bias", True, "attention_bias=True"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}"),
+    ("head_dim", 7, "head_dim=7 is odd"),
     ("hidden_act", "gelu", "hidden_act='gelu'"),
-    ("tie_word_embeddings", True, "tie_word_embeddings=True"),
 ])
 def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, value, message):
     _hf_llama(tmp_path / "hf", 2)

@@ -11,7 +11,7 @@ def fields(cfg: ModelConfig) -> list[str]:
 def test_presets_are_valid() -> None:
     assert ModelConfig().validate() == []
     assert SEVENTY_B.validate() == []
-    assert ModelConfig().head_dim == 128 and SEVENTY_B.head_dim == 128
+    assert ModelConfig().attn_head_dim == 128 and SEVENTY_B.attn_head_dim == 128
 
 
 def test_kv_heads_must_divide_heads() -> None:

@@ -10,9 +10,10 @@ and a tokenizer (tokenizer.json or a SentencePiece tokenizer.model). `import_hf`
                                       tokenizer_config.json, which names the BOS evaluation uses)
   RUN_DIR/checkpoints/step_00000000/  a weights-only hlat checkpoint (fp32), as archives are
 
-which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. Whatever
-hlat's LLaMA cannot represent (RoPE scaling, biases, tied embeddings, another activation) is
-refused, naming the config.json field: importing it anyway would give a different model.
+which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. The LLaMA
+variants map to [model] fields (tie_word_embeddings, rope_scaling linear/llama3, head_dim,
+attention_bias, mlp_bias); whatever hlat's LLaMA cannot represent (another RoPE type or
+activation) is refused, naming the config.json field: importing it anyway would give a different model.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str
     try:
         check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
     except IncompleteWeights as err:
-        raise ImportRefused(f"{err} ({HF_CONFIG}: hlat's LLaMA has no biases, tied embeddings or extra heads)") from err
+        raise ImportRefused(f"{err} (the tensors {HF_CONFIG} describes: check its tie_word_embeddings, "
+                             "attention_bias, mlp_bias and head_dim)") from err
     return weights
 
 
@@ -154,7 +156,8 @@ def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) ->
 
 
 def _toml(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, str) else repr(value)  # a JSON string is a TOML string
+    # JSON strings and true/false are TOML's too
+    return json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
 
 
 def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path) -> str:

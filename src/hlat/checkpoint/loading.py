@@ -162,5 +162,5 @@ def empty_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Llama:
     with torch.device("meta"):
         model = Llama(cfg)
     model = model.to_empty(device="cpu")
-    model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    model.rope_cos, model.rope_sin = rope_tables(cfg)
     return model.to(dtype)  # Llama keeps its RoPE tables in fp32 through a cast

@@ -59,7 +59,7 @@ def unsharded_model(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Llama
     with torch.device("meta"):
         model = Llama(cfg)
     model.load_state_dict(weights, assign=True)
-    model.rope_cos, model.rope_sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    model.rope_cos, model.rope_sin = rope_tables(cfg)
     return model
 
 

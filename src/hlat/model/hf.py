@@ -26,6 +26,14 @@ _LAYER_NAMES: dict[str, str] = {
     "feed_forward.w2.weight": "mlp.down_proj.weight",
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
+    # attention_bias / mlp_bias
+    "attention.wq.bias": "self_attn.q_proj.bias",
+    "attention.wk.bias": "self_attn.k_proj.bias",
+    "attention.wv.bias": "self_attn.v_proj.bias",
+    "attention.wo.bias": "self_attn.o_proj.bias",
+    "feed_forward.w1.bias": "mlp.gate_proj.bias",
+    "feed_forward.w3.bias": "mlp.up_proj.bias",
+    "feed_forward.w2.bias": "mlp.down_proj.bias",
 }
 _TOP_NAMES: dict[str, str] = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -37,8 +45,19 @@ _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 _HF_IGNORED = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.(original_)?inv_freq")
 
 
+# hlat field -> key of transformers' rope_scaling (rope_parameters in transformers >= 5)
+_ROPE_KEYS: dict[str, dict[str, str]] = {
+    "none": {},
+    "linear": {"rope_factor": "factor"},
+    "llama3": {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
+               "rope_high_freq_factor": "high_freq_factor",
+               "rope_original_max_seq_len": "original_max_position_embeddings"},
+}
+
+
 def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     """Keyword arguments for transformers.LlamaConfig describing the same architecture."""
+    scaling = cfg.rope_scaling
     return {
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
@@ -46,39 +65,50 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
+        "head_dim": cfg.attn_head_dim,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
+        # the pre-5 form, which transformers 5 still reads (and turns into rope_parameters)
+        "rope_scaling": None if scaling == "none" else {
+            "rope_type": scaling, **{hf: getattr(cfg, ours) for ours, hf in _ROPE_KEYS[scaling].items()}},
         "max_position_embeddings": cfg.max_seq_len,
         "initializer_range": cfg.init_std,
         "hidden_act": "silu",
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": cfg.attention_bias,
+        "mlp_bias": cfg.mlp_bias,
     }
+
+
+def _rope_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """hlat's rope_* fields from config.json's rope_scaling (transformers < 5: "rope_type", or
+    "type" in older files) or rope_parameters (transformers >= 5, which also holds rope_theta)."""
+    params = d.get("rope_parameters") or {}
+    key, scaling = ("rope_parameters", params) if params.get("rope_type", "default") != "default" \
+        else ("rope_scaling", d.get("rope_scaling") or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    out: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", d.get("rope_theta", 10000.0)))}
+    if kind == "default":
+        return out
+    if kind not in _ROPE_KEYS:
+        raise ValueError(f"{key}={scaling!r}: hlat implements the RoPE types {', '.join(t for t in _ROPE_KEYS if t != 'none')} "
+                         f"(not {kind!r}); use a model trained with one of them or none")
+    missing = [hf for hf in _ROPE_KEYS[kind].values() if hf not in scaling]
+    if missing:
+        raise ValueError(f"{key}={scaling!r} lacks {', '.join(missing)}, which rope_type {kind!r} needs")
+    return {**out, "rope_scaling": kind, **{ours: scaling[hf] for ours, hf in _ROPE_KEYS[kind].items()}}
 
 
 def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a LlamaConfig dict (`config.to_dict()` or a config.json). Features hlat
     does not implement raise ValueError naming the key, rather than loading a different model."""
-    unsupported = {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-                   "hidden_act": "silu"}
-    for key, ok in unsupported.items():
-        if d.get(key, ok) != ok:
-            raise ValueError(f"{key}={d[key]!r} is not supported by hlat (needs {ok!r})")
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported by hlat (needs 'silu': SwiGLU)")
     if d.get("model_type", "llama") != "llama":
         raise ValueError(f"model_type={d['model_type']!r}: hlat loads LLaMA models only (model_type 'llama')")
-    rope = d.get("rope_parameters") or {}  # transformers >= 5 nests rope_theta here
-    for key, value in (("rope_scaling", d.get("rope_scaling")),
-                       ("rope_parameters", rope if rope.get("rope_type", "default") != "default" else None)):
-        if value:
-            raise ValueError(f"{key}={value!r}: hlat's RoPE has no scaling (linear, dynamic, yarn, llama3); "
-                             "use a model trained without it")
     n_heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
-    if head_dim * n_heads != d["hidden_size"]:
-        raise ValueError(f"head_dim={head_dim} with num_attention_heads={n_heads} != hidden_size="
-                         f"{d['hidden_size']} is not supported by hlat")
+    rope = _rope_fields(d)
     return ModelConfig(
         vocab_size=d["vocab_size"],
         d_model=d["hidden_size"],
@@ -88,9 +118,13 @@ def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
         ffn_dim=d["intermediate_size"],
         # Missing optional keys take LlamaConfig's defaults, which is what HF would use.
         norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10000.0))),
         max_seq_len=d.get("max_position_embeddings", 2048),
         init_std=float(d.get("initializer_range", 0.02)),
+        head_dim=0 if head_dim * n_heads == d["hidden_size"] else head_dim,  # 0: the LLaMA rule
+        tie_embeddings=bool(d.get("tie_word_embeddings", False)),  # LlamaConfig's default
+        attention_bias=bool(d.get("attention_bias", False)),
+        mlp_bias=bool(d.get("mlp_bias", False)),
+        **rope,
     )
 
 

@@ -8,6 +8,7 @@ are read from tensor shapes at runtime, so sharding heads across ranks needs no 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,13 +32,32 @@ class RMSNorm(nn.Module):
         return normed.type_as(x) * self.weight
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float,
-                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
+    """The RoPE inverse frequencies [head_dim // 2], scaled as transformers' rope_type
+    (modeling_rope_utils: _compute_linear_scaling_rope_parameters, _compute_llama3_parameters)."""
+    dim = cfg.attn_head_dim
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    if cfg.rope_scaling == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_scaling == "llama3":
+        original = cfg.rope_original_max_seq_len
+        low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        # long wavelengths (> original / low) are divided by the factor, short ones (< original /
+        # high) kept, and those between blended linearly in original / wavelen
+        scaled = torch.where(wavelen > original / low, inv_freq / cfg.rope_factor, inv_freq)
+        smooth = (original / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / cfg.rope_factor + smooth * scaled
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        return torch.where(medium, blended, scaled)
+    return inv_freq
+
+
+def rope_tables(cfg: ModelConfig, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of the RoPE angles, [max_seq_len, head_dim // 2], always fp32 (bf16 angles at
     position ~4000 would be off by whole radians)."""
-    dims = torch.arange(0, head_dim, 2, dtype=torch.float32, device=device)
-    inv_freq = 1.0 / theta ** (dims / head_dim)
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float32, device=device), inv_freq)
+    positions = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
+    angles = torch.outer(positions, rope_inv_freq(cfg, device))
     return angles.cos(), angles.sin()
 
 
@@ -68,11 +88,11 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.head_dim = cfg.attn_head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wo = nn.Linear(cfg.n_heads * cfg.attn_head_dim, cfg.d_model, bias=cfg.attention_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
@@ -93,9 +113,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # gate
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)  # down
-        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # up
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # gate
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.mlp_bias)  # down
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(swiglu(self.w1(x), self.w3(x)))
@@ -116,6 +136,17 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def _drop_tied_output(module: "Llama", state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    if module.output is not None and module.tok_embeddings is not None:
+        state.pop(prefix + "output.weight", None)  # the embedding, saved once as tok_embeddings.weight
+
+
+def _retie_after_load(module: "Llama", incompatible: Any) -> None:
+    module.tie_weights()  # load_state_dict(assign=True) replaced tok_embeddings.weight alone
+    if "output.weight" in incompatible.missing_keys:
+        incompatible.missing_keys.remove("output.weight")
+
+
 class Llama(nn.Module):
     """Decoder-only LLaMA. Construction initialises the weights; it also works under
     `torch.device("meta")`, after which call `to_empty(device=...)` and `init_weights()`."""
@@ -128,23 +159,34 @@ class Llama(nn.Module):
         # names ("layers.40...") of the full model, so checkpoints reshard across layouts.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied from embeddings
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            # One Parameter in both modules: named_parameters (init, optimizer) yields it once as
+            # tok_embeddings.weight; the state-dict hooks keep output.weight out of checkpoints.
+            self.tie_weights()
+            self._register_state_dict_hook(_drop_tied_output)
+            self.register_load_state_dict_post_hook(_retie_after_load)
         # Non-persistent: derived from the config, so they stay out of checkpoints.
-        table_shape = (cfg.max_seq_len, cfg.head_dim // 2)
+        table_shape = (cfg.max_seq_len, cfg.attn_head_dim // 2)
         self.register_buffer("rope_cos", torch.empty(table_shape), persistent=False)
         self.register_buffer("rope_sin", torch.empty(table_shape), persistent=False)
         self.init_weights()
 
     def reset_rope(self) -> None:
         """Recompute the RoPE tables (non-persistent buffers: after to_empty they hold garbage)."""
-        cfg = self.cfg
-        self.rope_cos, self.rope_sin = rope_tables(
-            cfg.head_dim, cfg.max_seq_len, cfg.rope_theta, device=self.rope_cos.device)
+        self.rope_cos, self.rope_sin = rope_tables(self.cfg, device=self.rope_cos.device)
+
+    def tie_weights(self) -> None:
+        """Make the output head the embedding matrix again (a module conversion such as to_empty
+        or a dtype cast replaces each module's Parameter separately). A no-op on a pipeline stage
+        that lacks either end."""
+        if self.cfg.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     @torch.no_grad()
     def init_weights(self) -> None:
         """HLAT init of every parameter by its name (init_std_of): N(0, init_std) everywhere,
-        N(0, init_std/sqrt(2L)) for wo and w2, norms 1. A pipeline stage inits what it holds."""
+        N(0, init_std/sqrt(2L)) for wo and w2, biases 0, norms 1. A pipeline stage inits what it holds."""
         for name, param in self.named_parameters():
             std = self.init_std_of(name)
             if std is None:
@@ -161,6 +203,8 @@ class Llama(nn.Module):
         """
         if name.endswith("norm.weight"):
             return None
+        if name.endswith(".bias"):
+            return 0.0  # biases start at zero (transformers' _init_weights)
         std = self.cfg.init_std
         if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
             # Scaled init of the projections into the residual stream (GPT-2/Megatron); L of the
@@ -171,6 +215,7 @@ class Llama(nn.Module):
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         # A dtype cast (model.to(torch.bfloat16)) would quantise the RoPE tables: rebuild in fp32.
         super()._apply(fn, recurse)
+        self.tie_weights()
         if self.rope_cos.dtype != torch.float32:
             self.reset_rope()
         return self

@@ -97,7 +97,7 @@ def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, mi
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)
     compiled = torch.compile(block, fullgraph=True)
-    cos, sin = rope_tables(model_cfg.head_dim, model_cfg.max_seq_len, model_cfg.rope_theta, device=device)
+    cos, sin = rope_tables(model_cfg, device=device)
     x = torch.randn(micro_batch, seq_len, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode), requires_grad=True)
     if document_masking:
         positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)

@@ -28,7 +28,7 @@ from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
-from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.pipeline import build_schedule, check_pipeline, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.precision import autocast, cast_parameters
 from hlat.parallel.loss import token_loss_sum
@@ -164,6 +164,7 @@ def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tenso
 def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) -> None:
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
+    check_pipeline(model_cfg, layout.pp)
     check_data_parallel(par.dp_sharding, layout.dp, layout.tp, layout.pp)
 
 

@@ -19,6 +19,12 @@ from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
 
 
+def check_pipeline(cfg: ModelConfig, pp: int) -> None:
+    if pp > 1 and cfg.tie_embeddings:  # the first and last stages would each need the matrix
+        raise ConfigError([("model.tie_embeddings", f"tie_embeddings=true is not yet supported with pipeline "
+                            f"parallelism (parallel.pp={pp}); use parallel.pp 1 (data parallel or FSDP layouts support it)")])
+
+
 def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> list[range]:
     """Contiguous layer ranges per stage minimising the costliest stage (the last adds the head)."""
     if n_stages > n_layers:
@@ -44,7 +50,7 @@ def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: flo
 
 def stage_costs(cfg: ModelConfig) -> tuple[float, float]:
     """(per-layer, head) matmul FLOPs per token, the quantities split_layers balances."""
-    kv = cfg.n_kv_heads * cfg.head_dim
+    kv = cfg.n_kv_heads * cfg.attn_head_dim
     layer = 2 * cfg.d_model * (2 * cfg.d_model + 2 * kv) + 6 * cfg.d_model * cfg.ffn_dim
     return float(layer), float(2 * cfg.d_model * cfg.vocab_size)
 

@@ -40,6 +40,11 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     for field, size in (("model.ffn_dim", cfg.ffn_dim), ("model.vocab_size", cfg.vocab_size)):
         if size % tp:
             problems.append((field, f"{size} is not divisible by parallel.tp={tp}"))
+    # Not yet built under tensor parallelism: refused rather than trained wrong.
+    for field in ("tie_embeddings", "attention_bias", "mlp_bias"):
+        if getattr(cfg, field):
+            problems.append((f"model.{field}", f"{field}=true is not yet supported with tensor parallelism "
+                             f"(parallel.tp={tp}); use parallel.tp 1 (data parallel or FSDP layouts support it)"))
     if problems:
         raise ConfigError(problems)
 
@@ -71,7 +76,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Shard `model` (a full Llama or a pipeline stage of one) over `tp_mesh` in place."""
     cfg: ModelConfig = model.cfg
     if cfg.n_kv_heads < tp_mesh.size():
-        kv: ParallelStyle = ReplicatedKV(cfg.head_dim, cfg.n_kv_heads)
+        kv: ParallelStyle = ReplicatedKV(cfg.attn_head_dim, cfg.n_kv_heads)
         kv_styles = {"attention.wk": kv, "attention.wv": kv}
     else:
         kv_styles = {"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()}
