@@ -106,15 +106,21 @@ def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_pat
         f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\n"
         "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
         "doc_to_target: answerKey\ndoc_to_choice: \"{{choices.label}}\"\n")
+    write_jsonl(tmp_path / "eval" / "arc_easy" / "test.jsonl", ARC_ROWS)  # the shipped copy's data
     run = save_run(tmp_path / "run", model, tokenizer_file, [1, 2])
     out = tmp_path / "out"
     assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "mine.yaml"),
+                 "--task-file", str(SHIPPED / "arc_easy.yaml"), "--data-dir", str(tmp_path / "eval"),
                  "--output", str(out), "--log-samples", "--batch-size", "8"]) == 0
     rows = json.loads((out / "sweep.json").read_text())
-    assert [set(r["tasks"]) for r in rows] == [{"mine"}, {"mine"}]
-    for row in rows:
-        lines = (out / row["checkpoint"] / "samples_mine.jsonl").read_text().splitlines()
+    assert [set(r["tasks"]) for r in rows] == [{"mine", "arc_easy"}] * 2
+    for row, task in [(row, task) for row in rows for task in ("mine", "arc_easy")]:
+        lines = (out / row["checkpoint"] / f"samples_{task}.jsonl").read_text().splitlines()
         records = [json.loads(line) for line in lines]
         assert [r["doc"] for r in records] == list(range(len(ARC_ROWS)))
         assert all(len(r["loglikelihoods"]) == 3 for r in records)
     assert "hlat eval" not in capsys.readouterr().err
+    # a refused file stops the command before any model is loaded: one message, exit 2
+    (tmp_path / "bad.yaml").write_text("task: bad\ngroup: mine\n")
+    assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "bad.yaml")]) == 2
+    assert f"{tmp_path / 'bad.yaml'}:2: key 'group' is not supported" in capsys.readouterr().err
