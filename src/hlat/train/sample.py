@@ -42,6 +42,7 @@ def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: Mo
                            max_tokens: int) -> str | None:
     """Rank 0: the line that shows the model's greedy continuation of the prompt that `setting`
     (train.sample_prompt) names; None elsewhere. Collective: every rank joins the gather."""
+    start = time.perf_counter()
     weights = gather_full_weights(parts, layout)
     if weights is None:
         return None
@@ -51,7 +52,6 @@ def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: Mo
                 "set train.sample_prompt")
     lm = LanguageModel(unsharded_model(model_cfg, weights), tokenizer, device, batch_size=1,
                        precision=precision_mode, progress=False)
-    start = time.perf_counter()
     (text,) = lm.generate([GenerateRequest(prompt, max_tokens=max_tokens)])
     return (f"sample (greedy, {time.perf_counter() - start:.2f} s; --train.sample_prompt \"\" turns it off):\n"
             f"{prompt}{text}")
