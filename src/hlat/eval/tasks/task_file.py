@@ -70,7 +70,10 @@ def load_task_file(path: Path) -> Task:
         raise TaskFileError(f"{path}: expected a mapping of lm-eval task keys (task:, dataset_path:, ...)")
     lines = {k.value: k.start_mark.line + 1 for k, _ in root.value}
     _refuse_tags(path, root)
-    config = yaml.safe_load(text)
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:  # e.g. a !!python/ tag
+        raise TaskFileError(f"{path}: {err}; {FIX}") from err
     unknown = [k for k in config if k not in KEYS]
     if unknown:
         key = min(unknown, key=lambda k: lines[k])
@@ -129,13 +132,14 @@ def _task(config: dict[str, Any], path: Path, fail: Callable[[str, str], TaskFil
     elif kind == "generate":
         target = _answers(target)
         fields = _generation(config, metrics, fail) | exact
+        metrics = fields.pop("metrics")
     description = str(config.get("description", ""))
     num_fewshot = config.get("num_fewshot") or 0
     if not isinstance(num_fewshot, int) or num_fewshot < 0:
         raise fail("num_fewshot", f"must be an integer >= 0, got {num_fewshot!r}")
     return Task(
         str(config["task"]), "task file", kind, _dataset(config, split, path, fail),
-        doc_to_text=text, doc_to_target=target, doc_to_choice=choices, metrics=fields.pop("metrics", metrics),
+        doc_to_text=text, doc_to_target=target, doc_to_choice=choices, metrics=metrics,
         num_fewshot=0 if kind == "perplexity" else num_fewshot,
         description=render(description) if description else None,
         target_delimiter=str(config.get("target_delimiter", " ")),
