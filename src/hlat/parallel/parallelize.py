@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
 from hlat.data.packing import Batch
+from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama
 from hlat.model.config import ModelConfig
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
@@ -28,7 +29,7 @@ from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
-from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.pipeline import build_schedule, check_pipeline, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.precision import autocast, cast_parameters
 from hlat.parallel.loss import token_loss_sum
@@ -164,13 +165,18 @@ def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tenso
 def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) -> None:
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
+    check_pipeline(model_cfg, layout.pp)
     check_data_parallel(par.dp_sharding, layout.dp, layout.tp, layout.pp)
 
 
 def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,
-                         seed: int, n_microbatches: int, precision_mode: str, compiled: bool = False) -> ParallelModel:
-    """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile)."""
+                         seed: int, n_microbatches: int, precision_mode: str, compiled: bool = False,
+                         float8: bool = False) -> ParallelModel:
+    """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
+    `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported)."""
     check_layout(model_cfg, par, layout)
+    if float8:
+        check_float8(device, layout.tp)
     with torch.device("meta"):
         full = cast_parameters(Llama(model_cfg), precision_mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
@@ -186,6 +192,8 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
     for module in raw:
         if layout.tp > 1:
             apply_tensor_parallel(module, layout.mesh["tp"])
+        if float8:
+            convert_to_float8(module)
         apply_activation_checkpoint(module, par.activation_checkpoint)
         if compiled:
             compile_blocks(module)

@@ -50,6 +50,9 @@ class PrecisionConfig:
     # on the first step); false runs the same arithmetic eagerly, several times slower, for
     # platforms without a working compiler.
     compile_optimizer: bool = True
+    # Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
+    # CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype.
+    float8: bool = False
 
     def validate(self) -> list[tuple[str, str]]:
         if self.mode not in PRECISION_MODES:

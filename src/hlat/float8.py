@@ -1,0 +1,65 @@
+"""Float8 training of the transformer blocks' linear layers (`--precision.float8 true`), via torchao.
+
+torchao's `convert_to_float8_training` swaps each selected `nn.Linear` for a `Float8Linear`: the
+weight stays in its storage dtype (the optimizer and checkpoints see the same parameters and
+names), and each matmul casts its inputs to float8 with dynamic per-tensor scales (e4m3 forward,
+e5m2 for the output gradient) and runs `torch._scaled_mm`. Only the blocks' linears convert: the
+output head (vocabulary logits, where precision matters most for the loss) and the embeddings stay
+in the mode's compute dtype, as torchao's own recipes do.
+
+float8 matmuls exist on CUDA devices of capability 8.9 or higher (Ada, Hopper, Blackwell); other
+devices are refused before any model is built. torchao is an optional extra (`hlat[float8]`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hlat.errors import ConfigError
+
+FIELD = "precision.float8"
+MIN_CAPABILITY = (8, 9)
+_FIX = "use a CUDA GPU of capability 8.9 or higher (L4, L40S, H100, H200, B200) or set --precision.float8 false"
+
+
+def float8_problem(device: torch.device, tp: int = 1) -> str | None:
+    """Why float8 training cannot run on `device` with tensor parallelism `tp`, or None when it can."""
+    if device.type != "cuda":
+        return f"float8 matmuls need a CUDA GPU of capability >= 8.9; this run is on {device.type} ({device}); {_FIX}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return f"{name} has CUDA capability {major}.{minor}, and float8 matmuls need >= 8.9; {_FIX}"
+    if tp > 1:
+        # Float8 under TP needs torchao's float8-aware parallel styles on top of hlat's plan.
+        return f"not supported with tensor parallelism (parallel.tp = {tp}); set --parallel.tp 1 or --precision.float8 false"
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError as err:
+        return f"needs torchao ({err}); install it with pip install 'hlat[float8]' (or pip install torchao), or set --precision.float8 false"
+    return None
+
+
+def check_float8(device: torch.device, tp: int = 1) -> None:
+    """Refuse float8 training where it cannot run, naming the field, the device and the fix."""
+    problem = float8_problem(device, tp)
+    if problem:
+        raise ConfigError([(FIELD, problem)])
+
+
+def _block_linear(module: nn.Module, fqn: str) -> bool:
+    """torchao's module filter: linears inside the transformer blocks whose sizes `_scaled_mm`
+    accepts (both dimensions multiples of 16); the output head and anything else stay as they are."""
+    return (isinstance(module, nn.Linear) and fqn.startswith("layers.")
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def convert_to_float8(model: nn.Module) -> int:
+    """Swap the transformer blocks' linears of `model` (a Llama or a pipeline stage of one) for
+    torchao Float8Linear, in place; returns how many were converted. Call it before activation
+    checkpointing, torch.compile and data-parallel wrapping (on the meta model is fine)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(model, module_filter_fn=_block_linear)
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())

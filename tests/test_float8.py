@@ -1,0 +1,68 @@
+"""precision.float8: torchao's float8 linears on the transformer blocks, and the refusal elsewhere."""
+
+import copy
+
+import pytest
+import torch
+
+from deps import require
+from hlat.errors import ConfigError
+from hlat.float8 import check_float8, convert_to_float8
+from hlat.model import Llama
+from hlat.model.config import ModelConfig
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.mesh import Layout
+from hlat.parallel.parallelize import build_parallel_model
+
+CFG = ModelConfig(vocab_size=200, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176, max_seq_len=32)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.float() - ref).norm() / ref.norm()).item()
+
+
+def test_block_linears_convert_and_match_bf16_numerics():
+    require("torchao")
+    torch.manual_seed(0)
+    ref = Llama(CFG)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.05)
+    f8 = copy.deepcopy(ref)
+    # 7 linears per block; the output head stays a plain Linear; parameter names are unchanged,
+    # so checkpoints load either way.
+    assert convert_to_float8(f8) == 7 * CFG.n_layers
+    assert type(f8.output) is torch.nn.Linear
+    assert f8.state_dict().keys() == ref.state_dict().keys()
+
+    tokens = torch.randint(0, CFG.vocab_size, (2, 32))
+    exact = ref(tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = ref(tokens)
+    out = f8(tokens)
+    # Measured here: logits 0.0037 relative L2 from fp32 for float8, 0.0028 for bf16 autocast.
+    assert _rel(bf16, exact) < 0.01
+    assert _rel(out, exact) < 0.02
+    out.float().square().mean().backward()
+    exact.square().mean().backward()
+    # Gradients pass through e5m2 (2 mantissa bits): measured at most 0.10 relative per tensor.
+    for (name, p), q in zip(f8.named_parameters(), ref.parameters()):
+        assert _rel(p.grad, q.grad) < 0.25, name
+
+
+def test_refused_without_float8_matmuls(monkeypatch):
+    with pytest.raises(ConfigError, match=r"precision\.float8: .*this run is on cpu.*--precision\.float8 false"):
+        check_float8(torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"precision\.float8: .*on xla"):
+        check_float8(torch.device("xla"))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ConfigError, match=r"A100-SXM4-80GB has CUDA capability 8\.0, and float8 matmuls need >= 8\.9"):
+        check_float8(torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    with pytest.raises(ConfigError, match=r"tensor parallelism \(parallel\.tp = 2\)"):
+        check_float8(torch.device("cuda", 0), tp=2)
+    # The trainer's path refuses before any model is built.
+    with pytest.raises(ConfigError, match=r"precision\.float8"):
+        build_parallel_model(CFG, ParallelConfig(), Layout(1, 0, 1, 1, 1, None), torch.device("cpu"), 0, 1, "fp32",
+                             float8=True)
