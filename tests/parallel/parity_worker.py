@@ -4,6 +4,7 @@ global batches: data-parallel rank r takes its slice of each global batch, so ev
 reproduce the single-process losses and weights.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True)}  # a spec's optional 8th field
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 4
 
 
@@ -29,12 +31,13 @@ def global_batches() -> list[torch.Tensor]:
 
 
 def run(spec: str, layout: Layout, out: Path) -> None:
-    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute"."""
-    pp, dp, tp, sharding, schedule, per_rank, recompute = spec.split(",")
+    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute[,variant]" (variant: a VARIANTS key)."""
+    pp, dp, tp, sharding, schedule, per_rank, recompute, *variant = spec.split(",")
+    model_cfg = VARIANTS[",".join(variant)]
     par = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), dp_sharding=sharding, pp_schedule=schedule,
                          pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
     per_dp = GLOBAL_BATCH // layout.dp
-    model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32")
+    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32")
     if sharding == "zero1" and layout.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 

@@ -14,7 +14,8 @@ import torch
 
 from runs import Scenario, ScenarioResults
 
-REFERENCE = "1,1,1,ddp,1f1b,1,none"
+# the single-process run of each model variant (a spec's optional 8th field, parity_worker.VARIANTS)
+REFERENCES = {"": "1,1,1,ddp,1f1b,1,none", "tied": "1,1,1,ddp,1f1b,1,none,tied"}
 
 TWO = [
     "1,2,1,ddp,1f1b,1,none",
@@ -26,6 +27,9 @@ TWO = [
     "2,1,1,ddp,1f1b,1,none",
     "2,1,1,ddp,gpipe,1,none",
     "2,1,1,ddp,interleaved-1f1b,2,none",
+    # tied embeddings: one matrix, its gradient summed from the embedding and the output head
+    "1,2,1,ddp,1f1b,1,none,tied",
+    "1,2,1,fsdp,1f1b,1,selective,tied",
 ]
 FOUR = [
     "1,2,2,fsdp,1f1b,1,none",
@@ -36,7 +40,7 @@ FOUR = [
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none"]  # the second: FSDP over replicated KV projections
 SCENARIOS = [Scenario(f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"specs": specs})
-             for world, specs in ((1, [REFERENCE]), (2, TWO), (4, FOUR), (8, EIGHT))]
+             for world, specs in ((1, list(REFERENCES.values())), (2, TWO), (4, FOUR), (8, EIGHT))]
 
 
 def results(out: Path, spec: str) -> tuple[dict, dict]:
@@ -49,11 +53,11 @@ def results(out: Path, spec: str) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module")
 def reference(scenarios: ScenarioResults):
-    return results(scenarios.path("parity-1"), REFERENCE)
+    return {variant: results(scenarios.path("parity-1"), spec) for variant, spec in REFERENCES.items()}
 
 
 def check(reference, out: Path, spec: str) -> None:
-    (ref_metrics, ref_weights), (metrics, weights) = reference, results(out, spec)
+    (ref_metrics, ref_weights), (metrics, weights) = reference[",".join(spec.split(",")[7:])], results(out, spec)
     assert metrics["losses"] == pytest.approx(ref_metrics["losses"], rel=1e-5), spec
     assert metrics["grad_norms"] == pytest.approx(ref_metrics["grad_norms"], rel=1e-5), spec
     assert weights.keys() == ref_weights.keys(), spec
