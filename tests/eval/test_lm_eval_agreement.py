@@ -92,7 +92,7 @@ def both(model, tokenizer_file, tmp_path_factory) -> dict[str, tuple[TaskResult,
         theirs = lm_eval.simple_evaluate(
             model="hf", model_args=f"pretrained={hf_dir},dtype=float32", tasks=list(YAML),
             task_manager=TaskManager(include_path=str(folder), include_defaults=False),
-            num_fewshot=0, batch_size=2, device="cpu", log_samples=True)
+            num_fewshot=0, batch_size=8, device="cpu", log_samples=True)
         ours = {t.name: evaluate_task(lm, t, EvalOptions(num_fewshot=0))
                 for t in load_task_files([folder])}
         ours["arc_easy"] = evaluate_task(lm, TASKS["arc_easy"], EvalOptions(
