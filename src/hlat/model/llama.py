@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hlat.model.attention import AttentionMask, sdpa
 from hlat.model.config import ModelConfig
 from hlat.model.kv_cache import KVCache, LayerKV
 
@@ -68,18 +69,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).type_as(x)
 
 
-def core_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                   attn_mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax(QK^T/sqrt(d)) V on [B, H, T, D]; a standalone function so selective activation
-    checkpointing can recompute exactly this (including the GQA repeat, whose copies of k/v
-    would otherwise be saved for backward)."""
-    n_rep = q.size(1) // k.size(1)  # from shapes: correct for local (tensor-parallel) head counts
-    if n_rep > 1:
-        k = k.repeat_interleave(n_rep, dim=1)  # kv head j serves q heads j*n_rep .. (j+1)*n_rep-1
-        v = v.repeat_interleave(n_rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The SwiGLU product silu(gate) * up; standalone so selective checkpointing can target it."""
     return F.silu(gate) * up
@@ -95,7 +84,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.n_heads * cfg.attn_head_dim, cfg.d_model, bias=cfg.attention_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
+                attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         # -1 = local head count: under tensor parallelism wq/wk/wv hold a slice of the heads.
         # The tables may cover more positions than x (under sequence parallel the caller sees only
@@ -106,7 +95,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, -1, self.head_dim)
         if kv is not None:  # attend to the cached positions as well (rotated at their own positions)
             k, v = kv.extend(k, v)
-        out = core_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -130,7 +119,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: torch.Tensor | None, kv: LayerKV | None = None) -> torch.Tensor:
+                attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
         # kv by keyword: tensor-parallel input hooks see the four positional inputs only
         x = x + self.attention(self.attention_norm(x), cos, sin, attn_mask, kv=kv)
         return x + self.feed_forward(self.ffn_norm(x))
@@ -221,12 +210,13 @@ class Llama(nn.Module):
         return self
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                attn_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+                attn_mask: AttentionMask = None, cache: KVCache | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab] in the compute dtype.
 
         positions: [B, T] token positions (default 0..T-1), e.g. reset at document starts.
         attn_mask: bool, broadcastable to [B, 1, T, T], True = may attend. It replaces the causal
-        mask, so it must include causality itself (e.g. causal AND same-document).
+        mask, so it must include causality itself (e.g. causal AND same-document); or a
+        FlexAttention BlockMask (hlat.model.attention.document_mask on CUDA).
         cache: keys and values of earlier calls (incremental decoding), extended by this one; then
         `positions` and `attn_mask` ([B, 1, T, cached + T]) are required.
         On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
@@ -237,7 +227,7 @@ class Llama(nn.Module):
             cos, sin = self.rope_cos[None, :, None], self.rope_sin[None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
-        if attn_mask is not None and attn_mask.dtype != torch.bool:
+        if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for name, layer in self.layers.items():

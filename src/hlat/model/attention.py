@@ -1,0 +1,68 @@
+"""Core attention backends: SDPA with native grouped-query attention, and document masking.
+
+Document masking (attention causal and inside each document) has two representations, chosen once
+by the device the batch lives on (`document_mask`):
+- CUDA: a FlexAttention BlockMask built from the document ids. Only the blocks that hold allowed
+  pairs are computed and no [T, T] tensor exists; flex_attention runs compiled.
+- elsewhere: the dense bool mask [B, 1, T, T] through SDPA. torch 2.13's FlexAttention has no
+  backward on CPU, and benchmarks/attention_masking.md measured the dense mask against a
+  per-document block-diagonal loop on CPU.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable, Union
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+# SDPA's enable_gqa (torch >= 2.5): K/V heads are broadcast inside the kernel instead of copied.
+NATIVE_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+# What the model accepts as a mask: None (causal), a dense bool mask, or a BlockMask.
+AttentionMask = Union[torch.Tensor, BlockMask, None]
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
+    """softmax(QK^T/sqrt(d)) V on [B, H, T, D]; k/v may have fewer heads (a divisor of q's:
+    kv head j serves q heads j*n_rep .. (j+1)*n_rep-1). A bool mask replaces causality."""
+    if isinstance(mask, BlockMask):
+        return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))
+    n_rep = q.size(1) // k.size(1)  # from shapes: correct for local (tensor-parallel) head counts
+    if n_rep > 1 and not NATIVE_GQA:
+        k = k.repeat_interleave(n_rep, dim=1)
+        v = v.repeat_interleave(n_rep, dim=1)
+    gqa = {"enable_gqa": True} if n_rep > 1 and NATIVE_GQA else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
+
+
+@lru_cache(maxsize=1)
+def _compiled_flex() -> Callable[..., torch.Tensor]:
+    # Eager flex_attention materialises the scores (a reference implementation); compiled, it is
+    # a fused kernel that skips the masked-out blocks. Inside a compiled block this is inlined.
+    return torch.compile(flex_attention)
+
+
+def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Block-causal bool mask [B, 1, T, T] (True = may attend): causal and same document."""
+    T = doc_ids.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc_ids.device).tril()
+    return ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
+
+
+def flex_document_mask(doc_ids: torch.Tensor) -> BlockMask:
+    """The same mask as a FlexAttention BlockMask over [B, any head, T, T]."""
+    def causal_same_document(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return (q >= kv) & (doc_ids[b, q] == doc_ids[b, kv])
+
+    B, T = doc_ids.shape
+    return create_block_mask(causal_same_document, B, None, T, T, device=doc_ids.device)
+
+
+def document_mask(doc_ids: torch.Tensor | None) -> AttentionMask:
+    """The mask for a batch's document ids [B, T] on their device; None without masking."""
+    if doc_ids is None:
+        return None
+    return flex_document_mask(doc_ids) if doc_ids.device.type == "cuda" else dense_document_mask(doc_ids)
