@@ -124,3 +124,24 @@ def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_pat
     (tmp_path / "bad.yaml").write_text("task: bad\ngroup: mine\n")
     assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "bad.yaml")]) == 2
     assert f"{tmp_path / 'bad.yaml'}:2: key 'group' is not supported" in capsys.readouterr().err
+
+
+def test_local_folder_templates_and_a_missing_field(tmp_path) -> None:
+    """dataset_path a folder beside the file; the gold choice given as its text; a Jinja
+    description; a template naming a field the example lacks fails naming the fields it has."""
+    from hlat.eval.tasks import load_split
+
+    write_jsonl(tmp_path / "qa" / "test.jsonl", [
+        {"q": "Which cuts?", "options": ["a saw", "a fish"], "gold": "a saw", "topic": "tools"}])
+    path = tmp_path / "qa.yaml"
+    path.write_text("task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
+                    "description: \"About {{topic}}.\\n\\n\"\ndoc_to_text: \"Q: {{q}}\\nA:\"\n"
+                    "doc_to_choice: options\ndoc_to_target: gold\n")
+    task = load_task_file(path)
+    (doc,) = load_split(task.data, "test", None)
+    assert task.prompt(doc, [doc]) == "About tools.\n\nQ: Which cuts?\nA: a saw\n\nQ: Which cuts?\nA:"
+    assert (task.doc_to_choice(doc), task.doc_to_target(doc)) == (["a saw", "a fish"], 0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("{{q}}", "{{missing}}"))
+    with pytest.raises(ValueError, match="'missing' is undefined; the example's fields are q, options"):
+        load_task_file(bad).doc_to_text(doc)
