@@ -28,11 +28,9 @@ def repeated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
                                           attn_mask=mask, is_causal=mask is None)
 
 
-@pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("masked", [False, True])
-def test_gqa_equals_repeated_heads(monkeypatch: pytest.MonkeyPatch, native: bool, masked: bool) -> None:
-    """Native GQA (and the repeat fallback for torch < 2.5) = K/V heads copied, outputs and grads."""
-    monkeypatch.setattr(attention, "NATIVE_GQA", native)
+def test_gqa_equals_repeated_heads(masked: bool) -> None:
+    """Native GQA = K/V heads copied, outputs and gradients."""
     mask = dense_document_mask(doc_ids()) if masked else None
     q, k, v = qkv()
     out = sdpa(q, k, v, mask)
@@ -54,7 +52,6 @@ def test_native_gqa_copies_no_heads() -> None:
             self.seen.add(str(func.overloadpacket))
             return func(*args, **(kwargs or {}))
 
-    assert attention.NATIVE_GQA  # torch >= 2.5 is installed here
     q, k, v = qkv()
     mask = dense_document_mask(doc_ids())
     with Ops() as ops:

@@ -1,4 +1,4 @@
-"""Core attention backends: SDPA with native grouped-query attention, and document masking.
+"""Core attention: SDPA with native grouped-query attention, and the document-masking backends.
 
 Document masking (attention causal and inside each document) has two representations, chosen once
 by the device the batch lives on (`document_mask`):
@@ -18,9 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-# SDPA's enable_gqa (torch >= 2.5): K/V heads are broadcast inside the kernel instead of copied.
-NATIVE_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
-
 # What the model accepts as a mask: None (causal), a dense bool mask, or a BlockMask.
 AttentionMask = Union[torch.Tensor, BlockMask, None]
 
@@ -28,14 +25,12 @@ AttentionMask = Union[torch.Tensor, BlockMask, None]
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
     """softmax(QK^T/sqrt(d)) V on [B, H, T, D]; k/v may have fewer heads (a divisor of q's:
     kv head j serves q heads j*n_rep .. (j+1)*n_rep-1). A bool mask replaces causality."""
+    # enable_gqa (torch >= 2.5; hlat needs 2.6): the kernels read K/V heads in place instead of
+    # copies repeated n_heads/n_kv_heads times. From shapes: right for tensor-parallel local heads.
+    gqa = k.size(1) != q.size(1)
     if isinstance(mask, BlockMask):
-        return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=k.size(1) != q.size(1))
-    n_rep = q.size(1) // k.size(1)  # from shapes: correct for local (tensor-parallel) head counts
-    if n_rep > 1 and not NATIVE_GQA:
-        k = k.repeat_interleave(n_rep, dim=1)
-        v = v.repeat_interleave(n_rep, dim=1)
-    gqa = {"enable_gqa": True} if n_rep > 1 and NATIVE_GQA else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, **gqa)
+        return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa)
 
 
 @lru_cache(maxsize=1)

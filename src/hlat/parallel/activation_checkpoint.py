@@ -22,7 +22,6 @@ _RECOMPUTE = {
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
-    aten.repeat_interleave.self_int,  # GQA's repeated K/V copies
     aten.silu.default,
     aten.mul.Tensor,  # the SwiGLU product; also the cheap elementwise products of RMSNorm and RoPE
 }
