@@ -21,6 +21,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg = load_config(args.preset, args.config, overrides)
     n = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
-    print(f"{cfg.name}: {n:,} parameters ({n / 1e9:.2f}B), {n - cfg.model.vocab_size * cfg.model.d_model:,} without the input embedding")
+    embedding = cfg.model.vocab_size * cfg.model.d_model
+    print(f"{cfg.name}: {n:,} parameters ({n / 1e9:.2f}B), "
+          + ("its embedding matrix also the output head" if cfg.model.tie_embeddings
+             else f"{n - embedding:,} without the input embedding"))
     print(f"training FLOPs per token at seq_len {cfg.data.seq_len}: {flops:.4g} (6N + 12·L·d·T)")
     return 0
