@@ -22,6 +22,7 @@ TWO = [
     "1,2,1,zero1,1f1b,1,none",
     "1,2,1,zero2,1f1b,1,none",
     "1,2,1,fsdp,1f1b,1,selective",
+    "1,2,1,fsdp,1f1b,1,op",
     "1,1,2,ddp,1f1b,1,none",
     "1,1,2,ddp,1f1b,1,full",
     "2,1,1,ddp,1f1b,1,none",

@@ -5,7 +5,8 @@ import pytest
 from hlat.config import load_config
 from hlat.errors import ConfigError
 from hlat.model import ModelConfig
-from hlat.parallel.plan import plan
+from hlat.parallel.plan import activation_bytes_per_layer, plan
+from hlat.parallel.saved_activations import block_bytes
 from hlat.parallel.tensor_parallel import check_tensor_parallel
 
 GIB = 1024**3
@@ -21,8 +22,10 @@ def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
     assert stage.local_params == local == 842_534_912
     assert stage.weights == 2 * local  # bf16, gathered whole for the step (zero2)
     assert stage.grads == 2 * local / 128 and stage.optimizer == 4 * local / 128
-    # Selective recompute with sequence parallel: 34 s b h / t bytes per layer, plus fp32 logits.
-    assert stage.activations == pytest.approx(34 * 4096 * d / 8 * L + 4096 * V / 8 * 4)
+    # Selective recompute with sequence parallel, bf16: 6d + 3q + 4kv + 2f elements per token and
+    # layer; the final norm's 3d and the fp32 log-probabilities on top.
+    per_layer = 2 * 4096 * (13 * d + 2 * f) / 8
+    assert stage.activations == pytest.approx(per_layer * L + 4096 * (3 * d * 2 + V * 4) / 8)
 
 
 def test_hlat_70b_pipeline_stages():
@@ -38,7 +41,7 @@ def test_hlat_70b_pipeline_stages():
     # 1F1B: stage i holds pp - i micro-batches in flight, so activations fall along the pipeline.
     acts = [s.activations for s in stages]
     assert acts == sorted(acts, reverse=True)
-    assert stages[0].activations == pytest.approx(34 * 4096 * d / 8 * 10 * 8)
+    assert stages[0].activations == pytest.approx(2 * 4096 * (9 * d + 4 * kv + 2 * f) / 8 * 10 * 8)
 
 
 def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
@@ -53,3 +56,15 @@ def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
 def test_kv_heads_and_tp_that_do_not_divide_are_refused():
     with pytest.raises(ConfigError, match="one must divide the other"):
         check_tensor_parallel(ModelConfig(d_model=192, n_heads=24, n_kv_heads=8, vocab_size=96, ffn_dim=384), 6)
+
+
+@pytest.mark.parametrize("policy", ["none", "selective", "op", "op-every-other", "full"])
+def test_activation_model_matches_a_live_measurement(policy):
+    """The plan's bytes per block against what a block keeps for backward on CPU (fp32)."""
+    mode, every_other = policy.split("-")[0], policy.endswith("every-other")
+    overrides = ["--model.d_model", "64", "--model.n_heads", "4", "--model.n_kv_heads", "4", "--model.ffn_dim", "176",
+                 "--data.seq_len", "64", "--train.micro_batch", "2", "--parallel.activation_checkpoint", mode,
+                 "--parallel.recompute_every_other_mm", str(every_other).lower()]
+    cfg = load_config("tiny", None, overrides)
+    measured = block_bytes(cfg.model, mode, every_other, batch=2, seq=64)
+    assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.2)

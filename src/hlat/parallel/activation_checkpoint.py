@@ -1,47 +1,80 @@
-"""Activation checkpointing: HLAT's selective recompute, or whole blocks.
+"""Activation checkpointing: which activations a transformer block keeps for backward.
 
-"selective" recomputes exactly what HLAT did: core attention (QK^T, softmax, AV) and the SwiGLU
-product, whose activations are large (T^2 per head, and FFN-wide) but cheap to recompute. Every
-matmul with a weight is saved. "full" recomputes each transformer block from its input.
+"selective" is HLAT's policy: core attention (QK^T, softmax, AV) and the SwiGLU product are
+recomputed, whose activations are large (T^2 per head without a fused kernel, and FFN-wide) but
+cheap to recompute; every other op's output is saved. "op" is the policy GPU stacks use
+(torchtitan's op-level SAC): the outputs of the matmuls with a weight and of fused attention are
+saved, and the cheap pointwise rest (norms, RoPE, SiLU, products) is recomputed; with
+`every_other_mm` only every other matmul's output is saved. "full" recomputes each block from its
+input. Measured bytes and step times per policy: benchmarks/recompute.md.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import partial
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
 
-# Ops of core attention and the SwiGLU product: recomputed in backward instead of stored.
-_RECOMPUTE = {
+_FUSED_ATTENTION = {
     aten._scaled_dot_product_flash_attention.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
+}
+
+# "selective": ops of core attention and the SwiGLU product, recomputed in backward.
+_RECOMPUTE = _FUSED_ATTENTION | {
     aten.silu.default,
     aten.mul.Tensor,  # the SwiGLU product; also the cheap elementwise products of RMSNorm and RoPE
 }
 
+# "op": matmuls with a weight (nn.Linear lowers to mm, or addmm with a bias).
+_MATMULS = {aten.mm.default, aten.addmm.default}
+# "op": outputs saved; everything else is recomputed. The reduce-scatter of sequence parallelism
+# is saved so that recompute adds no communication.
+_SAVE = _MATMULS | _FUSED_ATTENTION | {torch.ops._c10d_functional.reduce_scatter_tensor.default}
 
-def _policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
-    if op in _RECOMPUTE or op.overloadpacket in (aten._softmax, aten.bmm, aten.baddbmm):
+
+def _selective_policy(ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+    # Views too: free to redo, and a saved view would keep a recomputed tensor's storage alive
+    # (the reshaped SwiGLU product or attention output on its way into a matmul).
+    if op in _RECOMPUTE or op.is_view or op.overloadpacket in (aten._softmax, aten.bmm, aten.baddbmm):
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
 
 
-def apply_activation_checkpoint(model: nn.Module, mode: str) -> None:
+def _op_policy(every_other_mm: bool, counts: Counter[bool], ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+    if op not in _SAVE:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if every_other_mm and op in _MATMULS:
+        # Counted separately in forward and in recompute, so both make the same choices.
+        counts[ctx.is_recompute] += 1
+        if counts[ctx.is_recompute] % 2 == 0:
+            return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+def _op_contexts(every_other_mm: bool):  # type: ignore[no-untyped-def]
+    # A fresh matmul count for each checkpointed call of a block.
+    return create_selective_checkpoint_contexts(partial(_op_policy, every_other_mm, Counter()))
+
+
+def apply_activation_checkpoint(model: nn.Module, mode: str, every_other_mm: bool = False) -> None:
+    """Wrap each transformer block of `model` for recompute policy `mode` (none, selective, op, full)."""
     if mode == "none":
         return
     for name, block in list(model.layers.items()):
         if mode == "full":
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif mode == "selective":
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False,
+                                         context_fn=partial(create_selective_checkpoint_contexts, _selective_policy))
         else:
-            wrapped = checkpoint_wrapper(
-                block, preserve_rng_state=False,
-                context_fn=partial(create_selective_checkpoint_contexts, _policy),
-            )
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=partial(_op_contexts, every_other_mm))
         model.layers[name] = wrapped

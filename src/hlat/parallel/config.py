@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 DP_SHARDING = ("ddp", "zero1", "zero2", "fsdp")
 PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
-ACTIVATION_CHECKPOINT = ("none", "selective", "full")
+ACTIVATION_CHECKPOINT = ("none", "selective", "op", "full")
 COMPILE = ("auto", "true", "false")
 
 
@@ -22,7 +22,11 @@ class ParallelConfig:
     dp_sharding: str = "ddp"
     pp_schedule: str = "1f1b"
     pp_stages_per_rank: int = 1  # virtual stages per rank; > 1 for interleaved 1F1B
-    activation_checkpoint: str = "none"  # "selective" = HLAT's core attention + SwiGLU recompute
+    # Recompute policy (docs/parallelism.md): "selective" = HLAT's core attention + SwiGLU
+    # recompute; "op" = save matmul and attention outputs, recompute the pointwise rest (GPUs);
+    # "full" = each block from its input.
+    activation_checkpoint: str = "none"
+    recompute_every_other_mm: bool = False  # "op" only: save every other matmul's output, recompute the rest
     # torch.compile each transformer block: "auto" = wherever inductor works (CPU, CUDA), checked
     # by a start-up probe that falls back to eager; true/false (TOML or command-line booleans too).
     compile: str = field(default="auto", metadata={"accepts_bool": True})
@@ -37,6 +41,9 @@ class ParallelConfig:
         for name, choices in (("compile", COMPILE), ("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
             if getattr(self, name) not in choices:
                 problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(choices)}"))
+        if self.recompute_every_other_mm and self.activation_checkpoint != "op":
+            problems.append(("recompute_every_other_mm", f"applies to activation_checkpoint = 'op' only, got {self.activation_checkpoint!r}; "
+                             "set --parallel.activation_checkpoint op or --parallel.recompute_every_other_mm false"))
         if self.pp_schedule == "interleaved-1f1b" and self.pp_stages_per_rank < 2:
             problems.append(("pp_stages_per_rank", "interleaved-1f1b needs at least 2 virtual stages per rank; set --parallel.pp_stages_per_rank 2"))
         if self.pp_schedule != "interleaved-1f1b" and self.pp_stages_per_rank > 1:

@@ -3,18 +3,17 @@
 The model is built on the meta device under a fake process group of the target world size, the
 pipeline split and tensor-parallel plan are applied as in training, and each stage's local
 parameter count is read off the DTensors. Data-parallel sharding then divides what it shards.
-Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
-Transformer Models"), per layer and micro-batch with sequence parallel:
-  no recompute:        s*b*h*(34 + 5*a*s/h) / t bytes (16-bit activations)
-  selective recompute: s*b*h*34 / t
-  full recompute:      s*b*h*2 / t   (each block's input only)
-doubled for fp32 compute, times the micro-batches a stage holds at once (1F1B: pp - stage,
-GPipe: all of them), plus the fp32 logits of one micro-batch on the last stage.
+Activations are counted tensor by tensor from what hlat's block keeps for backward under each
+recompute policy (activation_elements_per_token; benchmarks/recompute.md measured them), per
+layer and micro-batch, divided by t under sequence parallel, times the micro-batches a stage
+holds at once (1F1B: pp - stage, GPipe: all of them), plus on the last stage the final norm's
+tensors and the fp32 log-probabilities of one micro-batch.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from hlat.config import RunConfig
 from hlat.devices import Accelerator
-from hlat.model import Llama
+from hlat.model import Llama, ModelConfig
 from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.data_parallel import check_data_parallel
 from hlat.parallel.mesh import resolve_degrees
@@ -49,11 +48,32 @@ class StagePlan:
         return self.weights + self.grads + self.optimizer + self.activations
 
 
+def activation_elements_per_token(model: ModelConfig, policy: str, every_other_mm: bool = False) -> int:
+    """Elements per token one block keeps for backward, its input included (the previous block's
+    output), with fused attention (no T x T scores) and native grouped-query K/V."""
+    d, f, q, kv = model.d_model, model.ffn_dim, model.n_heads * model.attn_head_dim, model.n_kv_heads * model.attn_head_dim
+    lse = model.n_heads  # fused attention's log-sum-exp (fp32; counted at the compute width)
+    if policy == "none":  # residuals 2d, norms 2 x 2d, roped q/k, v, attention out, w1, w3, silu, product
+        return 6 * d + 2 * q + 2 * kv + lse + 4 * f
+    if policy == "selective":  # every output but attention, muls and silu: residuals, pow, q/k halves, mms
+        return 6 * d + 3 * q + 4 * kv + 2 * f
+    if policy == "op":  # input, the 7 matmul outputs and attention out
+        if every_other_mm:  # matmuls 1, 3, 5, 7 of wq wk wv wo w1 w3 w2
+            return 2 * d + 2 * q + kv + lse + f
+        return 3 * d + 2 * q + 2 * kv + lse + 2 * f
+    if policy == "full":
+        return d
+    raise ValueError(f"unknown recompute policy {policy!r}")
+
+
 def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
-    s, b, h, a = cfg.data.seq_len, cfg.train.micro_batch, cfg.model.d_model, cfg.model.n_heads
-    per = {"none": 34 + 5 * a * s / h, "selective": 34, "full": 2}[cfg.parallel.activation_checkpoint]
-    width = 2 if compute_dtype(cfg.precision.mode, torch.device("cuda")) == torch.float32 else 1
-    return s * b * h * per / tp * width
+    """Bytes one block keeps per micro-batch on a rank (sequence parallel splits every tensor)."""
+    model, par = cfg.model, cfg.parallel
+    if tp > 1 and model.n_kv_heads % tp:  # KV heads replicated over the TP ranks: whole on each
+        model = dataclasses.replace(model, n_kv_heads=model.n_kv_heads * tp)
+    width = torch.tensor([], dtype=compute_dtype(cfg.precision.mode, torch.device("cuda"))).element_size()
+    per = activation_elements_per_token(model, par.activation_checkpoint, par.recompute_every_other_mm)
+    return cfg.data.seq_len * cfg.train.micro_batch * per / tp * width
 
 
 def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePlan]]:
@@ -101,7 +121,9 @@ def _stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
     acts = activation_bytes_per_layer(cfg, tp) * len(layers) * (1 if pp == 1 else in_flight)
     if index == n_stages - 1:
-        acts += cfg.train.micro_batch * cfg.data.seq_len * cfg.model.vocab_size / tp * 4
+        tokens = cfg.train.micro_batch * cfg.data.seq_len
+        width = torch.tensor([], dtype=compute_dtype(cfg.precision.mode, torch.device("cuda"))).element_size()
+        acts += tokens * (3 * cfg.model.d_model * width + cfg.model.vocab_size * 4) / tp  # final norm, fp32 log-probs
     return StagePlan(index, layers, local, weights, grads, optimizer, acts)
 
 

@@ -1,0 +1,48 @@
+"""Each recompute policy gives the same loss and gradients as none, and saves what it says."""
+
+import pytest
+import torch
+
+from hlat.model import Llama, ModelConfig
+from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.loss import token_loss_sum
+from hlat.parallel.saved_activations import block_bytes
+
+CFG = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160, max_seq_len=32)
+
+
+def loss_and_grads(policy: str, every_other_mm: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(0)
+    model = Llama(CFG)
+    apply_activation_checkpoint(model, policy, every_other_mm)
+    tokens = torch.randint(0, CFG.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
+    loss = token_loss_sum(model(tokens[:, :-1]), tokens[:, 1:])
+    loss.backward()
+    return loss.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("policy, every_other_mm", [("selective", False), ("op", False), ("op", True), ("full", False)])
+def test_recompute_matches_no_recompute(policy, every_other_mm):
+    ref_loss, ref_grads = loss_and_grads("none")
+    loss, grads = loss_and_grads(policy, every_other_mm)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_policies_order_by_what_they_save():
+    saved = [block_bytes(CFG, policy, every_other, batch=2, seq=32)
+             for policy, every_other in (("none", False), ("selective", False), ("op", False), ("op", True), ("full", False))]
+    assert saved == sorted(saved, reverse=True) and len(set(saved)) == 5
+    assert saved[-1] == 2 * 32 * CFG.d_model * 4  # full: the block's input alone
+
+
+def test_every_other_mm_needs_op():
+    problems = ParallelConfig(activation_checkpoint="selective", recompute_every_other_mm=True).validate()
+    assert [name for name, _ in problems] == ["recompute_every_other_mm"]
+    assert "--parallel.activation_checkpoint op" in problems[0][1]
+    assert not ParallelConfig(activation_checkpoint="op", recompute_every_other_mm=True).validate()
+    (name, message), = ParallelConfig(activation_checkpoint="ops").validate()
+    assert name == "activation_checkpoint" and "none, selective, op, full" in message
