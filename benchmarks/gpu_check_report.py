@@ -2,7 +2,7 @@
 one result line per training run read from the metrics.jsonl the trainer writes.
 
     python benchmarks/gpu_check_report.py env
-    python benchmarks/gpu_check_report.py attention DEVICE PRESET [--section.field VALUE ...]
+    python benchmarks/gpu_check_report.py attention DEVICE [--section.field VALUE ...]
     python benchmarks/gpu_check_report.py run LABEL RUN_DIR WALL_S ROWS_JSONL LOG
     python benchmarks/gpu_check_report.py table ROWS_JSONL
 """
@@ -37,7 +37,7 @@ def env() -> str:
 
 
 def attention(device_name: str, preset: str, overrides: list[str]) -> str:
-    """Profile one forward of a 1-block model of the run's shape and name the attention kernels."""
+    """Profile one forward of a 1-block model of the preset's shape and name the attention kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -57,7 +57,7 @@ def attention(device_name: str, preset: str, overrides: list[str]) -> str:
     keys = ("attention", "flash", "fmha", "cudnn", "sdpa", "flex")
     names = sorted({e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
     masking = "document masking (flex_attention)" if cfg.data.document_masking else "causal"
-    return (f"- {masking}, {cfg.precision.mode}, seq {cfg.data.seq_len}, head_dim {cfg.model.attn_head_dim}: "
+    return (f"- {preset}: {masking}, {cfg.precision.mode}, seq {cfg.data.seq_len}, head_dim {cfg.model.attn_head_dim}: "
             + ("; ".join(f"`{n[:90]}`" for n in names) or "no attention kernel seen"))
 
 
@@ -114,7 +114,8 @@ def main(argv: list[str]) -> None:
     if command == "env":
         print(env())
     elif command == "attention":
-        print(attention(args[0], args[1], args[2:]))
+        for preset in ("1b", "hlat-7b"):  # one process: one import of torch for both
+            print(attention(args[0], preset, args[1:]))
     elif command == "run":
         print(run(args[0], Path(args[1]), float(args[2]), Path(args[3]), Path(args[4])))
     elif command == "table":
