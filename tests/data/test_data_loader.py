@@ -32,7 +32,7 @@ def test_document_masking_isolates_documents(tok):
     document unchanged; without it, they change."""
     torch.manual_seed(0)
     model = Llama(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              ffn_dim=64, max_seq_len=SEQ)).eval()
+                              ffn_dim=64, max_seq_len=SEQ))
     eos = tok.eos_id
     a, b = [5, 6, 7, 8, 9, eos], [10, 11, 12, 13, eos]
     row = torch.tensor([a + b + list(range(20, 20 + SEQ - len(a) - len(b)))])
@@ -41,9 +41,9 @@ def test_document_masking_isolates_documents(tok):
     span = slice(len(a), len(a) + len(b))
     for masking in (True, False):
         x, y = (make_batch(t, eos, masking, True) for t in (row, other))
-        with torch.no_grad():
-            lx = model(x.tokens, positions=x.positions, attn_mask=x.attn_mask)
-            ly = model(y.tokens, positions=y.positions, attn_mask=y.attn_mask)
+        # the training path: train mode, autograd recording, the mask the trainer passes
+        lx = model(x.tokens, positions=x.positions, attn_mask=x.attn_mask)
+        ly = model(y.tokens, positions=y.positions, attn_mask=y.attn_mask)
         same = torch.allclose(lx[0, span], ly[0, span], atol=1e-6)
         assert same == masking
     x = make_batch(row, eos, True, True)

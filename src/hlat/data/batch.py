@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hlat.model.attention import AttentionMask, document_mask
+
 IGNORE_INDEX = -100
 
 
@@ -32,15 +34,11 @@ class Batch:
         return Batch(pin(self.tokens), pin(self.labels), pin(self.positions), pin(self.doc_ids))  # type: ignore[arg-type]
 
     @property
-    def attn_mask(self) -> torch.Tensor | None:
-        """Block-causal bool mask [B, 1, T, T] (True = may attend): causal and same document.
-        Built on the batch's device when asked for; None without document masking."""
-        if self.doc_ids is None:
-            return None
-        T = self.doc_ids.shape[1]
-        causal = torch.ones(T, T, dtype=torch.bool, device=self.doc_ids.device).tril()
-        same = self.doc_ids[:, :, None] == self.doc_ids[:, None, :]
-        return (same & causal)[:, None]
+    def attn_mask(self) -> AttentionMask:
+        """Causal and same-document attention, built on the batch's device when asked for: a
+        FlexAttention BlockMask on CUDA, else the bool mask [B, 1, T, T] (True = may attend)
+        (hlat.model.attention.document_mask). None without document masking."""
+        return document_mask(self.doc_ids)
 
     @property
     def num_tokens(self) -> int:

@@ -47,17 +47,18 @@ def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
     return ((doc_ids[:, :, None] == doc_ids[:, None, :]) & causal)[:, None]
 
 
-def flex_document_mask(doc_ids: torch.Tensor) -> BlockMask:
-    """The same mask as a FlexAttention BlockMask over [B, any head, T, T]."""
+def flex_document_mask(doc_ids: torch.Tensor, compiled: bool = False) -> BlockMask:
+    """The same mask as a FlexAttention BlockMask over [B, any head, T, T]. `compiled` builds it
+    with a compiled kernel instead of evaluating every (q, kv) pair eagerly ([B, T, T] at once)."""
     def causal_same_document(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (q >= kv) & (doc_ids[b, q] == doc_ids[b, kv])
 
     B, T = doc_ids.shape
-    return create_block_mask(causal_same_document, B, None, T, T, device=doc_ids.device)
+    return create_block_mask(causal_same_document, B, None, T, T, device=doc_ids.device, _compile=compiled)
 
 
 def document_mask(doc_ids: torch.Tensor | None) -> AttentionMask:
     """The mask for a batch's document ids [B, T] on their device; None without masking."""
     if doc_ids is None:
         return None
-    return flex_document_mask(doc_ids) if doc_ids.device.type == "cuda" else dense_document_mask(doc_ids)
+    return flex_document_mask(doc_ids, compiled=True) if doc_ids.device.type == "cuda" else dense_document_mask(doc_ids)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hlat.errors import UserError
+from hlat.model.attention import document_mask
 from hlat.model.config import ModelConfig
 from hlat.model.llama import TransformerBlock, rope_tables
 from hlat.precision import autocast, cast_parameters, param_dtype
@@ -102,7 +103,7 @@ def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, mi
     if document_masking:
         positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
         cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
-        mask = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril().expand(micro_batch, 1, seq_len, seq_len).contiguous()
+        mask = document_mask(torch.zeros(micro_batch, seq_len, dtype=torch.long, device=device))  # the run's backend
     else:
         cos, sin, mask = cos[None, :, None], sin[None, :, None], None
     with autocast(precision_mode, device):
