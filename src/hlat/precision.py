@@ -3,7 +3,7 @@
 | mode    | weights, grads, Adam moments | optimizer                  | compute                        |
 |---------|------------------------------|----------------------------|--------------------------------|
 | fp32    | fp32                         | torch AdamW (fused)        | fp32                           |
-| mixed   | fp32 (HLAT 70B)              | torch AdamW (fused)        | bf16 autocast                  |
+| mixed   | fp32 (HLAT 70B)              | torch AdamW (fused)        | bf16 weights, bf16 autocast    |
 | bf16-sr | bf16 (HLAT 7B)               | BF16AdamW, stochastic      | bf16 on accelerators, see below |
 | bf16    | bf16                         | BF16AdamW, to nearest      | bf16 on accelerators, see below |
 
@@ -11,6 +11,9 @@ On a CPU the bf16 storage modes compute in fp32 from the bf16 weights (each weig
 a matmul reads it): CPUs without bf16 instructions run bf16 matmuls 6-100x slower than fp32, and
 what these modes study is the storage and rounding of the training state, which is unchanged.
 Norms, RoPE, softmax statistics and the loss are fp32 in every mode (the model and loss do that).
+`mixed` computes from a bf16 copy of every parameter (so the residual stream is bf16), the copy
+FSDP2's MixedPrecisionPolicy gathers (hlat.parallel.data_parallel); gradients reach the fp32
+parameters in fp32 and accumulate there.
 """
 
 from __future__ import annotations
@@ -77,6 +80,25 @@ class _UpcastWeights(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class Bf16Weights(TorchFunctionMode):
+    """mixed on one device or DDP: every op reads each fp32 parameter as its bf16 copy.
+
+    The same weights FSDP2's MixedPrecisionPolicy(param_dtype=bf16) gathers, so one device and
+    FSDP2 compute alike (embedding output and residual stream bf16, norm weights bf16). The cast
+    is in the autograd graph: each micro-batch's bf16 gradient reaches the parameter upcast to
+    fp32 and accumulates in fp32. A parameter already bf16 (FSDP2's gathered copy) passes as is.
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if getattr(func, "__name__", "") == "__get__":  # attribute reads (shape, dtype) see the parameter
+            return func(*args, **(kwargs or {}))
+        return func(*(_bf16_copy(a) for a in args), **(kwargs or {}))
+
+
+def _bf16_copy(t: Any) -> Any:
+    return t.to(torch.bfloat16) if isinstance(t, nn.Parameter) and t.dtype == torch.float32 else t
+
+
 def _bf16(t: Any) -> Any:
     """`t` rounded to bf16 (to nearest) and held in fp32: exactly the value a bf16 unit reads."""
     return t.to(torch.bfloat16).float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
@@ -104,6 +126,11 @@ class EmulatedBf16Compute(TorchFunctionMode):
 
 def autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context the forward (and backward) passes run in for `mode` on `device`."""
+    if mode == "mixed":
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+        stack.enter_context(Bf16Weights())
+        return stack
     if compute_dtype(mode, device) == torch.bfloat16:
         # For bf16 weights this changes little for matmuls, but keeps softmax and reductions fp32.
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -1,11 +1,14 @@
 """The dry-run plan against a hand calculation, for the HLAT presets at cluster scale."""
 
+import copy
+import functools
+
 import pytest
 
-from hlat.config import load_config
+from hlat.config import RunConfig, load_config
 from hlat.errors import ConfigError
 from hlat.model import ModelConfig
-from hlat.parallel.plan import activation_bytes_per_layer, plan
+from hlat.parallel.plan import activation_bytes_per_layer, plan, state_memory
 from hlat.parallel.saved_activations import block_bytes
 from hlat.parallel.tensor_parallel import check_tensor_parallel
 
@@ -20,8 +23,10 @@ def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
     # Matrices split 8 ways; the 65 RMSNorm weights are replicated on every TP rank.
     local = L * (4 * d * d + 3 * d * f) // 8 + 2 * V * d // 8 + (2 * L + 1) * d
     assert stage.local_params == local == 842_534_912
-    assert stage.weights == 2 * local  # bf16, gathered whole for the step (zero2)
-    assert stage.grads == 2 * local / 128 and stage.optimizer == 4 * local / 128
+    # bf16: the shard, plus the weights gathered whole from forward through backward (zero2).
+    assert stage.weights == 2 * local / 128 + 2 * local
+    # 1024 / 128 ranks = 8 micro-batches: the unsharded bf16 gradients stay until the last one.
+    assert stage.grads == 2 * local / 128 + 2 * local and stage.optimizer == 4 * local / 128
     # Selective recompute with sequence parallel, bf16: 6d + 3q + 4kv + 2f elements per token and
     # layer; the final norm's 3d and the fp32 log-probabilities on top.
     per_layer = 2 * 4096 * (13 * d + 2 * f) / 8
@@ -68,3 +73,53 @@ def test_activation_model_matches_a_live_measurement(policy):
     cfg = load_config("tiny", None, overrides)
     measured = block_bytes(cfg.model, mode, every_other, batch=2, seq=64)
     assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.2)
+
+
+def test_fp32_grad_accum_under_ddp_is_refused():
+    overrides = ["--parallel.tp", "1", "--parallel.dp_sharding", "ddp", "--precision.fp32_grad_accum", "true"]
+    with pytest.raises(ConfigError, match="precision.fp32_grad_accum"):
+        plan(load_config("hlat-7b", None, overrides), world=8)
+
+
+LOCAL = 1000  # parameters on the rank; hlat-7b's layout: dp 128, 8 micro-batches per step
+
+
+@functools.cache
+def _hlat_7b() -> RunConfig:
+    return load_config("hlat-7b")
+
+
+def _state(*overrides: str, dp: int = 128) -> tuple[float, float, float]:
+    """state_memory's (weights, grads, optimizer) for hlat-7b with "section.field", value pairs."""
+    cfg = copy.deepcopy(_hlat_7b())
+    for key, value in zip(overrides[::2], overrides[1::2]):
+        section, name = key.split(".")
+        old = getattr(getattr(cfg, section), name)
+        setattr(getattr(cfg, section), name, value == "true" if isinstance(old, bool) else type(old)(value))
+    return state_memory(cfg, LOCAL, pp=1, dp=dp)
+
+
+def test_fp32_grad_accum_holds_fp32_unsharded_gradients():
+    assert _state("precision.fp32_grad_accum", "true")[1] == 2 * LOCAL / 128 + 4 * LOCAL
+
+
+def test_one_micro_batch_keeps_gradients_sharded():
+    assert _state("train.global_batch", "128")[1] == 2 * LOCAL / 128  # dp 128 x micro-batch 1
+
+
+def test_mixed_gathers_bf16_and_accumulates_in_the_reduce_dtype():
+    weights, grads, optimizer = _state("precision.mode", "mixed")
+    assert (weights, grads, optimizer) == (4 * LOCAL / 128 + 2 * LOCAL, 4 * LOCAL / 128 + 4 * LOCAL, 8 * LOCAL / 128)
+    assert _state("precision.mode", "mixed", "precision.reduce_dtype", "bf16")[1] == 4 * LOCAL / 128 + 2 * LOCAL
+
+
+def test_fsdp_holds_gathered_weights_between_micro_batches_only_without_resharding():
+    assert _state("parallel.dp_sharding", "fsdp")[0] == 2 * LOCAL / 128
+    assert _state("parallel.dp_sharding", "fsdp", "parallel.reshard_after_backward", "false")[0] == 2 * LOCAL / 128 + 2 * LOCAL
+
+
+def test_single_device_state_terms():
+    weights, grads, _ = _state("precision.fp32_grad_accum", "true", dp=1)
+    assert (weights, grads) == (2 * LOCAL, 6 * LOCAL)  # bf16 grads + hlat.parallel.grad_accum's fp32 sums
+    weights, grads, _ = _state("precision.mode", "mixed", dp=1)
+    assert (weights, grads) == (6 * LOCAL, 4 * LOCAL)  # fp32 + the bf16 copies saved for backward

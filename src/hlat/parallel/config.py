@@ -20,6 +20,11 @@ class ParallelConfig:
     # forward (weights gathered once per step; grads and optimizer state sharded). "fsdp": FSDP2
     # (ZeRO-3), weights re-gathered for backward.
     dp_sharding: str = "ddp"
+    # zero2/fsdp with gradient accumulation: true = reshard (free) the gathered weights after each
+    # micro-batch's backward and gather them again for the next (least memory); false = keep them
+    # gathered until the step's last backward (one gather per step under zero2; costs the
+    # unsharded weights between micro-batches). Pipeline schedules always keep them (torch's).
+    reshard_after_backward: bool = True
     pp_schedule: str = "1f1b"
     pp_stages_per_rank: int = 1  # virtual stages per rank; > 1 for interleaved 1F1B
     # Recompute policy (docs/parallelism.md): "selective" = HLAT's core attention + SwiGLU

@@ -5,12 +5,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from hlat.errors import ConfigError
+from hlat.train.config import PrecisionConfig
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def check_data_parallel(sharding: str, dp: int, tp: int, pp: int) -> None:
@@ -25,25 +29,52 @@ def check_data_parallel(sharding: str, dp: int, tp: int, pp: int) -> None:
                             "which shards the optimizer state as ZeRO-1 does and the gradients too, at the same communication volume")])
 
 
-def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, sharding: str, dp: int, tp: int) -> nn.Module:
+def check_grad_accum(precision: PrecisionConfig, sharding: str, dp: int) -> None:
+    if precision.fp32_grad_accum and dp > 1 and sharding in ("ddp", "zero1"):
+        # DDP's reducer reads .grad in its own buckets; FSDP2 accumulates in its reduce dtype.
+        raise ConfigError([("precision.fp32_grad_accum", f"not supported with dp_sharding {sharding}; use --parallel.dp_sharding "
+                            "zero2 (weights whole as under ddp, gradients reduced in fp32) or set it to false")])
+
+
+def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy:
+    """FSDP2's casts for a precision setting (docs/precision.md).
+
+    mixed: the fp32 shards are cast to bf16 before the all-gather (gathers move bf16, compute
+    reads bf16 weights, as single-device mixed does with hlat.precision.Bf16Weights) and gradients
+    are reduce-scattered, and accumulated across micro-batches, in `reduce_dtype`. bf16 storage
+    with fp32_grad_accum: bf16 weights, gradients accumulated and reduced in fp32, rounded to bf16
+    once per step. Forward inputs are not cast: RoPE tables stay fp32.
+    """
+    if precision.mode == "mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=DTYPES[precision.reduce_dtype], cast_forward_inputs=False)
+    return MixedPrecisionPolicy(reduce_dtype=torch.float32 if precision.fp32_grad_accum else None, cast_forward_inputs=False)
+
+
+def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, sharding: str, dp: int, tp: int,
+                        precision: PrecisionConfig) -> nn.Module:
     """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place)."""
     if dp == 1:
         return model
     if sharding in ("zero2", "fsdp"):
         # With tp > 1 FSDP2 shards over dp the DTensors that TP already placed on the tp dim.
-        dp_mesh = mesh["dp"]
+        dp_mesh, policy = mesh["dp"], mixed_precision_policy(precision)
         reshard = sharding == "fsdp"
         for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
     # ddp and zero1 both replicate the weights and all-reduce gradients; zero1 shards the optimizer.
     return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), broadcast_buffers=False)
 
 
 @contextlib.contextmanager
-def no_gradient_sync(model: nn.Module, skip: bool) -> Iterator[None]:
-    """Skip the gradient reduction on non-final micro-batches of an accumulated step."""
+def no_gradient_sync(model: nn.Module, skip: bool, reshard_after_backward: bool = True) -> Iterator[None]:
+    """Skip the gradient reduction on non-final micro-batches of an accumulated step.
+
+    Under FSDP2 the unsharded gradients then stay on each rank until the final micro-batch
+    reduce-scatters their sum; with `reshard_after_backward` false the gathered weights stay too,
+    so the next micro-batch does not gather them again.
+    """
     if not skip:
         yield
     elif isinstance(model, DistributedDataParallel):
@@ -51,9 +82,11 @@ def no_gradient_sync(model: nn.Module, skip: bool) -> Iterator[None]:
             yield
     elif isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(False)
+        model.set_reshard_after_backward(reshard_after_backward)
         try:
             yield
-        finally:
+        finally:  # read in post-backward only: the final micro-batch syncs and reshards
             model.set_requires_gradient_sync(True)
+            model.set_reshard_after_backward(True)
     else:
         yield

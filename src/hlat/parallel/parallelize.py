@@ -26,13 +26,15 @@ from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.dtensor import full_tensor
-from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, no_gradient_sync
+from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, check_grad_accum, no_gradient_sync
+from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
 from hlat.parallel.pipeline import build_schedule, check_pipeline, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.precision import autocast, cast_parameters
 from hlat.parallel.loss import token_loss_sum
+from hlat.train.config import PrecisionConfig
 
 
 @dataclass
@@ -44,6 +46,8 @@ class ParallelModel:
     schedule: Any = None  # a torch.distributed.pipelining schedule when pp > 1
     is_first_stage: bool = True
     is_last_stage: bool = True
+    reshard_after_backward: bool = True  # FSDP2 between micro-batches (ParallelConfig)
+    grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -69,15 +73,19 @@ class ParallelModel:
         device = batches[0].tokens.device
         scale = self.layout.dp / n_targets
         if self.schedule is not None:
-            return self._pipeline_step(batches, scale, device)
-        model, total = self.parts[0], torch.zeros((), device=device)
-        for i, batch in enumerate(batches):
-            with no_gradient_sync(model, skip=i < len(batches) - 1), self._context(device):
-                logits = model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
-                loss = token_loss_sum(logits, batch.labels)
-                (loss * scale).backward()
-            total += full_tensor(loss.detach())
-        return total / n_targets
+            share = self._pipeline_step(batches, scale, device)
+        else:
+            model, total = self.parts[0], torch.zeros((), device=device)
+            for i, batch in enumerate(batches):
+                with no_gradient_sync(model, i < len(batches) - 1, self.reshard_after_backward), self._context(device):
+                    logits = model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
+                    loss = token_loss_sum(logits, batch.labels)
+                    (loss * scale).backward()
+                total += full_tensor(loss.detach())
+            share = total / n_targets
+        if self.grad_accumulator is not None:
+            self.grad_accumulator.finish()
+        return share
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
         self._loss_scale[:] = [scale]
@@ -170,11 +178,15 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
 
 
 def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,
-                         seed: int, n_microbatches: int, precision_mode: str, compiled: bool = False,
+                         seed: int, n_microbatches: int, precision_mode: str | PrecisionConfig, compiled: bool = False,
                          float8: bool = False) -> ParallelModel:
-    """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
+    """`precision_mode`: the run's precision settings, or a mode name with the others' defaults.
+    `compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
     `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported)."""
+    precision = PrecisionConfig(mode=precision_mode) if isinstance(precision_mode, str) else precision_mode
+    precision_mode = precision.mode
     check_layout(model_cfg, par, layout)
+    check_grad_accum(precision, par.dp_sharding, layout.dp)
     if float8:
         check_float8(device, layout.tp)
     with torch.device("meta"):
@@ -198,13 +210,15 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
         if compiled:
             compile_blocks(module)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
-            apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp)
+            apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp, precision)
         module.to_empty(device=device)
         init_parameters(module, init_std_of, seed)
         module.reset_rope()
-        parts.append(module if sharded else apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp))
-    pm = ParallelModel(parts, raw, layout, precision_mode,
-                       is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices)
+        parts.append(module if sharded else apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp, precision))
+    fsdp = sharded and layout.dp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
+    accumulator = Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
+    pm = ParallelModel(parts, raw, layout, precision_mode, is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices,
+                       reshard_after_backward=par.reshard_after_backward, grad_accumulator=accumulator)
     if layout.pp > 1:
         pm.schedule = build_schedule(parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule,
                                      n_microbatches, pm._pipeline_loss)

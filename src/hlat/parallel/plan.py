@@ -2,7 +2,9 @@
 
 The model is built on the meta device under a fake process group of the target world size, the
 pipeline split and tensor-parallel plan are applied as in training, and each stage's local
-parameter count is read off the DTensors. Data-parallel sharding then divides what it shards.
+parameter count is read off the DTensors. Data-parallel sharding then divides what it shards;
+what gradient accumulation holds whole between micro-batches (FSDP2's unsharded gradients and,
+without resharding after backward, its gathered weights; fp32 sums) is counted whole (state_memory).
 Activations are counted tensor by tensor from what hlat's block keeps for backward under each
 recompute policy (activation_elements_per_token; benchmarks/recompute.md measured them), per
 layer and micro-batch, divided by t under sequence parallel, times the micro-batches a stage
@@ -24,7 +26,7 @@ from hlat.config import RunConfig
 from hlat.devices import Accelerator
 from hlat.model import Llama, ModelConfig
 from hlat.parallel.dtensor import local_tensor
-from hlat.parallel.data_parallel import check_data_parallel
+from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
 from hlat.parallel.mesh import resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
@@ -84,6 +86,7 @@ def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePl
     if tp > 1:
         check_tensor_parallel(cfg.model, tp)
     check_data_parallel(cfg.parallel.dp_sharding, dp, tp, pp)
+    check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, dp)
     owns_group = not dist.is_initialized()
     if owns_group:
         dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
@@ -106,16 +109,39 @@ def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePl
     return (pp, dp, tp), stages
 
 
+def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes on a rank holding `local` parameters, at the
+    step's peak: the last micro-batch's backward (docs/parallelism.md, docs/precision.md)."""
+    prec, sharding = cfg.precision, cfg.parallel.dp_sharding
+    elem = _bytes(param_dtype(prec.mode))
+    accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
+    optimizer = 2 * local * elem / (dp if sharding != "ddp" else 1)  # Adam: two moments
+    if sharding in ("zero2", "fsdp") and dp > 1:
+        gathered_elem = 2 if prec.mode == "mixed" else elem  # MixedPrecisionPolicy gathers mixed's weights in bf16
+        # zero2 keeps the gathered weights from forward through backward; fsdp between
+        # micro-batches only without resharding after backward (always under a pipeline schedule).
+        keeps = sharding == "zero2" or (accumulating and (not cfg.parallel.reshard_after_backward or pp > 1))
+        weights = local * elem / dp + (local * gathered_elem if keeps else 0)
+        # Skipping the reduce-scatter on non-final micro-batches holds every unsharded gradient,
+        # in the reduce dtype when it differs from the parameters', until the last one.
+        if prec.mode == "mixed":
+            accum_elem = _bytes(DTYPES[prec.reduce_dtype])
+        else:
+            accum_elem = 4 if prec.fp32_grad_accum else elem
+        grads = local * elem / dp + (local * accum_elem if accumulating else 0)
+        return weights, grads, optimizer
+    # mixed: the bf16 copy of each weight (hlat.precision.Bf16Weights) is saved for backward.
+    weights = local * elem + (2 * local if prec.mode == "mixed" else 0)
+    grads = local * elem + (4 * local if prec.fp32_grad_accum else 0)  # hlat.parallel.grad_accum's fp32 sums
+    return weights, grads, optimizer
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()
+
+
 def _stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
-    elem = torch.tensor([], dtype=param_dtype(cfg.precision.mode)).element_size()
-    weights, grads, optimizer = local * elem, local * elem, 2 * local * elem  # Adam: two moments
-    sharding = cfg.parallel.dp_sharding
-    if sharding == "zero1":
-        optimizer /= dp
-    elif sharding == "zero2":  # weights are gathered for the whole step: count them whole
-        grads, optimizer = grads / dp, optimizer / dp
-    elif sharding == "fsdp":
-        weights, grads, optimizer = weights / dp, grads / dp, optimizer / dp
+    weights, grads, optimizer = state_memory(cfg, local, pp, dp)
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISION_MODES = ("fp32", "mixed", "bf16-sr", "bf16")
+REDUCE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass
@@ -53,8 +54,21 @@ class PrecisionConfig:
     # Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
     # CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype.
     float8: bool = False
+    # mixed under zero2/fsdp: the dtype FSDP2 reduce-scatters gradients in and accumulates them in
+    # across micro-batches ("bf16" halves that traffic and memory; single-device and DDP mixed
+    # always accumulate in fp32, the dtype of their gradients).
+    reduce_dtype: str = "fp32"
+    # bf16 storage modes: accumulate micro-batch gradients in fp32 and round once per step (+4
+    # bytes/param between micro-batches). false = HLAT's recipe: bf16 gradients summed in bf16.
+    fp32_grad_accum: bool = False
 
     def validate(self) -> list[tuple[str, str]]:
+        problems = []
         if self.mode not in PRECISION_MODES:
-            return [("mode", f"got {self.mode!r}; choose one of {', '.join(PRECISION_MODES)}")]
-        return []
+            problems.append(("mode", f"got {self.mode!r}; choose one of {', '.join(PRECISION_MODES)}"))
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            problems.append(("reduce_dtype", f"got {self.reduce_dtype!r}; choose one of {', '.join(REDUCE_DTYPES)}"))
+        if self.fp32_grad_accum and self.mode in ("fp32", "mixed"):
+            problems.append(("fp32_grad_accum", f"{self.mode} already accumulates gradients in fp32; "
+                             "the switch is for bf16-sr and bf16, set it to false"))
+        return problems

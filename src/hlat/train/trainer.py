@@ -85,7 +85,7 @@ class Trainer:
                                   cfg.train.micro_batch, cfg.data.seq_len, cfg.data.document_masking, self.layout.tp)
         self.out(compiled.line)
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
-                                          self.accum, cfg.precision.mode, compiled.enabled, cfg.precision.float8)
+                                          self.accum, cfg.precision, compiled.enabled, cfg.precision.float8)
         self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
                                      cfg.precision.mode) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)

@@ -1,0 +1,66 @@
+"""Gradient accumulation under the precision and resharding switches (a scenario of
+test_accumulation.py): parity_worker's model and global batches, 4 micro-batches of 2 sequences
+per step on one process or 2 per rank over dp 2, recording losses, full weights and how many
+FSDP2 all-gathers each step ran.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from hlat.data.packing import Batch, labels_for
+from hlat.optim import OptimConfig, build_adamw
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.mesh import Layout, make_layout
+from hlat.parallel.parallelize import build_parallel_model
+from hlat.precision import bf16_rounding
+from hlat.train.config import PrecisionConfig
+from hlat.train.optimizers import Optimizers
+from hlat.train.step import train_step
+from parallel.parity_worker import GLOBAL_BATCH, MICRO, MODEL, global_batches
+
+GATHERS = [0]
+_gather = fsdp_group.foreach_all_gather
+
+
+def _counted_gather(*args, **kwargs):
+    GATHERS[0] += 1
+    return _gather(*args, **kwargs)
+
+
+fsdp_group.foreach_all_gather = _counted_gather
+
+
+def run(spec: str, layout: Layout, out: Path) -> None:
+    """spec: "dp,sharding,mode,options": options "+"-joined from keep (reshard_after_backward
+    false), fp32acc (fp32_grad_accum), bf16reduce (reduce_dtype bf16)."""
+    _, sharding, mode, options = spec.split(",")
+    flags = set(options.split("+"))
+    par = ParallelConfig(dp=layout.dp, dp_sharding=sharding, reshard_after_backward="keep" not in flags)
+    precision = PrecisionConfig(mode=mode, fp32_grad_accum="fp32acc" in flags, reduce_dtype="bf16" if "bf16reduce" in flags else "fp32")
+    per_dp = GLOBAL_BATCH // layout.dp
+    model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision)
+    optimizers = Optimizers(model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(mode), seed=3, compile=False))
+    losses, gathers = [], []
+    for tokens in global_batches():
+        mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
+        batches = [Batch(mine[i:i + MICRO], labels_for(mine[i:i + MICRO])) for i in range(0, per_dp, MICRO)]
+        before = GATHERS[0]
+        share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
+        gathers.append(GATHERS[0] - before)
+        losses.append(model.reduce_loss(share).item())
+    full = get_model_state_dict(model.parts[0], options=StateDictOptions(full_state_dict=True))
+    tag = spec.replace(",", "_")
+    if layout.rank == 0:
+        torch.save({k: v.detach().float().clone() for k, v in full.items()}, out / f"{tag}.pt")
+        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "gathers": gathers}))
+
+
+def specs(ctx, specs: list[str]) -> None:
+    """Scenario: each spec in turn over this scenario's processes."""
+    for spec in specs:
+        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(1, ctx.world, 1, torch.device("cpu"))
+        run(spec, layout, ctx.out)
