@@ -50,6 +50,23 @@ def test_block_linears_convert_and_match_bf16_numerics():
         assert _rel(p.grad, q.grad) < 0.25, name
 
 
+def test_trainer_path_converts_before_recompute_and_initialises_the_same(monkeypatch):
+    require("torchao")
+    import hlat.parallel.parallelize as parallelize
+
+    monkeypatch.setattr(parallelize, "check_float8", lambda device, tp=1: None)  # let the CPU through
+    layout, cpu = Layout(1, 0, 1, 1, 1, None), torch.device("cpu")
+    plain = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32")
+    f8 = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32", float8=True)
+    assert sum(type(m).__name__ == "Float8Linear" for m in f8.raw_parts[0].modules()) == 7 * CFG.n_layers
+    for (name, a), (_, b) in zip(plain.raw_parts[0].named_parameters(), f8.raw_parts[0].named_parameters()):
+        assert torch.equal(a, b), name  # same names, same seeded initialisation
+    tokens = torch.randint(0, CFG.vocab_size, (2, 32))
+    loss = f8.raw_parts[0](tokens).float().square().mean()
+    loss.backward()  # through the recompute wrapper
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in f8.raw_parts[0].parameters())
+
+
 def test_refused_without_float8_matmuls(monkeypatch):
     with pytest.raises(ConfigError, match=r"precision\.float8: .*this run is on cpu.*--precision\.float8 false"):
         check_float8(torch.device("cpu"))
