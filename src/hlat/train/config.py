@@ -42,8 +42,8 @@ class TrainConfig:
 
 @dataclass
 class PrecisionConfig:
-    # "fp32": everything fp32. "mixed" (HLAT 70B): bf16 autocast compute, fp32 weights, gradients
-    # and Adam state. "bf16-sr" (HLAT 7B): weights, gradients and Adam moments in bf16, each update
+    # "fp32": everything fp32. "mixed" (HLAT 70B): compute from a bf16 copy of the weights (bf16
+    # autocast), fp32 weights, gradients and Adam state. "bf16-sr" (HLAT 7B): weights, gradients and Adam moments in bf16, each update
     # computed in fp32 and stochastically rounded back. "bf16": the same rounded to nearest, the
     # baseline that loses small updates. The bf16 modes compute in fp32 on CPUs (docs/precision.md).
     mode: str = "fp32"
