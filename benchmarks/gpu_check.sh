@@ -135,7 +135,7 @@ doc_to_choice: choices
 doc_to_target: answer
 EOF
   run_section eval 60 python -m hlat eval --checkpoint "$WORK/1b_eager" --latest --task-file "$task/gpu_check.yaml" \
-      --device "$DEVICE" --precision "$MIXED" --output "$OUT/eval" && tail -n 4 "$OUT/logs/eval.log" | cut -c11- | sed 's/^/    /' | tee -a "$REPORT"
+      --device "$DEVICE" --precision "$MIXED" --output "$OUT/eval" && cut -c11- "$OUT/logs/eval.log" | grep '^|\|^results' | sed 's/^/    /' | tee -a "$REPORT"
 else
   note "- skipped: the eager 1b run left no checkpoint"
 fi
