@@ -61,8 +61,6 @@ class RunConfig:
             problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
         if self.eval.every and not self.data.val_source:
             problems.append(("eval.every", "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0"))
-        if self.data.document_masking and self.parallel.pp > 1:
-            problems.append(("data.document_masking", "is not yet passed between pipeline stages; use parallel.pp 1 or turn masking off"))
         traced = self.profile.range() if not self.profile.validate() else None
         if traced and traced[1] > self.train.steps:
             problems.append(("profile.steps", f"{self.profile.steps} ends after the run's last step (train.steps={self.train.steps}); "

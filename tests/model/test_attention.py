@@ -4,7 +4,7 @@ import torch.nn.functional as F
 import torch._dynamo.config
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from hlat.model import attention
+from hlat.model import Llama, ModelConfig, attention
 from hlat.model.attention import dense_document_mask, document_mask, flex_document_mask, sdpa
 
 B, H, KV, T, D = 2, 8, 2, 40, 16
@@ -81,3 +81,13 @@ def test_document_mask_by_device() -> None:
     assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and mask.shape == (B, 1, T, T)
     assert mask[0, 0, 7, 6].item() is False and mask[0, 0, 8, 7].item() is True and not mask[1, 0, 0, 1]
     assert document_mask(None) is None
+
+
+def test_model_builds_the_mask_from_document_ids() -> None:
+    """doc_ids (how pipeline stages get the mask) = the same mask passed in."""
+    torch.manual_seed(0)
+    model = Llama(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=T))
+    x = torch.randint(0, 50, (B, T))
+    torch.testing.assert_close(model(x, doc_ids=doc_ids()), model(x, attn_mask=document_mask(doc_ids())), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="not both"):
+        model(x, attn_mask=document_mask(doc_ids()), doc_ids=doc_ids())

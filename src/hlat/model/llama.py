@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hlat.model.attention import AttentionMask, sdpa
+from hlat.model.attention import AttentionMask, document_mask, sdpa
 from hlat.model.config import ModelConfig
 from hlat.model.kv_cache import KVCache, LayerKV
 
@@ -210,7 +210,8 @@ class Llama(nn.Module):
         return self
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                attn_mask: AttentionMask = None, cache: KVCache | None = None) -> torch.Tensor:
+                attn_mask: AttentionMask = None, cache: KVCache | None = None,
+                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab] in the compute dtype.
 
         positions: [B, T] token positions (default 0..T-1), e.g. reset at document starts.
@@ -219,6 +220,8 @@ class Llama(nn.Module):
         FlexAttention BlockMask (hlat.model.attention.document_mask on CUDA).
         cache: keys and values of earlier calls (incremental decoding), extended by this one; then
         `positions` and `attn_mask` ([B, 1, T, cached + T]) are required.
+        doc_ids: [B, T] document numbers instead of attn_mask: the causal same-document mask is built
+        here, on the run's backend (how a pipeline stage gets it: tensors split into micro-batches).
         On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
         """
         if cache is not None and (positions is None or attn_mask is None):
@@ -227,6 +230,10 @@ class Llama(nn.Module):
             cos, sin = self.rope_cos[None, :, None], self.rope_sin[None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
+        if doc_ids is not None:
+            if attn_mask is not None:
+                raise ValueError("pass attn_mask or doc_ids, not both")
+            attn_mask = document_mask(doc_ids)
         if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens

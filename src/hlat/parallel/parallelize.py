@@ -125,9 +125,14 @@ class ParallelModel:
         return (self.reduce_loss(total) / count).item()
 
     def _schedule_io(self, batches: Sequence[Batch], losses: list[torch.Tensor]) -> tuple[tuple, dict]:
-        """A schedule's inputs on this rank: tokens to the first stage, targets to the last."""
+        """A schedule's inputs on this rank: tokens to the first stage, targets to the last, and
+        with document masking positions and document ids to every stage (each builds its mask)."""
         args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
-        kwargs = {"target": torch.cat([b.labels for b in batches]), "losses": losses} if self.is_last_stage else {}
+        kwargs: dict[str, Any] = {}
+        if batches[0].doc_ids is not None:
+            kwargs.update(positions=torch.cat([b.positions for b in batches]), doc_ids=torch.cat([b.doc_ids for b in batches]))
+        if self.is_last_stage:
+            kwargs.update(target=torch.cat([b.labels for b in batches]), losses=losses)
         return args, kwargs
 
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
