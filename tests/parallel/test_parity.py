@@ -15,7 +15,7 @@ import torch
 from runs import Scenario, ScenarioResults
 
 # the single-process run of each model variant (a spec's optional 8th field, parity_worker.VARIANTS)
-REFERENCES = {"": "1,1,1,ddp,1f1b,1,none", "tied": "1,1,1,ddp,1f1b,1,none,tied"}
+REFERENCES = {variant: "1,1,1,ddp,1f1b,1,none" + (variant and "," + variant) for variant in ("", "tied", "bias")}
 
 TWO = [
     "1,2,1,ddp,1f1b,1,none",
@@ -29,8 +29,9 @@ TWO = [
     "2,1,1,ddp,gpipe,1,none",
     "2,1,1,ddp,interleaved-1f1b,2,none",
     # tied embeddings: one matrix, its gradient summed from the embedding and the output head
-    "1,2,1,ddp,1f1b,1,none,tied",
     "1,2,1,fsdp,1f1b,1,selective,tied",
+    "1,1,2,ddp,1f1b,1,none,tied",  # one vocab-sharded matrix for the embedding and the output head
+    "1,1,2,ddp,1f1b,1,none,bias",
 ]
 FOUR = [
     "1,2,2,fsdp,1f1b,1,none",
@@ -38,6 +39,8 @@ FOUR = [
     "2,2,1,fsdp,1f1b,1,selective",
     "2,1,2,ddp,1f1b,1,none",
     "1,1,4,ddp,1f1b,1,none",  # tp 4 > 2 KV heads: KV projections replicated
+    "1,1,4,ddp,1f1b,1,none,bias",  # ... with their biases
+    "1,2,2,fsdp,1f1b,1,none,tied",
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none"]  # the second: FSDP over replicated KV projections
 SCENARIOS = [Scenario(f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"specs": specs})

@@ -4,6 +4,8 @@ Between blocks the residual stream is sharded on the sequence dim (Shard(1)); ea
 it before attention/MLP (all-gather), splits heads and FFN columns across the tp ranks, and
 reduce-scatters back to sequence shards. The embedding is vocab-parallel, and the output head
 keeps logits sharded on the vocab dim for `loss_parallel`, so full logits are never gathered.
+Both shard the [vocab, d] matrix by vocab rows (Shard(0)), so tied embeddings stay one sharded
+Parameter (Llama.tie_weights re-ties it after to_empty) whose gradient sums both uses.
 
 With more tp ranks than KV heads (HLAT 70B: TP 32, 8 KV heads) the KV projections are replicated
 instead of split: every rank computes all KV heads (with GQA they are a small share of the
@@ -40,11 +42,6 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     for field, size in (("model.ffn_dim", cfg.ffn_dim), ("model.vocab_size", cfg.vocab_size)):
         if size % tp:
             problems.append((field, f"{size} is not divisible by parallel.tp={tp}"))
-    # Not yet built under tensor parallelism: refused rather than trained wrong.
-    for field in ("tie_embeddings", "attention_bias", "mlp_bias"):
-        if getattr(cfg, field):
-            problems.append((f"model.{field}", f"{field}=true is not yet supported with tensor parallelism "
-                             f"(parallel.tp={tp}); use parallel.tp 1 (data parallel or FSDP layouts support it)"))
     if problems:
         raise ConfigError(problems)
 
