@@ -122,5 +122,7 @@ def test_variant_validation_names_field_and_fix() -> None:
     with pytest.raises(ConfigError, match=r"model.tie_embeddings: .*pipeline parallelism \(parallel.pp=2\)"):
         load_config("tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2",
                                    "--parallel.dp_sharding", "zero2"], world=2)
+    with pytest.raises(ConfigError, match=r"model.vocab_size: 4097 is not divisible by parallel.tp=2; choose a parallel.tp"):
+        load_config("tiny", None, ["--model.vocab_size", "4097", "--parallel.tp", "2", "--parallel.dp_sharding", "zero2"], world=2)
     # an explicit head_dim frees d_model from being a multiple of n_heads
     assert ModelConfig(**{**base.__dict__, "d_model": 60, "head_dim": 16}).validate() == []

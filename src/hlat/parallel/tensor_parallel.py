@@ -39,9 +39,12 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     if cfg.n_kv_heads % tp and tp % cfg.n_kv_heads:
         problems.append(("parallel.tp", f"tp={tp} and model.n_kv_heads={cfg.n_kv_heads}: one must divide the other "
                          "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)"))
-    for field, size in (("model.ffn_dim", cfg.ffn_dim), ("model.vocab_size", cfg.vocab_size)):
-        if size % tp:
-            problems.append((field, f"{size} is not divisible by parallel.tp={tp}"))
+    if cfg.ffn_dim % tp:
+        problems.append(("model.ffn_dim", f"{cfg.ffn_dim} is not divisible by parallel.tp={tp}"))
+    if cfg.vocab_size % tp:  # the embedding and output head are sharded by vocabulary rows
+        problems.append(("model.vocab_size", f"{cfg.vocab_size} is not divisible by parallel.tp={tp}; choose a "
+                         "parallel.tp that divides it (hlat does not pad the vocabulary for sharding), or for a "
+                         "model trained from scratch a vocab_size that tp divides"))
     if problems:
         raise ConfigError(problems)
 
