@@ -16,7 +16,7 @@ from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
-EOS, GLOBAL_BATCH, SEQ, MICRO, STEPS = 0, 8, 32, 2, 3
+EOS, GLOBAL_BATCH, SEQ, MICRO, STEPS = 0, 8, 32, 2, 2
 
 
 def losses(ctx, schedules: list[str]) -> None:  # type: ignore[no-untyped-def]
