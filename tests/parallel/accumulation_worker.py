@@ -1,7 +1,7 @@
 """Gradient accumulation under the precision and resharding switches (a scenario of
 test_accumulation.py): parity_worker's model and global batches, 4 micro-batches of 2 sequences
-per step on one process or 2 per rank over dp 2, recording losses, full weights and how many
-FSDP2 all-gathers each step ran.
+per step on one process, over tp 2 or pp 2, or 2 per rank over dp 2, recording losses, full
+weights and how many FSDP2 all-gathers each step ran.
 """
 
 import json
@@ -35,11 +35,11 @@ fsdp_group.foreach_all_gather = _counted_gather
 
 
 def run(spec: str, layout: Layout, out: Path) -> None:
-    """spec: "dp,sharding,mode,options": options "+"-joined from keep (reshard_after_backward
-    false), fp32acc (fp32_grad_accum), bf16reduce (reduce_dtype bf16)."""
+    """spec: "layout,sharding,mode,options": layout 1, dp2, tp2 or pp2; options "+"-joined from
+    keep (reshard_after_backward false), fp32acc (fp32_grad_accum), bf16reduce (reduce_dtype bf16)."""
     _, sharding, mode, options = spec.split(",")
     flags = set(options.split("+"))
-    par = ParallelConfig(dp=layout.dp, dp_sharding=sharding, reshard_after_backward="keep" not in flags)
+    par = ParallelConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp, dp_sharding=sharding, reshard_after_backward="keep" not in flags)
     precision = PrecisionConfig(mode=mode, fp32_grad_accum="fp32acc" in flags, reduce_dtype="bf16" if "bf16reduce" in flags else "fp32")
     per_dp = GLOBAL_BATCH // layout.dp
     model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision)
@@ -54,13 +54,16 @@ def run(spec: str, layout: Layout, out: Path) -> None:
         losses.append(model.reduce_loss(share).item())
     full = get_model_state_dict(model.parts[0], options=StateDictOptions(full_state_dict=True))
     tag = spec.replace(",", "_")
+    if layout.dp_rank == 0 and layout.coordinate("tp") == 0:  # each pipeline stage saves its own layers
+        torch.save({k: v.detach().float().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
     if layout.rank == 0:
-        torch.save({k: v.detach().float().clone() for k, v in full.items()}, out / f"{tag}.pt")
         (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "gathers": gathers}))
 
 
 def specs(ctx, specs: list[str]) -> None:
     """Scenario: each spec in turn over this scenario's processes."""
     for spec in specs:
-        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(1, ctx.world, 1, torch.device("cpu"))
+        kind = spec.split(",")[0]
+        degrees = {"1": (1, 1, 1), "dp2": (1, 2, 1), "tp2": (1, 1, 2), "pp2": (2, 1, 1)}[kind]
+        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"))
         run(spec, layout, ctx.out)
