@@ -28,6 +28,7 @@ from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.config import default_cache_dir
 from hlat.data.batch import Batch
 from hlat.eval.in_training import InTrainingTasks
+from hlat.float8 import check_float8
 from hlat.model import count_params, flops_per_token
 from hlat.optim import adamw_class, build_adamw, decay_groups, lr_multiplier
 from hlat.parallel.compile import decide_compile
@@ -71,6 +72,8 @@ class Trainer:
         self.cfg, self.resume = cfg, resume
         self.device = pick_device(cfg.train.device)
         self.layout: Layout = setup(cfg.parallel, self.device)
+        if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
+            check_float8(self.device, self.layout.tp)
         self.out = out if self.layout.is_main else (lambda _: None)
         self.run_dir = cfg.run_dir
         if self.layout.is_main:
