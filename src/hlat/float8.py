@@ -26,7 +26,7 @@ _FIX = "use a CUDA GPU of capability 8.9 or higher (L4, L40S, H100, H200, B200) 
 def float8_problem(device: torch.device, tp: int = 1) -> str | None:
     """Why float8 training cannot run on `device` with tensor parallelism `tp`, or None when it can."""
     if device.type != "cuda":
-        return f"float8 matmuls need a CUDA GPU of capability >= 8.9; this run is on {device.type} ({device}); {_FIX}"
+        return f"float8 matmuls need a CUDA GPU of capability >= 8.9; this run is on {device}; {_FIX}"
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
