@@ -66,6 +66,16 @@ def rename_from_hf(state: Mapping[str, T]) -> tuple[dict[str, T], list[str]]:
     return ours, unknown
 
 
+def drop_tied_copy(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A tied model's weights without a saved copy of the output head equal to the embedding (some
+    Hugging Face files keep lm_head.weight beside embed_tokens.weight); a differing one stays, for
+    check_complete to report as unexpected."""
+    head, embedding = weights.get("output.weight"), weights.get("tok_embeddings.weight")
+    if cfg.tie_embeddings and head is not None and embedding is not None and torch.equal(head, embedding):
+        return {k: v for k, v in weights.items() if k != "output.weight"}
+    return weights
+
+
 def check_complete(source: str, expected: Shapes, found: Shapes, unknown: Iterable[str] = ()) -> None:
     """Raise IncompleteWeights unless `found` has exactly the names and shapes of `expected`;
     `unknown` are further unexpected names (a Hugging Face tensor hlat has no name for)."""

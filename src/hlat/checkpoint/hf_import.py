@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from hlat.checkpoint.completeness import IncompleteWeights, check_complete, model_shapes, rename_from_hf
+from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.errors import UserError
@@ -130,6 +130,7 @@ def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str
     """The weights under hlat's names in fp32 (the training weights' dtype), exactly the tensors
     of the architecture config.json describes (the completeness check --checkpoint.init_from applies)."""
     weights, unknown = rename_from_hf(hf_weights(directory, torch.float32, progress))
+    weights = drop_tied_copy(weights, cfg)
     try:
         check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
     except IncompleteWeights as err:

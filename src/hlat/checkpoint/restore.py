@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from hlat.checkpoint.completeness import check_complete, checkpoint_shapes, model_config_of, model_shapes, rename_from_hf
+from hlat.checkpoint.completeness import check_complete, checkpoint_shapes, drop_tied_copy, model_config_of, model_shapes, rename_from_hf
 from hlat.checkpoint.manager import CheckpointError, CheckpointManager, rank_file
 from hlat.data import merge_states
 
@@ -57,7 +57,8 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
     an hlat checkpoint or run directory. Collective under torchrun. Returns what was loaded.
     The source must hold exactly the model's tensors (hlat.checkpoint.completeness), else nothing
     is loaded and IncompleteWeights names the missing, unexpected and mis-shaped ones."""
-    expected = model_shapes(model_config_of(parts))
+    cfg = model_config_of(parts)
+    expected = model_shapes(cfg)
     if spec.startswith(HF_PREFIX):
         from hlat.checkpoint.hf_import import hf_weights
 
@@ -65,6 +66,7 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint.init_from={spec}: no such directory")
         full, unknown = rename_from_hf(hf_weights(directory))
+        full = drop_tied_copy(full, cfg)
         check_complete(f"init_from {spec}", expected, {k: tuple(v.shape) for k, v in full.items()}, unknown)
         for part in parts:  # every rank holds the full tensors and keeps its own shard of them
             set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
