@@ -12,6 +12,8 @@ import torch
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.model import Llama, ModelConfig
+from hlat.model.hf import hf_config_dict
+from hlat.toml_value import toml_value
 
 from runs import tiny_args, torchrun
 
@@ -22,7 +24,7 @@ def _weights_checkpoint(run: Path, drop: str | None = None) -> Path:
     """A weights-only checkpoint of TINY in a run directory (as hlat import writes one)."""
     weights = {k: v for k, v in Llama(TINY).state_dict().items() if k != drop}
     (run / "checkpoints").mkdir(parents=True)
-    (run / "config.toml").write_text("[model]\n" + "".join(f"{k} = {v!r}\n" for k, v in vars(TINY).items()))
+    (run / "config.toml").write_text("[model]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in vars(TINY).items()))
     return CheckpointManager(run / "checkpoints", keep_last=None).save(0, {"model": weights}, None, {"progress": {"step": 0}}).path
 
 
@@ -36,8 +38,9 @@ def bad_data_row(tmp: Path, corpus: Path) -> tuple[list[str], str]:
 
 def refused_hf_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     (tmp / "hf").mkdir()
-    (tmp / "hf" / "config.json").write_text(json.dumps({"model_type": "llama", "rope_scaling": {"rope_type": "yarn"}}))
-    return ["import", str(tmp / "hf"), str(tmp / "run")], "rope_scaling={'rope_type': 'yarn'}"
+    config = {"model_type": "llama", **hf_config_dict(TINY), "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}
+    (tmp / "hf" / "config.json").write_text(json.dumps(config))
+    return ["import", str(tmp / "hf"), str(tmp / "run")], "hlat implements the RoPE types linear, llama3 (not 'yarn')"
 
 
 def corrupt_checkpoint(tmp: Path, corpus: Path) -> tuple[list[str], str]:

@@ -24,6 +24,7 @@ from hlat.eval.validation import EvalConfig
 from hlat.model.config import ModelConfig
 from hlat.optim.config import OptimConfig, ScheduleConfig
 from hlat.parallel.config import ParallelConfig
+from hlat.toml_value import toml_value
 from hlat.train.config import PrecisionConfig, TrainConfig
 from hlat.train.profiling import ProfileConfig
 from hlat.train.wandb_sink import WandbConfig
@@ -143,10 +144,10 @@ class RunConfig:
         return Path(self.train.run_dir or f"runs/{self.name}")
 
     def to_toml(self) -> str:
-        lines = [f"name = {_toml_value(self.name)}"]
+        lines = [f"name = {toml_value(self.name)}"]
         for name, section in self.sections().items():
             lines.append(f"\n[{name}]")
-            lines += [f"{f.name} = {_toml_value(getattr(section, f.name))}" for f in dataclasses.fields(section)]
+            lines += [f"{f.name} = {toml_value(getattr(section, f.name))}" for f in dataclasses.fields(section)]
         return "\n".join(lines) + "\n"
 
 
@@ -277,9 +278,3 @@ def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
     return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return repr(value)

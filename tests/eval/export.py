@@ -8,14 +8,14 @@ from pathlib import Path
 from hlat.checkpoint import CheckpointManager
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
+from hlat.toml_value import toml_value
 
 
 def save_run(run_dir: Path, model: Llama, tokenizer_file: Path, steps: list[int]) -> Path:
     """A run directory in the format hlat train writes: config.toml, checkpoints/step_*/ (weights
     only, as archives are); the tokenizer is copied to <run>/tokenizer.json."""
     cfg = model.cfg
-    model_toml = "\n".join(f"{k} = {str(v).lower() if isinstance(v, bool) else repr(v)}"
-                           for k, v in vars(cfg).items())
+    model_toml = "\n".join(f"{k} = {toml_value(v)}" for k, v in vars(cfg).items())
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.toml").write_text(f'name = "tiny"\n\n[model]\n{model_toml}\n\n[data]\nseq_len = 64\n')
     shutil.copy(tokenizer_file, run_dir / "tokenizer.json")

@@ -35,6 +35,7 @@ from hlat.errors import UserError
 from hlat.model import ModelConfig, count_params
 from hlat.data.tokenizer import TOKENIZER_FILES, find_tokenizer_file, load_tokenizer
 from hlat.model.hf import model_config_from_hf
+from hlat.toml_value import toml_value
 
 HF_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -156,23 +157,18 @@ def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) ->
     return file, tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
 
 
-def _toml(value: Any) -> str:
-    # JSON strings and true/false are TOML's too
-    return json.dumps(value) if isinstance(value, (str, bool)) else repr(value)
-
-
 def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path) -> str:
     """The architecture and tokenizer, and init_from this run: `hlat train --config` continues
     pre-training from the imported weights, in a run directory of its own by default (training
     in the imported one would try to resume from a checkpoint that has no optimizer state)."""
     lines = [f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given",
              "# here take the preset's (--preset) or the defaults' values.",
-             f"name = {_toml(run_dir.name + '-continued')}",
-             "", "[model]", *(f"{f.name} = {_toml(getattr(cfg, f.name))}" for f in fields(cfg)),
-             "", "[data]", f"tokenizer = {_toml(str(tokenizer))}"]
+             f"name = {toml_value(run_dir.name + '-continued')}",
+             "", "[model]", *(f"{f.name} = {toml_value(getattr(cfg, f.name))}" for f in fields(cfg)),
+             "", "[data]", f"tokenizer = {toml_value(str(tokenizer))}"]
     if DataConfig().seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
         lines.append(f"seq_len = {cfg.max_seq_len}")
-    lines += ["", "[checkpoint]", f"init_from = {_toml(str(run_dir))}"]
+    lines += ["", "[checkpoint]", f"init_from = {toml_value(str(run_dir))}"]
     return "\n".join(lines) + "\n"
 
 
