@@ -54,8 +54,9 @@ def step_time(model: torch.nn.Module, tokens: torch.Tensor) -> float:
 
 
 def measure(seq: int, batch: int, rounds: int) -> list[str]:
-    cfg = load_config("small", None, ["--data.seq_len", str(seq), "--train.micro_batch", str(batch)])
-    model_cfg = dataclasses.replace(cfg.model, max_seq_len=max(seq, cfg.model.max_seq_len))
+    cfg = load_config("small", None, ["--data.seq_len", str(seq), "--train.micro_batch", str(batch),
+                                      "--model.max_seq_len", str(max(seq, 512))])
+    model_cfg = cfg.model
     tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
     models = []
     for policy, every_other in POLICIES:
@@ -103,11 +104,11 @@ def main() -> None:
     for shape in args.shapes.split(","):
         seq, batch = (int(x) for x in shape.split("x"))
         lines += measure(seq, batch, args.rounds) + [""]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        text = "\n".join(lines)  # written after each shape: a slow machine still leaves the first
+        print(text, flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
 
 
 if __name__ == "__main__":
