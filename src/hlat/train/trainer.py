@@ -25,8 +25,8 @@ from hlat.checkpoint.faults import maybe_kill
 from hlat.checkpoint.recovery import Incident, Recovery
 from hlat.config import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
-from hlat.data.config import default_cache_dir
 from hlat.data.batch import Batch
+from hlat.data.config import default_cache_dir
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
 from hlat.model import count_params, flops_per_token
@@ -35,8 +35,8 @@ from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
-from hlat.train.memory import MemoryMeter
 from hlat.train.gemm_ceiling import model_shapes
+from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
