@@ -8,16 +8,18 @@ from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.saved_activations import block_bytes
+from hlat.precision import autocast, cast_parameters
 
 CFG = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160, max_seq_len=32)
 
 
-def loss_and_grads(policy: str, every_other_mm: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_grads(policy: str, every_other_mm: bool = False, mode: str = "fp32") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
-    model = Llama(CFG)
+    model = cast_parameters(Llama(CFG), mode)
     apply_activation_checkpoint(model, policy, every_other_mm)
     tokens = torch.randint(0, CFG.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
-    loss = token_loss_sum(model(tokens[:, :-1]), tokens[:, 1:])
+    with autocast(mode, torch.device("cpu")):
+        loss = token_loss_sum(model(tokens[:, :-1]), tokens[:, 1:])
     loss.backward()
     return loss.detach(), {n.replace("_checkpoint_wrapped_module.", ""): p.grad for n, p in model.named_parameters()}
 
@@ -30,6 +32,19 @@ def test_recompute_matches_no_recompute(policy, every_other_mm):
     assert grads.keys() == ref_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("policy", ["selective", "op", "full"])
+@pytest.mark.parametrize("mode", ["bf16-sr", "mixed"])
+def test_recompute_replays_the_precision_casts(policy, mode):
+    """Backward recomputes outside the forward's precision context (bf16-sr's fp32 upcast of bf16
+    weights, mixed's bf16 weight copies): the recompute must still see the same dtypes."""
+    ref_loss, ref_grads = loss_and_grads("none", mode=mode)
+    loss, grads = loss_and_grads(policy, mode=mode)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, grad in grads.items():
+        assert grad.dtype == ref_grads[name].dtype, name
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-2, atol=1e-5, msg=name)
 
 
 def test_policies_order_by_what_they_save():

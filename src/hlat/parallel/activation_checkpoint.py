@@ -11,12 +11,14 @@ input. Measured bytes and step times per policy: benchmarks/recompute.md.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from functools import partial
 
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.overrides import _get_current_function_mode_stack
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 aten = torch.ops.aten
@@ -65,16 +67,42 @@ def _op_contexts(every_other_mm: bool):  # type: ignore[no-untyped-def]
     return create_selective_checkpoint_contexts(partial(_op_policy, every_other_mm, Counter()))
 
 
-def apply_activation_checkpoint(model: nn.Module, mode: str, every_other_mm: bool = False) -> None:
-    """Wrap each transformer block of `model` for recompute policy `mode` (none, selective, op, full)."""
+def checkpoint_block(block: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False) -> nn.Module:
+    """`block` wrapped for recompute policy `mode` (selective, op, full); unchanged for none.
+    `compiled`: the block will be compiled, where the recompute replays the traced graph (which
+    holds the precision casts) and torch accepts only the policy's own contexts."""
     if mode == "none":
-        return
+        return block
+    if mode == "full":
+        if compiled:
+            return checkpoint_wrapper(block, preserve_rng_state=False)
+        contexts = partial(tuple, (contextlib.nullcontext(), contextlib.nullcontext()))
+    elif mode == "selective":
+        contexts = partial(create_selective_checkpoint_contexts, _selective_policy)
+    else:
+        contexts = partial(_op_contexts, every_other_mm)
+    context_fn = contexts if compiled else partial(_under_forward_modes, contexts)
+    return checkpoint_wrapper(block, preserve_rng_state=False, context_fn=context_fn)
+
+
+def _under_forward_modes(contexts):  # type: ignore[no-untyped-def]
+    """The policy's (forward, recompute) contexts, the recompute also under the torch-function
+    modes active in the forward (hlat.precision's weight casts): backward runs outside them, and a
+    recompute without them would compute in other dtypes than the forward it replays."""
+    forward, recompute = contexts()
+    return forward, _entered(recompute, _get_current_function_mode_stack())
+
+
+@contextlib.contextmanager
+def _entered(context, modes):  # type: ignore[no-untyped-def]
+    with contextlib.ExitStack() as stack:
+        for function_mode in modes:
+            stack.enter_context(function_mode)
+        stack.enter_context(context)
+        yield
+
+
+def apply_activation_checkpoint(model: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False) -> None:
+    """Wrap each transformer block of `model` for recompute policy `mode` (none, selective, op, full)."""
     for name, block in list(model.layers.items()):
-        if mode == "full":
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
-        elif mode == "selective":
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False,
-                                         context_fn=partial(create_selective_checkpoint_contexts, _selective_policy))
-        else:
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=partial(_op_contexts, every_other_mm))
-        model.layers[name] = wrapped
+        model.layers[name] = checkpoint_block(block, mode, every_other_mm, compiled)

@@ -20,6 +20,7 @@ from hlat.errors import UserError
 from hlat.model.attention import document_mask
 from hlat.model.config import ModelConfig
 from hlat.model.llama import TransformerBlock, rope_tables
+from hlat.parallel.activation_checkpoint import checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype
 
 INDUCTOR_DEVICES = ("cpu", "cuda")
@@ -43,8 +44,10 @@ TP_UNSUPPORTED = "tensor-parallel blocks do not compile on this torch (a DTensor
 
 
 def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, precision_mode: str,
-                   micro_batch: int, seq_len: int, document_masking: bool, tp: int = 1) -> CompileDecision:
-    """Collective when a process group exists (every rank must call it). `setting`: auto/true/false."""
+                   micro_batch: int, seq_len: int, document_masking: bool, tp: int = 1,
+                   recompute: str = "none", every_other_mm: bool = False) -> CompileDecision:
+    """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
+    `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too."""
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
@@ -62,7 +65,7 @@ def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, p
         return CompileDecision(False, f"compile: off (auto: no inductor backend for {device.type})")
     start = time.perf_counter()
     try:
-        probe_block(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking)
+        probe_block(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err
@@ -83,23 +86,29 @@ def compile_blocks(module: nn.Module) -> None:
 
 
 def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
-                seq_len: int, document_masking: bool) -> None:
-    """Compile one block with the run's shapes and run forward and backward. The same shapes and
-    inputs as Llama.forward gives its blocks, so the real blocks reuse this compilation."""
+                seq_len: int, document_masking: bool, recompute: str = "none", every_other_mm: bool = False) -> None:
+    """Compile one block with the run's shapes and recompute policy and run forward and backward.
+    The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
+    compilation; a combination the compiler cannot take fails here, not at the first step."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG untouched
-        _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking)
+        _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
 
 
 def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
-           seq_len: int, document_masking: bool) -> None:
+           seq_len: int, document_masking: bool, recompute: str, every_other_mm: bool) -> None:
     with torch.device("meta"):
         block = cast_parameters(TransformerBlock(model_cfg), precision_mode)
     block.to_empty(device=device)
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)
-    compiled = torch.compile(block, fullgraph=True)
+    compiled = torch.compile(checkpoint_block(block, recompute, every_other_mm, compiled=True), fullgraph=True)
     cos, sin = rope_tables(model_cfg, device=device)
-    x = torch.randn(micro_batch, seq_len, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode), requires_grad=True)
+    # The block's input as the model makes it: an embedding lookup under the precision mode, whose
+    # dtype (fp32 under bf16-sr's upcast on CPU, bf16 under mixed's weight casts) the graph depends on.
+    table = nn.Parameter(torch.randn(16, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode)))
+    ids = torch.randint(0, 16, (micro_batch, seq_len), device=device)
+    with autocast(precision_mode, device):
+        x = nn.functional.embedding(ids, table).detach().requires_grad_()
     if document_masking:
         positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
         cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]

@@ -211,7 +211,7 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
             apply_tensor_parallel(module, layout.mesh["tp"])
         if float8:
             convert_to_float8(module)
-        apply_activation_checkpoint(module, par.activation_checkpoint, par.recompute_every_other_mm)
+        apply_activation_checkpoint(module, par.activation_checkpoint, par.recompute_every_other_mm, compiled)
         if compiled:
             compile_blocks(module)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated

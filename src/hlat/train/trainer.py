@@ -85,7 +85,8 @@ class Trainer:
         self.accum = per_rank // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         compiled = decide_compile(cfg.parallel.compile, cfg.model, self.device, cfg.precision.mode,
-                                  cfg.train.micro_batch, cfg.data.seq_len, cfg.data.document_masking, self.layout.tp)
+                                  cfg.train.micro_batch, cfg.data.seq_len, cfg.data.document_masking, self.layout.tp,
+                                  cfg.parallel.activation_checkpoint, cfg.parallel.recompute_every_other_mm)
         self.out(compiled.line)
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
                                           self.accum, cfg.precision, compiled.enabled, cfg.precision.float8)
