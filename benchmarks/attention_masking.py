@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 
 from hlat.model.attention import dense_document_mask, sdpa
+from hlat.train.cpu_peak import read_cpu_facts
 from hlat.train.memory import GIB, MemoryMeter
 
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 8, 4, 32, 2
@@ -96,8 +97,7 @@ def main() -> None:
 
 
 def write_report(out: Path, args: argparse.Namespace, rows: list[str]) -> None:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = read_cpu_facts().model
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     header = [
         "# Document masking on CPU: forward + backward of core attention",

@@ -30,16 +30,10 @@ from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.plan import activation_bytes_per_layer
 from hlat.parallel.saved_activations import block_bytes, model_bytes
+from hlat.train.cpu_peak import read_cpu_facts
 
 POLICIES = (("none", False), ("selective", False), ("op", False), ("op", True), ("full", False))
 MIB = 1024**2
-
-
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo") if os.path.exists("/proc/cpuinfo") else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def label(policy: str, every_other: bool) -> str:
@@ -95,7 +89,7 @@ def main() -> None:
     lines = [
         "# Recompute policies: bytes kept for backward and step time (CPU)", "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- hardware: {cpu_name()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
+        f"- hardware: {read_cpu_facts().model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
         f"- load average at start: {os.getloadavg()[0]:.1f} (the machine is shared)",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}",
         f"- fp32, eager; step = forward + loss + backward of the whole model; {args.rounds} alternating rounds after one warm-up step",

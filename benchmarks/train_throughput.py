@@ -29,6 +29,7 @@ from hlat.model.hf import hf_config_dict
 from hlat.optim import OptimConfig, build_adamw
 from hlat.parallel.compile import compile_blocks, decide_compile
 from hlat.parallel.loss import token_loss_sum
+from hlat.train.cpu_peak import read_cpu_facts
 from hlat.train.gemm_ceiling import measure_gemm_tflops, model_shapes
 
 CPU = torch.device("cpu")
@@ -46,16 +47,6 @@ def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callabl
         optimizer.zero_grad(set_to_none=True)
 
     return step
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callable[[], None]], float, float, int]:
@@ -142,7 +133,7 @@ def main() -> None:
         "# Training throughput: hlat's default against transformers",
         "",
         f"- date: {datetime.date.today().isoformat()}",
-        f"- hardware: {cpu_name()}, {torch.get_num_threads()} threads, torch CPU capability "
+        f"- hardware: {read_cpu_facts().model}, {torch.get_num_threads()} threads, torch CPU capability "
         f"{torch.backends.cpu.get_cpu_capability()}",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}, "
         f"transformers {__import__('transformers').__version__}",
