@@ -19,6 +19,7 @@ class TrainConfig:
     run_dir: str = ""  # "" = runs/<preset or config name>
     log_every: int = 10
     peak_tflops: float = 0.0  # MFU denominator per device; 0 = the accelerator table, or the CPU formula (docs/training.md)
+    price_per_node_hour: float = 0.0  # > 0: each record carries the cost so far and per million tokens (nodes = world / ranks per node)
     tensorboard: bool = True
     plot: bool = True  # loss.png at the end of a run (matplotlib; about a second)
     # The run ends by printing the model's greedy continuation of this prompt (sample_tokens
@@ -37,6 +38,8 @@ class TrainConfig:
             problems.append(("device", f"got {self.device!r}; choose one of {', '.join(DEVICES)}"))
         if self.peak_tflops < 0:
             problems.append(("peak_tflops", f"must be >= 0 (0 = automatic), got {self.peak_tflops}"))
+        if self.price_per_node_hour < 0:
+            problems.append(("price_per_node_hour", f"must be >= 0 (0 = no cost in the log), got {self.price_per_node_hour}"))
         return problems
 
 

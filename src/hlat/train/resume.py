@@ -48,6 +48,7 @@ class Progress:
     step: int = 0
     tokens: int = 0
     skipped_steps: int = 0  # steps the optimizers skipped (non-finite or over-norm gradients)
+    train_s: float = 0.0  # wall time of the training loop, for the cost so far (train.price_per_node_hour)
 
 
 class RunState:
@@ -117,7 +118,7 @@ class RunState:
         if rng is not None:
             load_rng_state(rng, self.device)
         saved = shared["progress"]
-        progress = Progress(saved["step"], saved["tokens"], saved.get("skipped_steps", 0))
+        progress = Progress(saved["step"], saved["tokens"], saved.get("skipped_steps", 0), saved.get("train_s", 0.0))
         note = "" if same else f", resharded from {shared.get('layout')} to {self.layout_record()}"
         out(f"resuming from {path} (step {progress.step:,}, {progress.tokens:,} tokens{note})")
         return progress

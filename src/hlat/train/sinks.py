@@ -76,6 +76,10 @@ class MetricSinks:
             f"mfu {_percent(record['mfu'])} | {record['tokens']:,} tokens | {record['step_s']:.2f} s/step | "
             f"data {record['data_frac']:.0%} | mem {record['mem_peak_gib']:.2f} GiB"
         )
+        if "slowest_rank" in record:  # multi-process CPU runs (hlat.parallel.slow_ranks)
+            line += f" | slowest rank {record['slowest_rank']} +{record['slowest_lag_s']:.3f} s (score {record['slowest_score']:.0%})"
+        if "cost" in record:  # train.price_per_node_hour given
+            line += f" | cost {record['cost']:,.2f} so far, {record['cost_per_mtok']:,.4g} per M tokens"
         self.bar.write(line, file=sys.stdout)
 
     def log_validation(self, step: int, tokens: int, loss: float) -> None:

@@ -35,6 +35,7 @@ from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
+from hlat.train.cost import cost_fields, node_count
 from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
@@ -94,7 +95,7 @@ class Trainer:
                                      cfg.precision.mode) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
         self.state = RunState(cfg, self.layout, self.device, self.model, self.optimizers, self.loader)
-        self.step, self.tokens = 0, 0
+        self.step, self.tokens, self.train_s = 0, 0, 0.0
         self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)  # read on logging steps only
         self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
         self.peak = self._peak()
@@ -157,10 +158,11 @@ class Trainer:
 
     def _set_progress(self, progress: Progress) -> None:
         self.step, self.tokens = progress.step, progress.tokens
+        self.train_s = max(self.train_s, progress.train_s)  # a rollback does not refund the time spent
         self.skipped.fill_(progress.skipped_steps)
 
     def _progress(self) -> Progress:
-        return Progress(self.step, self.tokens, int(self.skipped.item()))
+        return Progress(self.step, self.tokens, int(self.skipped.item()), self.train_s)
 
     def save(self) -> SaveStats:
         """Collective. Under checkpoint.async_save it returns once the state is staged."""
@@ -326,6 +328,7 @@ class Trainer:
         mean = sum(finite) / len(finite) if finite else math.nan
         elapsed = time.perf_counter() - window.started
         tokens_per_s = len(losses) * self.tokens_per_step / elapsed
+        self.train_s += elapsed
         with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
             param_norm, source_tokens = self.model.param_norm().item(), self._source_tokens()
         record = {
@@ -338,6 +341,7 @@ class Trainer:
             "step_s": elapsed / len(losses), "data_s": window.data_s, "data_frac": window.data_s / elapsed,
             **window.memory.read(),
             "source_tokens": source_tokens,
+            **cost_fields(self.cfg.train.price_per_node_hour, node_count(self.layout.world), self.train_s, self.tokens),
         }
         if sinks:
             sinks.log(record)
