@@ -4,9 +4,11 @@ scenario's layout: train, resume, reshard, save. Every rank writes OUT/summary.r
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch.distributed as dist
 
@@ -18,9 +20,15 @@ from runs import ScenarioContext, tiny_args  # noqa: E402
 
 
 def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str = "auto", start_from: str | None = None,
-          save_only: bool = False) -> None:
+          save_only: bool = False, env: dict[str, str] | None = None) -> None:
     """Train (or, with `save_only`, resume and save at once) ctx.out/run to `steps`, in a copy of
-    scenario `start_from`'s run directory if given (so that one stays as it was)."""
+    scenario `start_from`'s run directory if given (so that one stays as it was); `env` is set
+    for this scenario only (e.g. an HLAT_FAULT)."""
+    with mock.patch.dict(os.environ, env or {}):
+        _train(ctx, steps, extra, resume, start_from, save_only)
+
+
+def _train(ctx: ScenarioContext, steps: int, extra: list[str], resume: str, start_from: str | None, save_only: bool) -> None:
     run = ctx.out / "run"
     if start_from and ctx.rank == 0:
         shutil.copytree(ctx.root / start_from / "run", run)

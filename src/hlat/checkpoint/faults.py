@@ -15,6 +15,11 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK:
               a full disk or a lost mount; the save must then fail on every rank.
 HLAT_FAULT_MARKER=FILE is created just before the fault; while it exists nothing fires, so the
 group that torchrun restarts runs through. Unset, this module does nothing.
+
+HLAT_FAULT="slow:STEP:RANK:SECONDS" makes rank RANK a slow node from optimizer step STEP on: every
+step it burns SECONDS more of CPU time (not wall time, so the delay is the same on a loaded
+machine), inside the step, as compute (hlat.parallel.slow_ranks must name it). It never writes a
+marker: a slow node stays slow.
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     spec = os.environ.get("HLAT_FAULT")
     if not spec:
         return None
-    fault, want_step, want_rank = spec.split(":")
-    if fault.startswith("fail-") != raising:
+    fault, want_step, want_rank = spec.split(":")[:3]
+    if fault == "slow" or fault.startswith("fail-") != raising:
         return None
     if (point, step, rank) != (_POINT.get(fault, fault), int(want_step), int(want_rank)):
         return None
@@ -62,3 +67,15 @@ def maybe_fail(point: str, step: int, rank: int) -> None:
     """Raise OSError at save step `point` (mkdir, write, hash or commit) when HLAT_FAULT asks."""
     if _strikes(point, step, rank, raising=True):
         raise OSError(f"injected fault fail-{point} (HLAT_FAULT) at step {step} on rank {rank}")
+
+
+def maybe_slow(step: int, rank: int) -> None:
+    """Burn the CPU time HLAT_FAULT="slow:FROM:RANK:SECONDS" asks for, on that rank from step FROM on."""
+    spec = os.environ.get("HLAT_FAULT", "")
+    if not spec.startswith("slow:"):
+        return
+    _, from_step, want_rank, seconds = spec.split(":")
+    if rank == int(want_rank) and step >= int(from_step):
+        end = time.thread_time() + float(seconds)
+        while time.thread_time() < end:
+            pass

@@ -26,16 +26,23 @@ class TrainConfig:
     # tokens): "auto" = the first line of the training data's first document; "" = no sample.
     sample_prompt: str = "auto"
     sample_tokens: int = 32
+    # Multi-process CPU runs: name a rank whose compute per step stays this fraction above the median
+    # rank's (a rolling score) for slow_rank_windows log windows in a row (docs/operations.md).
+    slow_rank_threshold: float = 0.1
+    slow_rank_windows: int = 3
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
-        for name in ("steps", "global_batch", "micro_batch", "log_every", "sample_tokens"):
+        for name in ("steps", "global_batch", "micro_batch", "log_every", "sample_tokens", "slow_rank_windows"):
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.micro_batch >= 1 and self.global_batch % self.micro_batch:
             problems.append(("global_batch", f"{self.global_batch} is not divisible by train.micro_batch={self.micro_batch}; make the global batch a multiple of the micro batch"))
         if self.device not in DEVICES:
             problems.append(("device", f"got {self.device!r}; choose one of {', '.join(DEVICES)}"))
+        if self.slow_rank_threshold <= 0:
+            problems.append(("slow_rank_threshold", f"must be > 0 (a fraction of the median rank's compute time, e.g. 0.1), "
+                             f"got {self.slow_rank_threshold}"))
         if self.peak_tflops < 0:
             problems.append(("peak_tflops", f"must be >= 0 (0 = automatic), got {self.peak_tflops}"))
         if self.price_per_node_hour < 0:

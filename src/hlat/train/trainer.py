@@ -21,7 +21,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.manager import SaveStats
-from hlat.checkpoint.faults import maybe_kill
+from hlat.checkpoint.faults import maybe_kill, maybe_slow
 from hlat.checkpoint.recovery import Incident, Recovery
 from hlat.config import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
@@ -35,6 +35,7 @@ from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
+from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.train.cost import cost_fields, node_count
 from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.memory import MemoryMeter
@@ -111,6 +112,7 @@ class Trainer:
                 self.out(warning)
         self._set_progress(self.state.start(resume, self.out))
         self.recovery = Recovery(cfg.recovery, int(self.skipped.item()))
+        self.slow_ranks = SlowRankReport(self.layout, self.device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows)
 
     def _peak(self) -> Peak:
         """The MFU denominator, on the rank that logs (the others would only contend for the
@@ -258,9 +260,12 @@ class Trainer:
         window.data_s += time.perf_counter() - waited
         lr = cfg.optim.lr * lr_multiplier(cfg.schedule, self.step)
         self.optimizers.set_lr(lr)
+        computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
         with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
+            maybe_slow(self.step + 1, self.layout.rank)
             share, grad_norm = train_step(self.model, self.optimizers, batches, cfg.optim.grad_clip,
                                           self.skipped, cfg.recovery.max_grad_norm)
+        window.compute_s += time.thread_time() - computing
         window.shares.append(share)
         self.step += 1
         self.tokens += self.tokens_per_step
@@ -329,8 +334,9 @@ class Trainer:
         elapsed = time.perf_counter() - window.started
         tokens_per_s = len(losses) * self.tokens_per_step / elapsed
         self.train_s += elapsed
-        with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
+        with watch(self.layout, "metric all-reduces (parameter norm, tokens per source, compute times)", self.step):
             param_norm, source_tokens = self.model.param_norm().item(), self._source_tokens()
+            slow_fields, slow_lines = self.slow_ranks.window(window.compute_s, len(losses))
         record = {
             "step": self.step, "loss": mean, "ppl": perplexity(mean), "lr": lr,
             "grad_norm": grad_norm.item(), "param_norm": param_norm,
@@ -340,11 +346,14 @@ class Trainer:
             "skipped_steps": skipped,
             "step_s": elapsed / len(losses), "data_s": window.data_s, "data_frac": window.data_s / elapsed,
             **window.memory.read(),
+            **slow_fields,
             "source_tokens": source_tokens,
             **cost_fields(self.cfg.train.price_per_node_hour, node_count(self.layout.world), self.train_s, self.tokens),
         }
         if sinks:
             sinks.log(record)
+        for line in slow_lines:
+            self.out(line)
         window.restart()
         return mean
 
@@ -370,6 +379,7 @@ class _Window:
     memory: MemoryMeter  # peak memory since the last logging step
     shares: list[torch.Tensor] = field(default_factory=list)
     data_s: float = 0.0  # time the steps waited for the loader and the copy to the device
+    compute_s: float = 0.0  # the training thread's CPU time inside the steps (hlat.parallel.slow_ranks)
 
     def restart(self) -> None:
-        self.started, self.data_s = time.perf_counter(), 0.0
+        self.started, self.data_s, self.compute_s = time.perf_counter(), 0.0, 0.0
