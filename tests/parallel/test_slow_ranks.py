@@ -41,6 +41,16 @@ def test_two_slow_ranks_among_four_are_both_named_and_equal_ranks_none():
     assert scores.update([2.0, 1.0, 1.0, 2.0]).became_slow == [0, 3]  # median 1.5: both a third above it
 
 
+def test_ranks_are_compared_within_their_pipeline_stage():
+    """Stage 1 (the output head) computes twice as much as stage 0 by design: nobody is slow for
+    it; rank 3, 30% above its stage's median, is."""
+    scores = SlowRankScores(threshold=0.1, windows=1)
+    assert scores.update([1.0, 1.0, 2.0, 2.0, 2.0], stages=[0, 0, 1, 1, 1]).became_slow == []
+    verdict = scores.update([1.0, 1.0, 2.0, 2.6, 2.0], stages=[0, 0, 1, 1, 1])
+    assert (verdict.became_slow, verdict.slowest, verdict.median_s) == ([3], 3, 2.0)
+    assert verdict.lag_s == pytest.approx(0.6)
+
+
 def test_console_line_shows_the_slowest_rank(tmp_path, capsys):
     sinks = MetricSinks(tmp_path, total_steps=2, start_step=0, tensorboard=False)
     sinks.log({"step": 2, "loss": 5.0, "ppl": 148.4, "lr": 1e-3, "grad_norm": 1.0, "param_norm": 10.0, "tokens": 512,

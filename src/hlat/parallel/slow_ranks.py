@@ -5,7 +5,8 @@ faulty node) makes every rank's step as slow as its own, and wall times cannot t
 is. Its compute time can: each rank times its training steps by the CPU time of its training
 thread, which grows with the work it does and not while it waits for the others in a collective.
 On each logging step one all_gather of those times (the only collective this adds) reaches rank 0,
-which keeps a rolling score per rank and names a rank that stays slow, with its host.
+which keeps a rolling score per rank and names a rank that stays slow, with its host. Ranks are
+compared with the ranks of their pipeline stage only: stages do different work by design.
 
 The CPU-time clock measures compute on CPU ranks only: on CUDA the host thread only launches
 kernels, so the report is off there (a per-kernel timing would be needed).
@@ -27,31 +28,36 @@ from hlat.parallel.mesh import Layout
 @dataclass
 class Verdict:
     """One logging window, as rank 0 judges it."""
-    slowest: int  # the rank with the most compute per step in this window
-    lag_s: float  # its compute per step minus the median over the ranks
+    slowest: int  # the rank with the largest relative lag in this window
+    lag_s: float  # its compute per step minus the median of its stage's ranks
     score: float  # its rolling score (see SlowRankScores)
-    median_s: float  # the median rank's compute per step
+    median_s: float  # that median, in seconds per step
     became_slow: list[int]  # ranks whose lag has just exceeded the threshold for `windows` windows in a row
     recovered: list[int]  # ranks named slow before that are back within the threshold
 
 
 @dataclass
 class SlowRankScores:
-    """Each rank's lag in a window is relative to the median rank: (compute - median) / median per
-    step. A rank is named slow once its lag has exceeded `threshold` for `windows` windows in a row
-    (one slow window, a spike, is not enough), and named once per episode: the episode ends when
-    its lag is back within the threshold and so is its score, an exponential moving average of its
-    lags (span `windows`), so that a rank slow in most windows is not named again and again."""
+    """Each rank's lag in a window is relative to the median rank of its pipeline stage:
+    (compute - median) / median per step. A rank is named slow once its lag has exceeded `threshold`
+    for `windows` windows in a row (one slow window, a spike, is not enough), and named once per
+    episode: the episode ends when its lag is back within the threshold and so is its score, an
+    exponential moving average of its lags (span `windows`), so that a rank slow in most windows is
+    not named again and again."""
     threshold: float
     windows: int
     scores: list[float] = field(default_factory=list)
     streaks: list[int] = field(default_factory=list)  # windows in a row with the lag above the threshold
     slow: set[int] = field(default_factory=set)
+    medians: list[float] = field(default_factory=list)  # the last window's median of each rank's stage
 
-    def update(self, compute_s: Sequence[float]) -> Verdict:
-        """Score one window from each rank's compute seconds per step (index = rank)."""
-        median = statistics.median(compute_s)
-        relative = [(c - median) / median if median > 0 else 0.0 for c in compute_s]
+    def update(self, compute_s: Sequence[float], stages: Sequence[int] | None = None) -> Verdict:
+        """Score one window from each rank's compute seconds per step and pipeline stage (index = rank;
+        no stages: one stage)."""
+        stages = stages or [0] * len(compute_s)
+        median = {stage: statistics.median(c for c, s in zip(compute_s, stages) if s == stage) for stage in set(stages)}
+        self.medians = [median[stage] for stage in stages]
+        relative = [(c - m) / m if m > 0 else 0.0 for c, m in zip(compute_s, self.medians)]
         if not self.scores:
             self.scores, self.streaks = list(relative), [0] * len(relative)
         else:
@@ -66,8 +72,9 @@ class SlowRankScores:
             elif rank in self.slow and self.streaks[rank] == 0 and score <= self.threshold:
                 self.slow.remove(rank)
                 recovered.append(rank)
-        slowest = max(range(len(compute_s)), key=lambda r: compute_s[r])
-        return Verdict(slowest, compute_s[slowest] - median, self.scores[slowest], median, became, recovered)
+        slowest = max(range(len(compute_s)), key=lambda r: relative[r])
+        median_s = self.medians[slowest]
+        return Verdict(slowest, compute_s[slowest] - median_s, self.scores[slowest], median_s, became, recovered)
 
 
 class SlowRankReport:
@@ -79,9 +86,11 @@ class SlowRankReport:
         self.is_main = layout.is_main
         self.scores = SlowRankScores(threshold, windows)
         self.hosts: list[str] = []
+        self.stages: list[int] = []
         if self.enabled:  # once, at start-up: a slow rank is reported with its host
-            self.hosts = [""] * layout.world
-            dist.all_gather_object(self.hosts, socket.gethostname())
+            every: list[tuple[str, int]] = [("", 0)] * layout.world
+            dist.all_gather_object(every, (socket.gethostname(), layout.pp_rank))
+            self.hosts, self.stages = [host for host, _ in every], [stage for _, stage in every]
 
     def window(self, compute_s: float, steps: int) -> tuple[dict[str, float | int], list[str]]:
         """Gather every rank's compute seconds over this window of `steps` steps; on rank 0, return
@@ -93,17 +102,18 @@ class SlowRankReport:
         dist.all_gather_into_tensor(every, mine)
         if not self.is_main:
             return {}, []
-        verdict = self.scores.update(every.tolist())
-        lines = [self._slow_line(rank, verdict.median_s) for rank in verdict.became_slow]
+        verdict = self.scores.update(every.tolist(), self.stages)
+        lines = [self._slow_line(rank) for rank in verdict.became_slow]
         lines += [f"slow rank: rank {rank} on host {self.hosts[rank]} is back within {self.scores.threshold:.0%} of the median"
                   for rank in verdict.recovered]
         fields = {"slowest_rank": verdict.slowest, "slowest_lag_s": verdict.lag_s, "slowest_score": verdict.score,
                   "median_compute_s": verdict.median_s}
         return fields, lines
 
-    def _slow_line(self, rank: int, median_s: float) -> str:
+    def _slow_line(self, rank: int) -> str:
         scores = self.scores
+        peers = "the median rank" + (f" of pipeline stage {self.stages[rank]}" if max(self.stages) else "")
         return (f"slow rank: rank {rank} on host {self.hosts[rank]} has computed more than {scores.threshold:.0%} longer per "
-                f"step than the median rank ({median_s:.3f} s) for {scores.windows} log windows in a row (rolling score "
+                f"step than {peers} ({scores.medians[rank]:.3f} s) for {scores.windows} log windows in a row (rolling score "
                 f"{scores.scores[rank]:.0%}; train.slow_rank_threshold, train.slow_rank_windows); every step waits for it: "
-                "drain its node and restart from the last checkpoint (docs/operations.md, Slow ranks)")
+                "drain its node and restart from the last checkpoint (docs/operations.md: slow ranks)")
