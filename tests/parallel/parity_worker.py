@@ -32,11 +32,12 @@ def global_batches() -> list[torch.Tensor]:
 
 
 def run(spec: str, layout: Layout, out: Path) -> None:
-    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute[,variant]" (variant: a VARIANTS key)."""
+    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute[,variant]" (variant: a VARIANTS key;
+    dp "RxS": HSDP, R replicas sharded over S ranks each)."""
     pp, dp, tp, sharding, schedule, per_rank, recompute, *variant = spec.split(",")
     model_cfg = VARIANTS[",".join(variant)]
-    par = ParallelConfig(tp=int(tp), pp=int(pp), dp=int(dp), dp_sharding=sharding, pp_schedule=schedule,
-                         pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
+    par = ParallelConfig(tp=int(tp), pp=int(pp), dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
+                         dp_sharding=sharding, pp_schedule=schedule, pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
     per_dp = GLOBAL_BATCH // layout.dp
     model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32")
     if sharding == "zero1" and layout.dp > 1:
@@ -68,6 +69,8 @@ def run(spec: str, layout: Layout, out: Path) -> None:
 def layouts(ctx, specs: list[str]) -> None:
     """Scenario: each spec in turn over this scenario's processes (one: the reference)."""
     for spec in specs:
-        pp, dp, tp = (int(x) for x in spec.split(",")[:3])
-        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(pp, dp, tp, torch.device("cpu"))
+        pp, dp, tp = spec.split(",")[:3]
+        replicate, _, shard = dp.rpartition("x")  # "2x2": 2 replicas x 2 shards; "4": plain dp 4
+        degrees = int(pp), int(replicate or 1) * int(shard), int(tp)
+        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"), int(shard))
         run(spec, layout, ctx.out)

@@ -1,4 +1,5 @@
-"""How a run is laid out over devices: one DeviceMesh with dims (pp, dp, tp)."""
+"""How a run is laid out over devices: one DeviceMesh with dims (pp, dp, tp), dp split into
+(dp_replicate, dp_shard) under HSDP."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ class ParallelConfig:
     # forward (weights gathered once per step; grads and optimizer state sharded). "fsdp": FSDP2
     # (ZeRO-3), weights re-gathered for backward.
     dp_sharding: str = "ddp"
+    # zero2/fsdp only: ranks each weight is sharded over; 0 = all of dp (plain FSDP). A divisor
+    # of dp (e.g. the GPUs of a node) gives HSDP: dp / dp_shard replicas, each sharded over
+    # dp_shard ranks, gradients all-reduced across replicas (docs/parallelism.md).
+    dp_shard: int = 0
     # zero2/fsdp with gradient accumulation: true = reshard (free) the gathered weights after each
     # micro-batch's backward and gather them again for the next (least memory); false = keep them
     # gathered until the step's last backward (one gather per step under zero2; costs the
@@ -43,6 +48,11 @@ class ParallelConfig:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.dp < 0:
             problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
+        if self.dp_shard < 0:
+            problems.append(("dp_shard", f"must be >= 0 (0 = all of dp), got {self.dp_shard}"))
+        elif self.dp_shard and self.dp_sharding in ("ddp", "zero1"):
+            problems.append(("dp_shard", f"applies to dp_sharding zero2 or fsdp (sharded weights), not {self.dp_sharding}; "
+                             "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0"))
         for name, choices in (("compile", COMPILE), ("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
             if getattr(self, name) not in choices:
                 problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(choices)}"))

@@ -1,4 +1,4 @@
-"""Data parallelism over the mesh's dp dim: DDP, ZeRO-1, or FSDP2 (ZeRO-2 / ZeRO-3)."""
+"""Data parallelism over the mesh's dp dim: DDP, ZeRO-1, or FSDP2 (ZeRO-2 / ZeRO-3, and HSDP)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from hlat.errors import ConfigError
+from hlat.parallel.mesh import Layout, fsdp_mesh
 from hlat.train.config import PrecisionConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -50,21 +50,20 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(reduce_dtype=torch.float32 if precision.fp32_grad_accum else None, cast_forward_inputs=False)
 
 
-def apply_data_parallel(model: nn.Module, mesh: DeviceMesh, sharding: str, dp: int, tp: int,
-                        precision: PrecisionConfig) -> nn.Module:
+def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig) -> nn.Module:
     """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place)."""
-    if dp == 1:
+    if layout.dp == 1:
         return model
     if sharding in ("zero2", "fsdp"):
         # With tp > 1 FSDP2 shards over dp the DTensors that TP already placed on the tp dim.
-        dp_mesh, policy = mesh["dp"], mixed_precision_policy(precision)
+        dp_mesh, policy = fsdp_mesh(layout), mixed_precision_policy(precision)
         reshard = sharding == "fsdp"
         for block in model.layers.values():
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
     # ddp and zero1 both replicate the weights and all-reduce gradients; zero1 shards the optimizer.
-    return DistributedDataParallel(model, process_group=mesh["dp"].get_group(), broadcast_buffers=False)
+    return DistributedDataParallel(model, process_group=layout.group("dp"), broadcast_buffers=False)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,9 @@
-"""Process group and DeviceMesh: the one description of the layout that everything else asks."""
+"""Process group and DeviceMesh: the one description of the layout that everything else asks.
+
+The mesh's dims are (pp, dp, tp); under HSDP (parallel.dp_shard < dp) they are (pp, dp_replicate,
+dp_shard, tp) and "dp" is the flattened (dp_replicate, dp_shard) dim, so whatever works on the
+data-parallel group (the data loader's rank, token counts, loss sums) asks for "dp" either way.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +29,26 @@ class Layout:
     dp: int
     tp: int
     mesh: DeviceMesh | None
+    dp_replicate: int = 1  # > 1: HSDP, dp = dp_replicate x dp_shard
+    flat_dp: DeviceMesh | None = None  # HSDP's flattened (dp_replicate, dp_shard): what "dp" means then
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp // self.dp_replicate
+
+    @property
+    def describe(self) -> str:
+        return describe_degrees(self.pp, self.dp, self.tp, self.dp_shard)
+
+    def submesh(self, dim: str) -> DeviceMesh:
+        # torch asks callers to keep a flattened mesh rather than slice it from the root again
+        return self.flat_dp if dim == "dp" and self.flat_dp is not None else self.mesh[dim]
 
     def coordinate(self, dim: str) -> int:
-        return 0 if self.mesh is None else self.mesh[dim].get_local_rank()
+        return 0 if self.mesh is None else self.submesh(dim).get_local_rank()
 
     def group(self, dim: str) -> dist.ProcessGroup | None:
-        return None if self.mesh is None else self.mesh[dim].get_group()
+        return None if self.mesh is None else self.submesh(dim).get_group()
 
     @property
     def dp_rank(self) -> int:
@@ -50,20 +69,37 @@ def world_from_env() -> tuple[int, int, int]:
 
 
 def resolve_degrees(cfg: ParallelConfig, world: int) -> tuple[int, int, int]:
-    """(pp, dp, tp) for this world size, or a ConfigError naming the field and the fix."""
+    """(pp, dp, tp) for this world size, or a ConfigError naming the field and the fix
+    (parallel.dp_shard included: see dp_shard_of)."""
     inner = cfg.tp * cfg.pp
     if world % inner:
         raise ConfigError([("parallel.tp", f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes")])
     dp = cfg.dp or world // inner
     if dp * inner != world:
         raise ConfigError([("parallel.dp", f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0")])
+    if cfg.dp_shard and dp % cfg.dp_shard:
+        divisors = [d for d in range(1, dp + 1) if not dp % d]
+        raise ConfigError([("parallel.dp_shard", f"dp_shard={cfg.dp_shard} does not divide dp={dp} (pp={cfg.pp} x tp={cfg.tp} over {world} "
+                            f"processes); choose one of {', '.join(map(str, divisors))} (0 = all of dp)")])
     return cfg.pp, dp, cfg.tp
+
+
+def dp_shard_of(cfg: ParallelConfig, dp: int) -> int:
+    """Ranks each weight is sharded over: parallel.dp_shard, or all of dp (0; resolve_degrees checked it divides dp)."""
+    return cfg.dp_shard or dp
+
+
+def describe_degrees(pp: int, dp: int, tp: int, dp_shard: int) -> str:
+    """"pp 1 x dp 4 x tp 2", with HSDP's split: "pp 1 x dp 4 (2 replicas x 2 shards) x tp 2"."""
+    hsdp = f" ({dp // dp_shard} replicas x {dp_shard} shards)" if dp_shard < dp else ""
+    return f"pp {pp} x dp {dp}{hsdp} x tp {tp}"
 
 
 def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
     """Join the process group torchrun prepared (if any) and build the (pp, dp, tp) mesh."""
     world, _, local_rank = world_from_env()
     pp, dp, tp = resolve_degrees(cfg, world)
+    dp_shard = dp_shard_of(cfg, dp)
     if world == 1:
         return Layout(1, 0, 1, 1, 1, None)
     if device.type == "cuda":
@@ -76,7 +112,7 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
             dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
-    return make_layout(pp, dp, tp, device)
+    return make_layout(pp, dp, tp, device, dp_shard)
 
 
 def collective_timeout() -> datetime.timedelta:
@@ -110,13 +146,28 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"hlat/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def make_layout(pp: int, dp: int, tp: int, device: torch.device) -> Layout:
-    """A layout over the already-initialised process group (several may coexist, e.g. in tests)."""
-    mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+def make_layout(pp: int, dp: int, tp: int, device: torch.device, dp_shard: int = 0) -> Layout:
+    """A layout over the already-initialised process group (several may coexist, e.g. in tests);
+    `dp_shard` below dp (0 = dp) splits dp into (dp_replicate, dp_shard) for HSDP."""
+    replicate = dp // (dp_shard or dp)
+    if replicate > 1:
+        names = ("pp", "dp_replicate", "dp_shard", "tp")
+        mesh = init_device_mesh(device.type, (pp, replicate, dp // replicate, tp), mesh_dim_names=names)
+        flat = mesh["dp_replicate", "dp_shard"]._flatten("dp")  # dp rank = replica x dp_shard + shard
+    else:
+        names, flat = ("pp", "dp", "tp"), None
+        mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=names)
+    layout = Layout(dist.get_world_size(), dist.get_rank(), pp, dp, tp, mesh, replicate, flat)
     timeout = collective_timeout()
-    for dim in ("pp", "dp", "tp"):  # sub-groups are created with torch's default timeout, not the world's
-        dist.distributed_c10d._set_pg_timeout(timeout, mesh[dim].get_group())
-    return Layout(dist.get_world_size(), dist.get_rank(), pp, dp, tp, mesh)
+    for dim in {*names, "dp"}:  # sub-groups are created with torch's default timeout, not the world's
+        dist.distributed_c10d._set_pg_timeout(timeout, layout.group(dim))
+    return layout
+
+
+def fsdp_mesh(layout: Layout) -> DeviceMesh:
+    """The mesh FSDP2 shards over: 1-D dp, or 2-D (dp_replicate, dp_shard) for HSDP, where
+    fully_shard shards within a replica and all-reduces gradients across replicas."""
+    return layout.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else layout.mesh["dp"]
 
 
 def teardown() -> None:

@@ -215,11 +215,11 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
         if compiled:
             compile_blocks(module)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
-            apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp, precision)
+            apply_data_parallel(module, layout, par.dp_sharding, precision)
         module.to_empty(device=device)
         init_parameters(module, init_std_of, seed)
         module.reset_rope()
-        parts.append(module if sharded else apply_data_parallel(module, layout.mesh, par.dp_sharding, layout.dp, layout.tp, precision))
+        parts.append(module if sharded else apply_data_parallel(module, layout, par.dp_sharding, precision))
     fsdp = sharded and layout.dp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
     accumulator = Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
     pm = ParallelModel(parts, raw, layout, precision_mode, is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices,

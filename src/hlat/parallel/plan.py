@@ -9,7 +9,8 @@ Activations are counted tensor by tensor from what hlat's block keeps for backwa
 recompute policy (activation_elements_per_token; benchmarks/recompute.md measured them), per
 layer and micro-batch, divided by t under sequence parallel, times the micro-batches a stage
 holds at once (1F1B: pp - stage, GPipe: all of them), plus on the last stage the final norm's
-tensors and the fp32 log-probabilities of one micro-batch.
+tensors and the fp32 log-probabilities of one micro-batch. Under HSDP (parallel.dp_shard) what
+FSDP2 shards is divided by dp_shard, the ranks of one replica, not by dp.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from hlat.devices import Accelerator
 from hlat.model import Llama, ModelConfig
 from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
-from hlat.parallel.mesh import resolve_degrees
+from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.precision import compute_dtype, param_dtype
@@ -115,20 +116,21 @@ def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, f
     prec, sharding = cfg.precision, cfg.parallel.dp_sharding
     elem = _bytes(param_dtype(prec.mode))
     accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
-    optimizer = 2 * local * elem / (dp if sharding != "ddp" else 1)  # Adam: two moments
+    shards = dp_shard_of(cfg.parallel, dp)  # HSDP shards within a replica; zero1 and plain FSDP over all of dp
+    optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
     if sharding in ("zero2", "fsdp") and dp > 1:
         gathered_elem = 2 if prec.mode == "mixed" else elem  # MixedPrecisionPolicy gathers mixed's weights in bf16
         # zero2 keeps the gathered weights from forward through backward; fsdp between
         # micro-batches only without resharding after backward (always under a pipeline schedule).
         keeps = sharding == "zero2" or (accumulating and (not cfg.parallel.reshard_after_backward or pp > 1))
-        weights = local * elem / dp + (local * gathered_elem if keeps else 0)
+        weights = local * elem / shards + (local * gathered_elem if keeps else 0)
         # Skipping the reduce-scatter on non-final micro-batches holds every unsharded gradient,
         # in the reduce dtype when it differs from the parameters', until the last one.
         if prec.mode == "mixed":
             accum_elem = _bytes(DTYPES[prec.reduce_dtype])
         else:
             accum_elem = 4 if prec.fp32_grad_accum else elem
-        grads = local * elem / dp + (local * accum_elem if accumulating else 0)
+        grads = local * elem / shards + (local * accum_elem if accumulating else 0)
         return weights, grads, optimizer
     # mixed: the bf16 copy of each weight (hlat.precision.Bf16Weights) is saved for backward.
     weights = local * elem + (2 * local if prec.mode == "mixed" else 0)
@@ -156,7 +158,7 @@ def _stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int
 def format_plan(cfg: RunConfig, world: int, degrees: tuple[int, int, int], stages: list[StagePlan]) -> str:
     pp, dp, tp = degrees
     lines = [
-        f"{cfg.name} on {world} ranks: pp {pp} x dp {dp} x tp {tp}, {cfg.parallel.dp_sharding}, "
+        f"{cfg.name} on {world} ranks: {describe_degrees(pp, dp, tp, dp_shard_of(cfg.parallel, dp))}, {cfg.parallel.dp_sharding}, "
         f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}",
         f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",
     ]

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hlat.config import RunConfig
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
-from hlat.parallel.mesh import Layout, resolve_degrees
+from hlat.parallel.mesh import Layout, describe_degrees, dp_shard_of, resolve_degrees
 from hlat.precision import param_dtype
 
 GB = 1e9
@@ -63,7 +63,8 @@ def check_layout(cfg: RunConfig, world: int) -> Check:
     if problems:
         return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in problems))
     pp, dp, tp = resolve_degrees(cfg.parallel, world)
-    return Check("layout", None, "ok", f"pp {pp} x dp {dp} x tp {tp} = {world} process{'es' if world > 1 else ''}")
+    degrees = describe_degrees(pp, dp, tp, dp_shard_of(cfg.parallel, dp))
+    return Check("layout", None, "ok", f"{degrees} = {world} process{'es' if world > 1 else ''}")
 
 
 def _timed_all_reduce(tensor: torch.Tensor, iters: int) -> list[float]:

@@ -89,7 +89,8 @@ class RunState:
 
     def layout_record(self) -> dict[str, Any]:
         lay = self.layout
-        return {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
+        record = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
+        return record | ({"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {})  # HSDP only: older records stay equal
 
     def save(self, progress: Progress) -> SaveStats:
         """Under checkpoint.async_save it returns once the state is staged."""

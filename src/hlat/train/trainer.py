@@ -104,7 +104,7 @@ class Trainer:
         self.out(
             f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, {self.flops_per_token / 1e9:.3f} GFLOP/token; "
             f"{cfg.precision.mode} precision ({state_bytes_per_param(self.model.parameters()):.0f} bytes/parameter of "
-            f"weights, grads and Adam state) on {lay.world} x {self.device.type} (pp {lay.pp} x dp {lay.dp} x tp {lay.tp}, "
+            f"weights, grads and Adam state) on {lay.world} x {self.device.type} ({lay.describe}, "
             f"{cfg.parallel.dp_sharding}); {self.peak.summary}"
         )
         for warning in (self.peak.warning, slow_bf16_warning(self.device, cfg.precision.mode)):
