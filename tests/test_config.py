@@ -116,6 +116,8 @@ def test_micro_batch_the_user_did_not_set_adapts_to_the_layout(tmp_path):
         (["--parallel.pp", "2", "--train.global_batch", "2", "--parallel.dp_sharding", "zero2"], 4, "train.micro_batch",
          "at least pp=2 micro-batches"),
         (["--data.virtual_shards", "2"], 4, "data.virtual_shards", "--data.virtual_shards 4"),
+        (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "3"], 4, "parallel.dp_shard", "choose one of 1, 2, 4"),
+        (["--parallel.dp_shard", "2"], 4, "parallel.dp_shard", "set --parallel.dp_sharding fsdp"),
     ],
 )
 def test_layout_problems_name_the_field_before_any_process_group(overrides, world, field, words):

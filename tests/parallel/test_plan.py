@@ -118,6 +118,12 @@ def test_fsdp_holds_gathered_weights_between_micro_batches_only_without_reshardi
     assert _state("parallel.dp_sharding", "fsdp", "parallel.reshard_after_backward", "false")[0] == 2 * LOCAL / 128 + 2 * LOCAL
 
 
+def test_hsdp_shards_state_over_dp_shard_only():
+    # hlat-7b is zero2 (gathered weights held) accumulating over 2 micro-batches at dp 128
+    assert _state("parallel.dp_shard", "8") == (2 * LOCAL / 8 + 2 * LOCAL, 2 * LOCAL / 8 + 2 * LOCAL, 4 * LOCAL / 8)
+    assert _state("parallel.dp_shard", "128") == _state()
+
+
 def test_single_device_state_terms():
     weights, grads, _ = _state("precision.fp32_grad_accum", "true", dp=1)
     assert (weights, grads) == (2 * LOCAL, 6 * LOCAL)  # bf16 grads + hlat.parallel.grad_accum's fp32 sums
