@@ -1,4 +1,5 @@
-"""hlat plan: per-rank memory of a layout at any world size, computed without allocating it."""
+"""hlat plan: per-rank memory of a layout at any world size, computed without allocating it, and on
+a named accelerator its predicted step time, throughput, days and cost; --search ranks layouts."""
 
 from __future__ import annotations
 
@@ -9,33 +10,82 @@ from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "plan", allow_abbrev=False, help="dry run: per-rank memory of a layout (no real memory, no devices)",
+        "plan", allow_abbrev=False, help="dry run: per-rank memory, step time, tokens/s, days and cost of a layout",
         description="Build the model on the meta device under a fake process group of --world ranks and print, "
-        "per pipeline stage, weight, gradient, optimizer-state and activation memory. " + OVERRIDES_HELP,
-        epilog="example: hlat plan --preset hlat-70b --world 4096 --device \"H100 SXM\"",
+        "per pipeline stage, weight, gradient, optimizer-state and activation memory; with --device, the predicted "
+        "step time (compute, exposed communication, pipeline bubble), tokens/s, MFU, days to the token budget and "
+        "cost (docs/parallelism.md). " + OVERRIDES_HELP,
+        epilog="examples: hlat plan --preset hlat-70b --world 4096 --device \"H100 SXM\"; "
+        "hlat plan --preset hlat-7b --world 256 --device trn1 --search; hlat plan --hlat; hlat plan --calibration",
     )
     add_config_args(parser)
     parser.add_argument("--world", type=int, help="number of ranks (accelerators) to plan for (required)")
-    parser.add_argument("--device", help="an accelerator of hlat's table (e.g. \"H100 SXM\"): show whether each rank's memory "
-                        "fits in its memory; `--device list` prints the table")
+    parser.add_argument("--device", help="an accelerator of hlat's table (e.g. \"H100 SXM\", trn1), or cpu (this machine, "
+                        "as the trainer's MFU sees it): memory fit and throughput; `--device list` prints the table")
+    figures = parser.add_argument_group("custom figures (replace the device's; without --device, --peak-tflops and "
+                                        "--memory-gib are required)")
+    figures.add_argument("--peak-tflops", type=float, help="dense peak per rank in the run's compute dtype, TFLOP/s")
+    figures.add_argument("--memory-gib", type=float, help="memory per rank, GiB")
+    figures.add_argument("--intra-gbs", type=float, help="one-way bandwidth per rank within a node, GB/s (0: not counted)")
+    figures.add_argument("--inter-gbs", type=float, help="one-way bandwidth per rank across nodes, GB/s")
+    figures.add_argument("--per-node", type=int, help="ranks per node")
+    figures.add_argument("--efficiency", type=float, help="fraction of the peak compute reaches (default: the device "
+                         "family's calibrated constant, hlat plan --calibration)")
+    parser.add_argument("--price-per-node-hour", type=float, help="cost of a node-hour (default: train.price_per_node_hour; "
+                        "0: no cost)")
+    parser.add_argument("--tokens", type=float, help="token budget (default: train.steps x global batch x sequence)")
+    parser.add_argument("--search", action="store_true", help="rank every layout (tp, pp, ddp/zero1/zero2/fsdp/hsdp, "
+                        "micro-batch, recompute) that fits in memory by predicted tokens/s (needs --device)")
+    parser.add_argument("--top", type=int, default=10, help="layouts --search prints (default 10)")
+    parser.add_argument("--calibration", action="store_true", help="print the published runs the efficiency constants "
+                        "are fitted on, with fitted and held-out errors")
+    parser.add_argument("--hlat", action="store_true", help="HLAT's 7B and 70B on 4096 trn1 chips and on as many A100 "
+                        "40GB (p4d.24xlarge): days and cost per trillion tokens")
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.config import load_config
     from hlat.devices import by_table_name, format_table
     from hlat.errors import UserError
+    from hlat.parallel.forecast import Figures, format_forecast, make_system, nodes_of
     from hlat.parallel.plan import format_fit, format_plan, plan
+    from hlat.parallel.throughput import step_time
 
     if args.device == "list":
         print(format_table())
         return 0
+    if args.calibration:
+        from hlat.parallel.calibration import format_calibration
+
+        print(format_calibration())
+        return 0
+    if args.hlat:
+        from hlat.parallel.hlat_runs import format_hlat_runs
+
+        print(format_hlat_runs(overrides))
+        return 0
     if args.world is None:
         raise UserError("--world is required: the number of ranks to plan for, e.g. --world 64")
-    device = by_table_name(args.device) if args.device else None  # before the plan: a typo fails at once
+    if args.device and args.device != "cpu":
+        by_table_name(args.device)  # before the plan: a typo fails at once
     cfg = load_config(args.preset, args.config, overrides, world=args.world)  # as hlat train on that many ranks
+    figures = Figures(args.peak_tflops, args.memory_gib, args.intra_gbs, args.inter_gbs, args.per_node, args.efficiency)
+    system = make_system(args.device, figures, cfg, args.world)
+    if args.search and system is None:
+        raise UserError("--search needs a device to rank layouts on: --device NAME (hlat plan --device list), "
+                        "--device cpu, or --peak-tflops and --memory-gib")
     print("".join(note + "\n" for note in cfg.notes), end="")
     degrees, stages = plan(cfg, args.world)
     print(format_plan(cfg, args.world, degrees, stages))
-    if device:
-        print(format_fit(stages, device))
+    if system is None:
+        return 0
+    print(format_fit(stages, system))
+    budget = args.tokens or cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
+    price = cfg.train.price_per_node_hour if args.price_per_node_hour is None else args.price_per_node_hour
+    print(format_forecast(step_time(cfg, args.world, system), system, args.world, budget, price))
+    if args.search:
+        from hlat.parallel.layout_search import format_search, search
+
+        print(f"\nlayouts of {cfg.name} on {args.world} x {system.name} that fit, fastest first:")
+        print(format_search(search(cfg, args.world, system), args.top, budget, price, nodes_of(system, args.world)))
     return 0

@@ -31,6 +31,7 @@ from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_
 from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.parallel.throughput import System
 from hlat.precision import compute_dtype, param_dtype
 
 GIB = 1024**3
@@ -103,7 +104,7 @@ def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePl
             if tp > 1:
                 apply_tensor_parallel(module, mesh["tp"])
             local = sum(local_tensor(p).numel() for p in module.parameters())
-            stages.append(_stage_memory(cfg, index, layers, local, pp, dp, tp, n_stages))
+            stages.append(stage_memory(cfg, index, layers, local, pp, dp, tp, n_stages))
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -142,7 +143,8 @@ def _bytes(dtype: torch.dtype) -> int:
     return torch.tensor([], dtype=dtype).element_size()
 
 
-def _stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
+def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
+    """Stage `index`'s memory per rank for `local` parameters (the search re-prices it per layout)."""
     weights, grads, optimizer = state_memory(cfg, local, pp, dp)
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
@@ -169,7 +171,7 @@ def format_plan(cfg: RunConfig, world: int, degrees: tuple[int, int, int], stage
     return "\n".join(lines)
 
 
-def format_fit(stages: list[StagePlan], device: Accelerator) -> str:
+def format_fit(stages: list[StagePlan], device: Accelerator | System) -> str:
     """Whether the rank of the largest stage fits in `device`'s memory (the data sheet's capacity;
     allocator fragmentation and the CUDA context, a few hundred MiB to GiB, come on top)."""
     need = max(st.total for st in stages) / GIB

@@ -1,0 +1,165 @@
+"""Published training runs, and the one efficiency constant per device family fitted on them.
+
+Each run is described as hlat would run it (a preset with overrides, a layout, a device) with the
+tokens/s per rank its source reports. The fit picks, per family, the efficiency (fraction of the
+dense peak that compute reaches in hlat.parallel.throughput) that minimises the squared log error
+over the family's `fit` rows; the other rows are held out and their error is reported.
+Conditions the step-time model does not see (torch.compile, power limits, kernels) are written in
+each row: they are what the held-out errors measure.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from hlat.config import RunConfig, load_config
+from hlat.devices import by_table_name
+from hlat.parallel.throughput import Layout, System, step_time
+
+_TT = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
+_TT_2412 = _TT + "llama3_h100_202412_torchtitan.md"
+_TT_ASYNC = _TT + "asyncTP_llama3_h100_2025-06_torchtitan.md"
+_OLMO = "https://github.com/allenai/OLMo-core/blob/7e58d1289bc27103880e7a8382ad0847c35e04f7/README.md"
+_NEURON = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/benchmarks/trn1/trn1-training-performance.html"
+_HLAT_CPU = "benchmarks/train_throughput.md"
+_TT_H100 = "Grand Teton H100 SXM, 96 GB HBM2e at 500 W (below the data sheet's 700 W)"
+_LLAMA_70B = ("--model.d_model", "8192", "--model.n_layers", "80", "--model.n_heads", "64", "--model.ffn_dim", "28672")
+_OLMO2_7B = ("--model.vocab_size", "100352", "--model.rope_theta", "500000")  # llama2-7B shape, padded vocabulary
+# This machine's CPU as hlat.train.cpu_peak reads it: 2 cores x 32 FLOP/cycle (AVX2) x 2.445 GHz.
+CPU_BENCHMARK_GFLOPS = 156.5
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    source: str
+    conditions: str
+    device: str  # a row of hlat.devices, or "cpu"
+    preset: str
+    overrides: tuple[str, ...]  # model, sequence, batch and precision
+    world: int
+    layout: Layout
+    tokens_per_s_per_rank: float  # as published
+    fit: bool  # fitted on, else held out
+
+    def config(self) -> RunConfig:
+        return _config(self.preset, self.overrides)
+
+
+@functools.cache
+def _config(preset: str, overrides: tuple[str, ...]) -> RunConfig:
+    return load_config(preset, None, list(overrides))
+
+
+def _llama8b(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
+    return ("--data.seq_len", str(seq), "--train.global_batch", str(batch), "--train.micro_batch", str(micro),
+            "--precision.mode", "mixed", *extra)
+
+
+RUNS: tuple[Run, ...] = (
+    Run("torchtitan Llama 3.1 8B, 8 H100, FSDP", _TT_2412, f"eager, op SAC, seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, Layout(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
+    Run("torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", _TT_2412, f"torch.compile, op SAC, seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, Layout(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
+    Run("torchtitan Llama 3.1 8B, 128 H100, FSDP", _TT_2412, f"eager, op SAC, seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 256, 2), 128, Layout(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
+    Run("torchtitan Llama 3.1 8B, 64 H100, FSDP 8 x TP 8", _TT_ASYNC,
+        f"torch.compile, per-op SAC, bf16, vanilla TP, seq 8192, local batch 12; {_TT_H100}",
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 96, 12), 64, Layout(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
+    Run("torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", _TT_ASYNC,
+        f"torch.compile, full AC, bf16, vanilla TP, seq 8192, local batch 16; {_TT_H100}",
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 512, 16, *_LLAMA_70B), 256, Layout(8, 1, 32, "fsdp", 32, 16, "full"),
+        597.3, False),
+    Run("OLMo-core OLMo-2 7B, H100, HSDP", _OLMO,
+        "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
+        "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
+        "H100 SXM", "hlat-7b", ("--data.seq_len", "4096", "--train.global_batch", "1024", "--train.micro_batch", "2",
+                                "--precision.mode", "mixed", *_OLMO2_7B),
+        64, Layout(1, 1, 64, "fsdp", 8, 2, "none"), 10000, False),
+    Run("OLMo-core Llama 3 8B, H100, HSDP", _OLMO,
+        "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
+        "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
+        "H100 SXM", "llama3.1-8b", _llama8b(4096, 1024, 2), 64, Layout(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
+    Run("Neuron SDK Llama 3.1 8B, 32 trn1.32xlarge", _NEURON,
+        "NxD 2.21, BF16 autocast + fp32 optimizer, TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips, ZeRO-1, seq 8192, "
+        "micro-batch 1, global batch 1024; 41.99 seq/s; selective recompute (the NxD tutorial's)",
+        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1), 512, Layout(16, 1, 32, "zero1", 32, 1, "selective"),
+        41.99 * 8192 / 512, True),
+    Run("Neuron SDK Llama 3.1 70B, 32 trn1.32xlarge", _NEURON,
+        "NxD 2.22, BF16 autocast + fp32 optimizer, TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips, ZeRO-1, "
+        "seq 8192, micro-batch 1, global batch 1024; 7.51 seq/s; recompute not stated (selective assumed)",
+        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1, *_LLAMA_70B), 512, Layout(16, 8, 4, "zero1", 4, 1, "selective"),
+        7.51 * 8192 / 512, False),
+    Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
+        "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
+        "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
+        1, Layout(1, 1, 1, "ddp", 1, 8, "none"), 514, True),
+    Run("hlat small (8,192 vocabulary), this machine's CPU, eager", _HLAT_CPU,
+        "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, eager",
+        "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
+        1, Layout(1, 1, 1, "ddp", 1, 8, "none"), 457, False),
+)
+
+
+def system_for(device: str, efficiency: float) -> System:
+    """A table row (or the benchmark's CPU) at `efficiency`, for the calibration's rows."""
+    if device == "cpu":
+        return System("cpu", CPU_BENCHMARK_GFLOPS / 1e3, 0.0, 1, 0.0, 0.0, "cpu", efficiency)
+    row = by_table_name(device)
+    return System(row.name, row.bf16_tflops, row.memory_gib, row.per_node, row.intra_gbs, row.inter_gbs, row.family,
+                  efficiency)
+
+
+def family_of(run: Run) -> str:
+    return "cpu" if run.device == "cpu" else by_table_name(run.device).family
+
+
+def predicted_per_rank(run: Run, efficiency: float) -> float:
+    cfg = run.config()
+    return step_time(cfg, run.world, system_for(run.device, efficiency), run.layout).tokens_per_s / run.world
+
+
+@functools.cache
+def efficiencies() -> dict[str, float]:
+    """Family -> the efficiency that fits its `fit` rows best (least squared log error)."""
+    fitted: dict[str, float] = {}
+    for family in sorted({family_of(r) for r in RUNS}):
+        rows = [r for r in RUNS if r.fit and family_of(r) == family]
+        fitted[family] = _minimise(lambda e: sum(math.log(predicted_per_rank(r, e) / r.tokens_per_s_per_rank) ** 2
+                                                 for r in rows), 0.005, 1.0)
+    return fitted
+
+
+def _minimise(loss, low: float, high: float) -> float:
+    """Golden-section search: the loss is unimodal in the efficiency (throughput rises with it)."""
+    ratio = (math.sqrt(5) - 1) / 2
+    while high - low > 1e-6:
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        low, high = (low, b) if loss(a) <= loss(b) else (a, high)
+    return (low + high) / 2
+
+
+def errors() -> list[tuple[Run, float, float]]:
+    """(run, predicted tokens/s per rank, relative error) for every run, at the fitted constants."""
+    out = []
+    for run in RUNS:
+        predicted = predicted_per_rank(run, efficiencies()[family_of(run)])
+        out.append((run, predicted, predicted / run.tokens_per_s_per_rank - 1))
+    return out
+
+
+def format_calibration() -> str:
+    """The table `hlat plan --calibration` prints."""
+    fitted = efficiencies()
+    lines = ["efficiency per device family (fraction of the dense peak compute reaches): "
+             + ", ".join(f"{family} {value:.3f}" for family, value in fitted.items()),
+             f"{'run':<58} {'role':<8} {'published':>10} {'predicted':>10} {'error':>7}"]
+    for run, predicted, error in errors():
+        lines.append(f"{run.name:<58} {'fit' if run.fit else 'held out':<8} {run.tokens_per_s_per_rank:>10,.0f} "
+                     f"{predicted:>10,.0f} {error:>+7.1%}")
+    held = [abs(e) for r, _, e in errors() if not r.fit]
+    lines.append(f"held-out rows: {len(held)}, mean |error| {sum(held) / len(held):.1%}, max {max(held):.1%} "
+                 "(tokens/s per rank; sources and conditions: docs/parallelism.md)")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""What `hlat plan` says about time and money: the system a plan runs on, its predicted step, the
+days to a token budget and their cost, and HLAT's own comparison (trn1 against p4d)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from hlat.config import RunConfig
+from hlat.devices import Accelerator, by_table_name
+from hlat.errors import UserError
+from hlat.parallel.calibration import efficiencies
+from hlat.parallel.throughput import StepTime, System
+from hlat.precision import compute_dtype
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Custom figures from the command line; each replaces the named device's (None: keep it)."""
+    peak_tflops: float | None = None
+    memory_gib: float | None = None
+    intra_gbs: float | None = None
+    inter_gbs: float | None = None
+    per_node: int | None = None
+    efficiency: float | None = None
+
+
+def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int) -> System | None:
+    """The system to predict on: a table row, "cpu" (this machine, as the trainer's MFU sees it) or
+    custom figures alone (--peak-tflops and --memory-gib); None when none is given."""
+    dtype = compute_dtype(cfg.precision.mode, torch.device("cpu" if device == "cpu" else "cuda"))
+    if device == "cpu":
+        from hlat.train.cpu_peak import cpu_peak, read_cpu_facts
+
+        peak = cpu_peak(read_cpu_facts(), torch.get_num_threads(), dtype)
+        if peak is None and figures.peak_tflops is None:
+            raise UserError("--device cpu: this CPU's peak is unknown (instruction set or clock); pass --peak-tflops")
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+        base = System("this CPU", peak.gflops / 1e3 if peak else 0.0, memory, world, 0.0, 0.0, "cpu", 0.0)
+    elif device:
+        row: Accelerator = by_table_name(device)
+        base = System(row.name, row.peak_tflops(dtype, tf32=False), row.memory_gib, row.per_node or 1, row.intra_gbs,
+                      row.inter_gbs, row.family, 0.0)
+    elif figures.peak_tflops is not None and figures.memory_gib is not None:
+        base = System("custom", 0.0, 0.0, 1, 0.0, 0.0, "gpu", 0.0)  # the GPU family's constant unless --efficiency
+    elif any(v is not None for v in vars(figures).values()):
+        raise UserError("custom figures without --device need at least --peak-tflops and --memory-gib "
+                        "(or name a device to change its figures: --device \"H100 SXM\" --inter-gbs 25)")
+    else:
+        return None
+    pick = lambda given, default: default if given is None else given
+    return System(base.name, pick(figures.peak_tflops, base.peak_tflops), pick(figures.memory_gib, base.memory_gib),
+                  pick(figures.per_node, base.per_node), pick(figures.intra_gbs, base.intra_gbs),
+                  pick(figures.inter_gbs, base.inter_gbs), base.family,
+                  pick(figures.efficiency, efficiencies()[base.family]))
+
+
+def nodes_of(system: System, world: int) -> int:
+    return math.ceil(world / max(system.per_node, 1))
+
+
+def format_forecast(step: StepTime, system: System, world: int, budget_tokens: float, price: float) -> str:
+    """Step split, tokens/s, MFU, days to the budget and (with a price) cost."""
+    days = budget_tokens / step.tokens_per_s / 86400
+    nodes = nodes_of(system, world)
+    lines = [
+        f"predicted on {world} x {system.name} ({nodes} node{'s' * (nodes > 1)} of {system.per_node}; {system.family} "
+        f"efficiency {system.efficiency:.3f}, hlat plan --calibration): step {step.total_s:.3g} s = compute {step.compute_s:.3g} "
+        f"+ tensor parallel {step.tp_s:.3g} + data parallel (exposed) {step.dp_s:.3g} + pipeline sends {step.pp_s:.3g} "
+        f"+ bubble {step.bubble_s:.3g}",
+        f"{step.tokens_per_s:,.0f} tokens/s ({step.tokens_per_s / world:,.0f} per rank), MFU {step.mfu:.1%}; "
+        f"{budget_tokens:.3g} tokens in {days:,.1f} days",
+    ]
+    if system.intra_gbs == 0:
+        lines.append(f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "
+                     "(--intra-gbs sets it)")
+    if price:
+        cost = days * 24 * nodes * price
+        lines.append(f"cost at {price:,.2f} per node-hour: {cost:,.0f} ({cost / budget_tokens * 1e12:,.0f} per trillion "
+                     f"tokens, {cost / budget_tokens * 1e6:.4f} per million)")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    device: str
+    instance: str
+    price_per_node_hour: float  # on-demand, as HLAT's paper quotes it
+
+
+# HLAT's comparison: 4096 accelerators as 256 trn1.32xlarge (16 Trainium chips) or 512 p4d.24xlarge (8 A100 40GB).
+HLAT_CLUSTERS = (Cluster("trn1", "trn1.32xlarge", 21.50), Cluster("A100 SXM 40GB", "p4d.24xlarge", 32.77))
+HLAT_WORLD = 4096
+HLAT_TOKENS = 1.8e12

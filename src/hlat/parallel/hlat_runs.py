@@ -1,0 +1,35 @@
+"""hlat plan --hlat: the paper's two runs (7B and 70B on 4096 accelerators, 1.8T tokens) on trn1
+and on the GPU cluster it weighed them against, in the presets' layouts."""
+
+from __future__ import annotations
+
+from hlat.config import load_config
+from hlat.parallel.forecast import HLAT_CLUSTERS, HLAT_TOKENS, HLAT_WORLD, Figures, make_system, nodes_of
+from hlat.parallel.plan import GIB, plan
+from hlat.parallel.throughput import step_time
+
+PRESETS = ("hlat-7b", "hlat-70b")
+
+
+def format_hlat_runs(overrides: list[str]) -> str:
+    lines = [f"HLAT's runs on {HLAT_WORLD} accelerators in the presets' layouts (`overrides` apply to both presets); "
+             f"days and cost per trillion tokens, and for the paper's {HLAT_TOKENS / 1e12:g}T",
+             f"{'preset':<9} {'cluster':<34} {'layout':<20} {'GiB/rank':>8} {'tokens/s':>11} {'MFU':>6} "
+             f"{'days/1T':>8} {'cost/1T':>11} {'days':>6} {'cost':>12}"]
+    for preset in PRESETS:
+        cfg = load_config(preset, None, overrides, world=HLAT_WORLD)
+        (pp, dp, tp), stages = plan(cfg, HLAT_WORLD)
+        need = max(s.total for s in stages) / GIB
+        for cluster in HLAT_CLUSTERS:
+            system = make_system(cluster.device, Figures(), cfg, HLAT_WORLD)
+            step = step_time(cfg, HLAT_WORLD, system)
+            nodes = nodes_of(system, HLAT_WORLD)
+            days = 1e12 / step.tokens_per_s / 86400
+            cost = days * 24 * nodes * cluster.price_per_node_hour
+            where = f"{nodes} x {cluster.instance} at ${cluster.price_per_node_hour:.2f}/h"
+            fits = "" if need <= system.memory_gib else " (does NOT fit)"
+            lines.append(f"{preset:<9} {where:<34} {f'pp {pp} x dp {dp} x tp {tp}':<20} {need:>8.1f} "
+                         f"{step.tokens_per_s:>11,.0f} {step.mfu:>6.1%} {days:>8.1f} {cost:>11,.0f} "
+                         f"{days * HLAT_TOKENS / 1e12:>6.1f} {cost * HLAT_TOKENS / 1e12:>12,.0f}{fits}")
+    lines.append("predicted with the calibrated efficiencies (hlat plan --calibration); on-demand prices as the paper quotes them")
+    return "\n".join(lines)

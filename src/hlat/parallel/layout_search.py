@@ -1,0 +1,110 @@
+"""hlat plan --search: every layout of a config on `world` ranks that fits in memory, fastest first.
+
+The knobs: tensor parallel (divisors of the world up to a node), pipeline stages (1F1B, up to 16
+and the layer count), data parallel as ddp, zero1, zero2, fsdp, or HSDP (fsdp sharded within a
+node, replicated across: parallel.dp_shard), micro-batch (powers of two dividing the per-rank
+batch) and recompute policy. Memory is the dry-run plan's (hlat.parallel.plan): the model is cut
+and tensor-parallelised once per (tp, pp) and each variant re-priced from its stages' parameter
+counts; layouts hlat refuses (ddp or zero1 with tp or pp, a tp the heads do not allow) are skipped.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from hlat.config import RunConfig
+from hlat.errors import ConfigError
+from hlat.parallel.config import ACTIVATION_CHECKPOINT
+from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
+from hlat.parallel.plan import GIB, plan, stage_memory
+from hlat.parallel.throughput import Layout, StepTime, System, step_time
+
+SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
+MAX_PP = 16
+
+
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    memory_gib: float  # the largest stage's, per rank
+    step: StepTime
+
+
+def search(cfg: RunConfig, world: int, system: System) -> list[Candidate]:
+    """The layouts that fit in `system`'s memory, by predicted tokens/s (fastest first, then by memory)."""
+    found = []
+    for tp in _divisors(world, system.per_node or world):
+        for pp in _divisors(world // tp, min(MAX_PP, cfg.model.n_layers)):
+            found += _variants(cfg, world, system, tp, pp)
+    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.memory_gib))  # equals: the leanest first
+
+
+def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> list[Candidate]:
+    dp = world // (tp * pp)
+    if cfg.train.global_batch % dp:
+        return []
+    base = _with(cfg, tp=tp, pp=pp, dp=0, dp_sharding="fsdp", dp_shard=0)
+    try:
+        _, stages = plan(base, world)
+    except ConfigError:  # a tp the heads do not allow
+        return []
+    found = []
+    per_rank = cfg.train.global_batch // dp
+    for sharding in SHARDINGS if dp > 1 else ("ddp",):  # one rank per replica: no data parallelism to pick
+        shard = _hsdp_shard(system, tp, dp) if sharding == "hsdp" else dp
+        if shard is None:
+            continue
+        for micro in (m for m in (1, 2, 4, 8, 16, 32) if not per_rank % m):
+            for recompute in ACTIVATION_CHECKPOINT:
+                variant = _with(cfg, micro_batch=micro, tp=tp, pp=pp, dp_sharding="fsdp" if sharding == "hsdp" else sharding,
+                                dp_shard=shard if sharding == "hsdp" else 0, activation_checkpoint=recompute,
+                                recompute_every_other_mm=False)
+                try:
+                    check_data_parallel(variant.parallel.dp_sharding, dp, tp, pp)
+                    check_grad_accum(variant.precision, variant.parallel.dp_sharding, dp)
+                except ConfigError:
+                    continue
+                need = max(stage_memory(variant, s.stage, s.layers, s.local_params, pp, dp, tp, len(stages)).total
+                           for s in stages) / GIB
+                if need <= system.memory_gib:
+                    layout = Layout(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)
+                    found.append(Candidate(layout, need, step_time(variant, world, system, layout)))
+    return found
+
+
+def _hsdp_shard(system: System, tp: int, dp: int) -> int | None:
+    """HSDP shards over the data-parallel ranks of one node; None where that is all of dp or one."""
+    shard = (system.per_node or 0) // tp
+    return shard if 1 < shard < dp and not dp % shard else None
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if not n % d and (d & (d - 1)) == 0]  # powers of two
+
+
+def _with(cfg: RunConfig, micro_batch: int | None = None, **parallel: object) -> RunConfig:
+    out = copy.deepcopy(cfg)
+    out.parallel = dataclasses.replace(out.parallel, **parallel)
+    if micro_batch is not None:
+        out.train = dataclasses.replace(out.train, micro_batch=micro_batch)
+    return out
+
+
+def format_search(found: list[Candidate], top: int, budget_tokens: float, price: float, nodes: int) -> str:
+    """The top `top` layouts as a table: memory, step split, tokens/s, MFU, days (and cost)."""
+    if not found:
+        return "no layout fits in memory: add ranks, or a device with more memory"
+    head = (f"{'#':>3} {'layout':<26} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
+            f"{'comm':>7} {'bubble':>7} {'tokens/s':>12} {'MFU':>6} {'days':>7}")
+    lines = [head + ("       cost" if price else "")]
+    for index, c in enumerate(found[:top], 1):
+        s = c.step
+        days = budget_tokens / s.tokens_per_s / 86400
+        line = (f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
+                f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
+                f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.1f}")
+        lines.append(line + (f" {days * 24 * nodes * price:>10,.0f}" if price else ""))
+    lines.append(f"{len(found)} layouts fit; comm = tensor parallel + exposed data parallel + pipeline sends")
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""Predicted step time of a layout: compute, exposed communication and pipeline bubble.
+
+Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
+- compute: the model's training FLOPs (hlat.model.flops_per_token: 6N + attention) plus what the
+  recompute policy runs again, over world x peak x efficiency. The efficiency is the one constant
+  per device family that hlat.parallel.calibration fits on published runs.
+- tensor parallel: with sequence parallel each block gathers and scatters its activations twice
+  forward and twice backward (and twice more when "full" recompute replays the forward), ring
+  collectives of (t-1)/t of a micro-batch's b x s x d activations; exposed whole.
+- data parallel: ddp all-reduces the gradients; zero1 also gathers the updated weights; zero2/fsdp
+  gather the weights (per micro-batch: once under zero2, forward and backward under fsdp; once per
+  step when they stay gathered) and reduce-scatter the gradients once per step; HSDP does that
+  within a replica and all-reduces the shards across replicas. Overlap model: this traffic runs
+  beside the step's compute and only what exceeds the compute is exposed.
+- pipeline: each micro-batch sends its activations forward and their gradients back across each
+  stage boundary, each TP rank its sequence-parallel slice (exposed whole); 1F1B's bubble idles (pp-1)/(m*v + pp-1) of the step for m
+  micro-batches and v virtual stages per rank.
+Volumes use N / (tp x pp) parameters per rank. A group of ranks within one node (its span at the
+mesh's order, tp innermost, fits in the node) moves data at the intra-node bandwidth, otherwise at
+the chip's share of the network; an unknown intra-node bandwidth (0) counts that traffic as free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hlat.config import RunConfig
+from hlat.model import ModelConfig, count_params, flops_per_token
+from hlat.parallel.data_parallel import DTYPES
+from hlat.precision import compute_dtype, param_dtype
+
+
+@dataclass(frozen=True)
+class System:
+    """What a rank runs on, as the planner sees it."""
+    name: str
+    peak_tflops: float  # dense, per rank, in the run's compute dtype
+    memory_gib: float
+    per_node: int  # ranks per node
+    intra_gbs: float  # one-way bandwidth per rank within a node; 0 = not counted
+    inter_gbs: float  # one-way bandwidth per rank across nodes
+    family: str  # calibration family
+    efficiency: float  # fraction of the peak that compute reaches
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The knobs the search turns; `dp_shard` < dp is HSDP."""
+    tp: int
+    pp: int
+    dp: int
+    sharding: str
+    dp_shard: int
+    micro_batch: int
+    recompute: str
+
+    @property
+    def name(self) -> str:
+        dp = f"hsdp {self.dp // self.dp_shard}x{self.dp_shard}" if self.dp_shard < self.dp else f"{self.sharding} {self.dp}"
+        return f"tp {self.tp} x pp {self.pp} x {dp}"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    tp_s: float
+    dp_s: float  # exposed: what exceeds the compute
+    pp_s: float  # point-to-point sends
+    bubble_s: float
+    tokens: int  # per step
+    world: int
+    model_flops_per_token: float
+    peak_tflops: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.tp_s + self.dp_s + self.pp_s + self.bubble_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total_s
+
+    @property
+    def mfu(self) -> float:
+        return self.tokens_per_s * self.model_flops_per_token / (self.world * self.peak_tflops * 1e12)
+
+
+def layout_of(cfg: RunConfig, world: int) -> Layout:
+    par = cfg.parallel
+    dp = world // (par.tp * par.pp)
+    shard = par.dp_shard or dp  # below dp: HSDP
+    return Layout(par.tp, par.pp, dp, par.dp_sharding, shard, cfg.train.micro_batch, par.activation_checkpoint)
+
+
+def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str) -> float:
+    """FLOPs per token the backward runs again: "full" the blocks' forward, "selective" core
+    attention's forward (QK^T and AV), "op" and "none" only pointwise work (counted as 0)."""
+    attention_forward = 4 * model.n_layers * model.d_model * seq_len
+    if policy == "full":
+        blocks = count_params(model) - model.vocab_size * model.d_model * (1 if model.tie_embeddings else 2) - model.d_model
+        return 2 * blocks + attention_forward
+    return float(attention_forward) if policy == "selective" else 0.0
+
+
+def step_time(cfg: RunConfig, world: int, system: System, layout: Layout | None = None) -> StepTime:
+    """The predicted step of `cfg` on `world` ranks of `system` (under `layout`, else cfg's own)."""
+    lay = layout or layout_of(cfg, world)
+    model, seq = cfg.model, cfg.data.seq_len
+    tokens = cfg.train.global_batch * seq
+    micro = cfg.train.global_batch // lay.dp // lay.micro_batch  # micro-batches per rank and step
+    model_flops = flops_per_token(model, seq)
+    flops = (model_flops + recompute_flops_per_token(model, seq, lay.recompute)) * tokens / world
+    compute = flops / (system.peak_tflops * 1e12 * system.efficiency)
+
+    width = _bytes(compute_dtype(cfg.precision.mode, torch.device("cuda")))
+    activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
+    tp_s = 0.0
+    if lay.tp > 1:
+        passes = 12 if lay.recompute == "full" else 8  # gathers + scatters per block and micro-batch
+        volume = passes * (lay.tp - 1) / lay.tp * activation * model.n_layers / lay.pp * micro
+        tp_s = _seconds(volume, _bandwidth(system, lay.tp))
+    dp_s = max(0.0, _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp)) - compute)
+    pp_s = bubble = 0.0
+    if lay.pp > 1:
+        virtual = cfg.parallel.pp_stages_per_rank
+        # each TP rank sends its sequence-parallel slice of the activations
+        pp_s = _seconds(2 * micro * virtual * activation / lay.tp, _bandwidth(system, 2 * lay.dp * lay.tp))
+        bubble = (compute + tp_s) * (lay.pp - 1) / (micro * virtual)
+    return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops)
+
+
+def _data_parallel_s(cfg: RunConfig, lay: Layout, system: System, micro: int, local: float) -> float:
+    """Seconds of data-parallel traffic per step on a rank holding `local` parameters."""
+    if lay.dp == 1:
+        return 0.0
+    prec = cfg.precision
+    stored = _bytes(param_dtype(prec.mode))
+    gathered = 2 if prec.mode == "mixed" else stored  # mixed gathers its bf16 weights
+    reduced = _bytes(DTYPES[prec.reduce_dtype]) if prec.mode == "mixed" else stored
+    whole = _bandwidth(system, lay.dp * lay.tp)
+    ring = (lay.dp - 1) / lay.dp
+    if lay.sharding == "ddp":
+        return _seconds(2 * ring * local * reduced, whole)
+    if lay.sharding == "zero1":
+        return _seconds(ring * local * (2 * reduced + stored), whole)
+    shard = lay.dp_shard
+    kept = not cfg.parallel.reshard_after_backward or lay.pp > 1  # gathered once per step
+    gathers = 1 if kept else micro * (1 if lay.sharding == "zero2" else 2)
+    within = _seconds((shard - 1) / shard * local * (gathers * gathered + reduced), _bandwidth(system, shard * lay.tp))
+    replicas = lay.dp // shard
+    across = _seconds(2 * (replicas - 1) / replicas * local / shard * reduced, whole) if replicas > 1 else 0.0
+    return within + across
+
+
+def _bandwidth(system: System, span: int) -> float:
+    """GB/s for a group spanning `span` consecutive ranks; inf where it is intra-node and unknown."""
+    if span <= system.per_node:
+        return system.intra_gbs or math.inf
+    return system.inter_gbs
+
+
+def _seconds(volume: float, gbs: float) -> float:
+    return volume / (gbs * 1e9)
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.tensor([], dtype=dtype).element_size()

@@ -1,0 +1,93 @@
+"""The planner's step-time model on hand-computed layouts, the layout search, the calibration."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from hlat.config import RunConfig, load_config
+from hlat.model import flops_per_token
+from hlat.parallel.calibration import RUNS, efficiencies, errors, family_of, format_calibration
+from hlat.parallel.layout_search import search
+from hlat.parallel.throughput import Layout, System, step_time
+
+# 100 TFLOP/s at half efficiency = 50 TFLOP/s of compute; 4 ranks per node.
+SYSTEM = System("test", 100.0, 80.0, 4, 100.0, 10.0, "gpu", 0.5)
+
+
+@functools.cache
+def _tiny() -> RunConfig:
+    return load_config("tiny")  # fp32, d 256, 4 layers, 8 x 256 tokens per step
+
+
+def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> Layout:
+    return Layout(tp, pp, dp, sharding, dp, micro, recompute)
+
+
+def test_compute_is_flops_over_peak_times_efficiency():
+    cfg = _tiny()
+    step = step_time(cfg, 1, SYSTEM, _layout())
+    tokens = 8 * 256
+    assert step.compute_s == pytest.approx(flops_per_token(cfg.model, 256) * tokens / 50e12)
+    assert step.total_s == step.compute_s and step.mfu == pytest.approx(0.5)  # nothing else on one rank
+    # full recompute runs the blocks' forward again: 2 FLOPs per block weight and 4 L d s of attention
+    full = step_time(cfg, 1, SYSTEM, _layout(recompute="full"))
+    block_weights = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256)  # wq wo, wk wv (4 kv heads), mlp, norms
+    extra = 2 * block_weights + 4 * 4 * 256 * 256
+    assert full.compute_s == pytest.approx((flops_per_token(cfg.model, 256) + extra) * tokens / 50e12)
+
+
+def test_tensor_parallel_traffic_within_a_node():
+    # TP 2 on 2 ranks: per block and micro-batch 8 collectives of (t-1)/t of b x s x d fp32 at 100 GB/s.
+    step = step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8))
+    assert step.tp_s == pytest.approx(8 * 0.5 * (8 * 256 * 256 * 4) * 4 / 100e9)
+
+
+def test_data_parallel_traffic_is_exposed_beyond_the_compute():
+    # DDP over 8 ranks (two nodes: the network's 10 GB/s) all-reduces 2 x 7/8 of the fp32 gradients.
+    cfg = _tiny()
+    slow = System("test", 1e6, 80.0, 4, 100.0, 10.0, "gpu", 1.0)  # compute next to nothing
+    step = step_time(cfg, 8, slow, _layout(dp=8))
+    n = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256) + 2 * 4096 * 256 + 256
+    assert step.dp_s == pytest.approx(2 * 7 / 8 * n * 4 / 10e9 - step.compute_s)
+    slow_compute = System("test", 0.01, 80.0, 4, 100.0, 10.0, "gpu", 1.0)
+    assert step_time(cfg, 8, slow_compute, _layout(dp=8)).dp_s == 0  # a longer compute hides it
+
+
+def test_pipeline_bubble_is_pp_minus_1_over_micro_batches_plus_pp_minus_1():
+    step = step_time(_tiny(), 2, SYSTEM, _layout(pp=2, micro=2))  # 8 sequences in 4 micro-batches over 2 stages
+    assert step.bubble_s / (step.compute_s + step.bubble_s) == pytest.approx(1 / (4 + 1))
+    assert step.pp_s == pytest.approx(2 * 4 * (2 * 256 * 256 * 4) / 100e9)  # both ranks in one node
+
+
+def test_search_returns_only_fitting_layouts_fastest_first():
+    cfg = load_config("tiny", None, ["--data.seq_len", "256", "--train.global_batch", "8"])
+    nodes_of_2 = System("test", 100.0, 80.0, 2, 100.0, 10.0, "gpu", 0.5)  # HSDP: sharded over a node's 2 ranks
+    everything = search(cfg, 4, nodes_of_2)
+    memory = sorted(c.memory_gib for c in everything)
+    limit = memory[len(memory) // 2]
+    small = System("test", 100.0, limit, 2, 100.0, 10.0, "gpu", 0.5)
+    found = search(cfg, 4, small)
+    assert found and all(c.memory_gib <= limit for c in found) and len(found) < len(everything)
+    assert {c.layout for c in found} == {c.layout for c in everything if c.memory_gib <= limit}
+    speeds = [c.step.tokens_per_s for c in found]
+    assert speeds == sorted(speeds, reverse=True)
+    assert {c.layout.tp for c in everything} == {1, 2} and {c.layout.pp for c in everything} == {1, 2, 4}
+    assert {c.layout.name for c in everything} >= {"tp 1 x pp 1 x hsdp 2x2", "tp 1 x pp 1 x fsdp 4", "tp 1 x pp 1 x ddp 4"}
+
+
+def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
+    fitted = efficiencies()
+    assert set(fitted) == {"cpu", "gpu", "trainium"} and all(0 < e <= 1 for e in fitted.values())
+    rows = errors()
+    for run, predicted, error in rows:
+        assert error == pytest.approx(predicted / run.tokens_per_s_per_rank - 1)
+        if run.fit and sum(r.fit and family_of(r) == family_of(run) for r in RUNS) == 1:
+            assert abs(error) < 1e-4, run.name  # one fitted row per family: reproduced
+    held = [e for r, _, e in rows if not r.fit]
+    assert len(held) >= 5 and all(math.isfinite(e) for e in held)
+    table = format_calibration()
+    assert table.count("held out") == len(held) and f"max {max(abs(e) for e in held):.1%}" in table
+    assert all(run.source and run.conditions for run in RUNS)
