@@ -90,7 +90,7 @@ def dp_shard_of(cfg: ParallelConfig, dp: int) -> int:
 
 
 def describe_degrees(pp: int, dp: int, tp: int, dp_shard: int) -> str:
-    """"pp 1 x dp 4 x tp 2", with HSDP's split: "pp 1 x dp 4 (2 replicas x 2 shards) x tp 2"."""
+    """The degrees as the logs print them: pp 1 x dp 4 x tp 2, or under HSDP pp 1 x dp 4 (2 replicas x 2 shards) x tp 2."""
     hsdp = f" ({dp // dp_shard} replicas x {dp_shard} shards)" if dp_shard < dp else ""
     return f"pp {pp} x dp {dp}{hsdp} x tp {tp}"
 
