@@ -38,7 +38,7 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
         peak = cpu_peak(read_cpu_facts(), torch.get_num_threads(), dtype)
         if peak is None and figures.peak_tflops is None:
             raise UserError("--device cpu: this CPU's peak is unknown (instruction set or clock); pass --peak-tflops")
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1024**3, 1)
         base = System("this CPU", peak.gflops / 1e3 if peak else 0.0, memory, world, 0.0, 0.0, "cpu", 0.0)
     elif device:
         row: Accelerator = by_table_name(device)
@@ -72,7 +72,7 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
         f"+ tensor parallel {step.tp_s:.3g} + data parallel (exposed) {step.dp_s:.3g} + pipeline sends {step.pp_s:.3g} "
         f"+ bubble {step.bubble_s:.3g}",
         f"{step.tokens_per_s:,.0f} tokens/s ({step.tokens_per_s / world:,.0f} per rank), MFU {step.mfu:.1%}; "
-        f"{budget_tokens:.3g} tokens in {days:,.1f} days",
+        f"{budget_tokens:.3g} tokens in {days:.3g} days",
     ]
     if system.intra_gbs == 0:
         lines.append(f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "

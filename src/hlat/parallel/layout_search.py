@@ -104,7 +104,7 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
         days = budget_tokens / s.tokens_per_s / 86400
         line = (f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
                 f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
-                f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.1f}")
+                f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}")
         lines.append(line + (f" {days * 24 * nodes * price:>10,.0f}" if price else ""))
     lines.append(f"{len(found)} layouts fit; comm = tensor parallel + exposed data parallel + pipeline sends")
     return "\n".join(lines)
