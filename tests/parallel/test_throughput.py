@@ -8,8 +8,10 @@ import math
 import pytest
 
 from hlat.config import RunConfig, load_config
+from hlat.errors import UserError
 from hlat.model import flops_per_token
 from hlat.parallel.calibration import RUNS, efficiencies, errors, family_of, format_calibration
+from hlat.parallel.forecast import Figures, format_forecast, make_system
 from hlat.parallel.layout_search import search
 from hlat.parallel.throughput import Layout, System, step_time
 
@@ -91,3 +93,21 @@ def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
     table = format_calibration()
     assert table.count("held out") == len(held) and f"max {max(abs(e) for e in held):.1%}" in table
     assert all(run.source and run.conditions for run in RUNS)
+
+
+def test_the_system_is_a_table_row_with_custom_figures_on_top():
+    cfg = load_config("hlat-7b")  # bf16-sr: the bf16 peak
+    trn1 = make_system("trn1", Figures(inter_gbs=12.5), cfg, 4096)
+    assert (trn1.peak_tflops, trn1.memory_gib, trn1.per_node, trn1.intra_gbs, trn1.inter_gbs) == (190.0, 32, 16, 0.0, 12.5)
+    assert trn1.family == "trainium" and trn1.efficiency == efficiencies()["trainium"]
+    custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, efficiency=0.5), cfg, 8)
+    assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.family) == (400.0, 64.0, 0.5, "gpu")
+    assert make_system(None, Figures(), cfg, 8) is None  # memory only, as before
+    with pytest.raises(UserError, match="--peak-tflops and --memory-gib"):
+        make_system(None, Figures(peak_tflops=400.0), cfg, 8)
+
+
+def test_forecast_prints_days_and_cost_by_hand():
+    step = step_time(_tiny(), 1, SYSTEM, _layout())
+    text = format_forecast(step, SYSTEM, 1, budget_tokens=step.tokens_per_s * 86400 * 2, price=10.0)
+    assert "in 2 days" in text and "cost at 10.00 per node-hour: 480 " in text  # 2 days x 24 h x 1 node x 10

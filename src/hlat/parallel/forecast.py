@@ -74,7 +74,7 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
         f"{step.tokens_per_s:,.0f} tokens/s ({step.tokens_per_s / world:,.0f} per rank), MFU {step.mfu:.1%}; "
         f"{budget_tokens:.3g} tokens in {days:.3g} days",
     ]
-    if system.intra_gbs == 0:
+    if system.intra_gbs == 0 and world > 1:
         lines.append(f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "
                      "(--intra-gbs sets it)")
     if price:
