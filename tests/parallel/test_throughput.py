@@ -100,11 +100,14 @@ def test_the_system_is_a_table_row_with_custom_figures_on_top():
     trn1 = make_system("trn1", Figures(inter_gbs=12.5), cfg, 4096)
     assert (trn1.peak_tflops, trn1.memory_gib, trn1.per_node, trn1.intra_gbs, trn1.inter_gbs) == (190.0, 32, 16, 0.0, 12.5)
     assert trn1.family == "trainium" and trn1.efficiency == efficiencies()["trainium"]
-    custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, efficiency=0.5), cfg, 8)
+    custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, per_node=8, efficiency=0.5), cfg, 8)
     assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.family) == (400.0, 64.0, 0.5, "gpu")
     assert make_system(None, Figures(), cfg, 8) is None  # memory only, as before
     with pytest.raises(UserError, match="--peak-tflops and --memory-gib"):
         make_system(None, Figures(peak_tflops=400.0), cfg, 8)
+    with pytest.raises(UserError, match="L4: 8 ranks span nodes of 1.*--per-node.*--inter-gbs"):
+        make_system("L4", Figures(), cfg, 8)  # a row without node figures
+    assert make_system("L4", Figures(per_node=8), cfg, 8).intra_gbs == 0  # one node: nothing crosses the network
 
 
 def test_forecast_prints_days_and_cost_by_hand():

@@ -52,10 +52,14 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
     else:
         return None
     pick = lambda given, default: default if given is None else given
-    return System(base.name, pick(figures.peak_tflops, base.peak_tflops), pick(figures.memory_gib, base.memory_gib),
-                  pick(figures.per_node, base.per_node), pick(figures.intra_gbs, base.intra_gbs),
-                  pick(figures.inter_gbs, base.inter_gbs), base.family,
-                  pick(figures.efficiency, efficiencies()[base.family]))
+    system = System(base.name, pick(figures.peak_tflops, base.peak_tflops), pick(figures.memory_gib, base.memory_gib),
+                    pick(figures.per_node, base.per_node), pick(figures.intra_gbs, base.intra_gbs),
+                    pick(figures.inter_gbs, base.inter_gbs), base.family,
+                    pick(figures.efficiency, efficiencies()[base.family]))
+    if world > system.per_node and system.inter_gbs <= 0:
+        raise UserError(f"{system.name}: {world} ranks span nodes of {system.per_node} and no network bandwidth is known; "
+                        "pass --per-node (ranks per node) and --inter-gbs (GB/s per rank across nodes)")
+    return system
 
 
 def nodes_of(system: System, world: int) -> int:
@@ -88,7 +92,7 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
 class Cluster:
     device: str
     instance: str
-    price_per_node_hour: float  # on-demand, as HLAT's paper quotes it
+    price_per_node_hour: float  # the hourly prices HLAT's comparison is quoted with (not checked against AWS today)
 
 
 # HLAT's comparison: 4096 accelerators as 256 trn1.32xlarge (16 Trainium chips) or 512 p4d.24xlarge (8 A100 40GB).

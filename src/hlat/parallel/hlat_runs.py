@@ -31,5 +31,5 @@ def format_hlat_runs(overrides: list[str]) -> str:
             lines.append(f"{preset:<9} {where:<34} {f'pp {pp} x dp {dp} x tp {tp}':<20} {need:>8.1f} "
                          f"{step.tokens_per_s:>11,.0f} {step.mfu:>6.1%} {days:>8.1f} {cost:>11,.0f} "
                          f"{days * HLAT_TOKENS / 1e12:>6.1f} {cost * HLAT_TOKENS / 1e12:>12,.0f}{fits}")
-    lines.append("predicted with the calibrated efficiencies (hlat plan --calibration); on-demand prices as the paper quotes them")
+    lines.append("predicted with the calibrated efficiencies (hlat plan --calibration); hourly prices as quoted for HLAT's comparison")
     return "\n".join(lines)
