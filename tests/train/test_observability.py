@@ -35,7 +35,8 @@ def test_records_carry_memory_time_and_data_wait_with_no_host_sync_between_loggi
     may happen inside one, and the others only on logging steps (the loader's prefetch thread
     works on its own CPU tensors and is not counted)."""
     cfg = load_config("tiny", None, tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6", "--train.log_every", "3",
-                                              "--checkpoint.every", "100", "--profile.steps", "2:3"))
+                                              "--checkpoint.every", "100", "--profile.steps", "2:3",
+                                              "--train.price_per_node_hour", "3600"))
     messages: list[str] = []
     trainer = Trainer(cfg, out=messages.append)
     next_batch = trainer.loader.next_batch
@@ -77,7 +78,15 @@ def test_records_carry_memory_time_and_data_wait_with_no_host_sync_between_loggi
         assert r["data_s"] >= 3 * trainer.accum * LOADER_DELAY_S  # every micro-batch's wait is counted
         assert r["data_frac"] == pytest.approx(r["data_s"] / (3 * r["step_s"]), rel=1e-6) and 0 < r["data_frac"] < 1
         assert r["mem_peak_gib"] >= r["mem_rss_gib"] > 0.05  # this process holds torch: tens of MiB at least
-    assert re.search(r"\| \d+\.\d\d s/step \| data \d+% \| mem \d+\.\d\d GiB", capsys.readouterr().out)
+    # $3600 per node-hour is $1 per second of this one node: the cost is the training loop's seconds so far
+    assert records[0]["cost"] == pytest.approx(3 * records[0]["step_s"], rel=1e-6)
+    assert records[1]["cost"] == pytest.approx(3 * (records[0]["step_s"] + records[1]["step_s"]), rel=1e-6)
+    assert records[1]["cost_per_mtok"] == pytest.approx(records[1]["cost"] / records[1]["tokens"] * 1e6)
+    saved = trainer.checkpoints.load_shared(trainer.checkpoints.latest())["progress"]
+    assert saved["train_s"] == pytest.approx(records[1]["cost"], rel=1e-6)  # a resumed run goes on from it
+    out = capsys.readouterr().out
+    assert re.search(r"\| \d+\.\d\d s/step \| data \d+% \| mem \d+\.\d\d GiB", out)
+    assert f"| cost {records[1]['cost']:,.2f} so far, " in out
     trace = tmp_path / "run" / "profile" / "rank0_steps2-3.pt.trace.json"
     assert [m for m in messages if m.startswith("profile:")] == [
         f"profile: wrote {trace} (one set per rank; docs/training.md says how to open them)"]
