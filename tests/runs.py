@@ -43,6 +43,8 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 TESTS = Path(__file__).parent
 WORKER = TESTS / "scenario_worker.py"
 PLAN = "plan.json"
+LAUNCH_TIMEOUT_S = 1200  # the shared launch, all scenarios together: a bound for hangs, not a budget
+ARRIVAL_TIMEOUT_S = LAUNCH_TIMEOUT_S  # a rank waiting for the others to reach its next scenario
 
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -104,7 +106,7 @@ class SharedLaunch:
     """The one torchrun launch of every scenario (see the module docstring), started at once in the
     background; `results()` waits for it. Its output goes to files, so nothing blocks on a pipe."""
 
-    def __init__(self, scenarios: list[Scenario], root: Path, corpus: Path, timeout: float = 900):
+    def __init__(self, scenarios: list[Scenario], root: Path, corpus: Path, timeout: float = LAUNCH_TIMEOUT_S):
         names = [s.name for s in scenarios]
         assert len(set(names)) == len(names), f"scenario names must be unique: {names}"
         self.root, self.worlds = root, {s.name: s.world for s in scenarios}

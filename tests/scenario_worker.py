@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -25,14 +26,19 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hlat.parallel.mesh import collective_timeout  # noqa: E402
-from runs import PLAN, ScenarioContext  # noqa: E402
+from runs import ARRIVAL_TIMEOUT_S, PLAN, ScenarioContext  # noqa: E402
 
 
 def join_group(index: int, rank: int, world: int) -> None:
-    timeout = collective_timeout()
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    """Form the scenario's group. Ranks that skipped the scenarios before it arrive minutes early:
+    they wait at an arrival barrier bounded by the launch's own deadline (ARRIVAL_TIMEOUT_S), so
+    only the group's collectives run under the short collective timeout."""
     prefix = f"scenario_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}_{index}"
-    dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout)
+    store = dist.PrefixStore(prefix, dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                                   is_master=False, timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S)))
+    store.set(f"arrived/{rank}", "1")
+    store.wait([f"arrived/{r}" for r in range(world)])
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=collective_timeout())
 
 
 def forget_meshes() -> None:

@@ -22,6 +22,8 @@ from hlat.eval.sandbox import Program, SandboxLimits, UnsafeCodeRefused, run_pro
 from deps import under_ci
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
+ROOMY = SandboxLimits(timeout_s=30.0, memory_mb=512)  # for programs that end by themselves
+HANGING = ("infinite_loop", "ignores_sigterm", "fork_bomb")  # held to LIMITS' timeout
 SECRET = "planted-" + secrets.token_hex(8)
 ADD = "def f(x):\n    return x + 1\n"
 
@@ -89,9 +91,13 @@ def outcome(tmp_path_factory):
     try:
         programs = hostile_programs(secret, outside, listener.getsockname()[1], victim.pid,
                                     os.getpid())
+        # the programs that must be cut off run under the short timeout; the others get room to
+        # finish on a loaded machine, so their evidence (MemoryError, OSError...) is always there
+        hanging = {name: programs.pop(name) for name in HANGING}
         t0 = time.perf_counter()
-        results = dict(zip(programs, run_programs(list(programs.values()), LIMITS, workers=4)))
+        results = dict(zip(hanging, run_programs(list(hanging.values()), LIMITS, workers=4)))
         seconds = time.perf_counter() - t0
+        results.update(zip(programs, run_programs(list(programs.values()), ROOMY, workers=4)))
         try:
             connection, _ = listener.accept()
             connection.close()
@@ -170,10 +176,10 @@ def test_hostile_programs_are_contained(outcome) -> None:
         or "No such file" in results["write_outside"].detail
     assert not outcome["connected"] and "OSError" in results["network"].detail
     assert "MemoryError" in results["memory_bomb"].detail
-    for name in ("infinite_loop", "ignores_sigterm", "fork_bomb"):
+    for name in HANGING:
         assert results[name].status == "timeout", name
-    # 14 programs, 4 at a time, the longest held to the 3 s timeout: well under a minute
-    assert outcome["seconds"] < 4 * (LIMITS.timeout_s + 5)
+    # the hanging ones, side by side, are killed at the 3 s timeout
+    assert outcome["seconds"] < LIMITS.timeout_s + 10
     assert outcome["survivors"] == [], "processes outlived their sandbox"
     assert outcome["victim_alive"] and outcome["signalled"] == []
 
