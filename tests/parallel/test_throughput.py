@@ -13,7 +13,7 @@ from hlat.model import flops_per_token
 from hlat.parallel.calibration import RUNS, efficiencies, errors, family_of, format_calibration
 from hlat.parallel.forecast import Figures, format_forecast, make_system
 from hlat.parallel.layout_search import search
-from hlat.parallel.throughput import Layout, System, step_time
+from hlat.parallel.throughput import LayoutChoice, System, step_time
 
 # 100 TFLOP/s at half efficiency = 50 TFLOP/s of compute; 4 ranks per node.
 SYSTEM = System("test", 100.0, 80.0, 4, 100.0, 10.0, "gpu", 0.5)
@@ -24,8 +24,8 @@ def _tiny() -> RunConfig:
     return load_config("tiny")  # fp32, d 256, 4 layers, 8 x 256 tokens per step
 
 
-def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> Layout:
-    return Layout(tp, pp, dp, sharding, dp, micro, recompute)
+def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> LayoutChoice:
+    return LayoutChoice(tp, pp, dp, sharding, dp, micro, recompute)
 
 
 def test_compute_is_flops_over_peak_times_efficiency():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hlat.config import RunConfig, load_config
 from hlat.devices import by_table_name
-from hlat.parallel.throughput import Layout, System, step_time
+from hlat.parallel.throughput import LayoutChoice, System, step_time
 
 _TT = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
 _TT_2412 = _TT + "llama3_h100_202412_torchtitan.md"
@@ -40,7 +40,7 @@ class Run:
     preset: str
     overrides: tuple[str, ...]  # model, sequence, batch and precision
     world: int
-    layout: Layout
+    layout: LayoutChoice
     tokens_per_s_per_rank: float  # as published
     fit: bool  # fitted on, else held out
 
@@ -60,46 +60,46 @@ def _llama8b(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
 
 RUNS: tuple[Run, ...] = (
     Run("torchtitan Llama 3.1 8B, 8 H100, FSDP", _TT_2412, f"eager, op SAC, seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, Layout(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
     Run("torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", _TT_2412, f"torch.compile, op SAC, seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, Layout(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
     Run("torchtitan Llama 3.1 8B, 128 H100, FSDP", _TT_2412, f"eager, op SAC, seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 256, 2), 128, Layout(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 256, 2), 128, LayoutChoice(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
     Run("torchtitan Llama 3.1 8B, 64 H100, FSDP 8 x TP 8", _TT_ASYNC,
         f"torch.compile, per-op SAC, bf16, vanilla TP, seq 8192, local batch 12; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 96, 12), 64, Layout(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 96, 12), 64, LayoutChoice(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
     Run("torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", _TT_ASYNC,
         f"torch.compile, full AC, bf16, vanilla TP, seq 8192, local batch 16; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 512, 16, *_LLAMA_70B), 256, Layout(8, 1, 32, "fsdp", 32, 16, "full"),
+        "H100 SXM", "llama3.1-8b", _llama8b(8192, 512, 16, *_LLAMA_70B), 256, LayoutChoice(8, 1, 32, "fsdp", 32, 16, "full"),
         597.3, False),
     Run("OLMo-core OLMo-2 7B, H100, HSDP", _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
         "H100 SXM", "hlat-7b", ("--data.seq_len", "4096", "--train.global_batch", "1024", "--train.micro_batch", "2",
                                 "--precision.mode", "mixed", *_OLMO2_7B),
-        64, Layout(1, 1, 64, "fsdp", 8, 2, "none"), 10000, False),
+        64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 10000, False),
     Run("OLMo-core Llama 3 8B, H100, HSDP", _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
-        "H100 SXM", "llama3.1-8b", _llama8b(4096, 1024, 2), 64, Layout(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
+        "H100 SXM", "llama3.1-8b", _llama8b(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
     Run("Neuron SDK Llama 3.1 8B, 32 trn1.32xlarge", _NEURON,
         "NxD 2.21, BF16 autocast + fp32 optimizer, TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips, ZeRO-1, seq 8192, "
         "micro-batch 1, global batch 1024; 41.99 seq/s; selective recompute (the NxD tutorial's)",
-        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1), 512, Layout(16, 1, 32, "zero1", 32, 1, "selective"),
+        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero1", 32, 1, "selective"),
         41.99 * 8192 / 512, True),
     Run("Neuron SDK Llama 3.1 70B, 32 trn1.32xlarge", _NEURON,
         "NxD 2.22, BF16 autocast + fp32 optimizer, TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips, ZeRO-1, "
         "seq 8192, micro-batch 1, global batch 1024; 7.51 seq/s; recompute not stated (selective assumed)",
-        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1, *_LLAMA_70B), 512, Layout(16, 8, 4, "zero1", 4, 1, "selective"),
+        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
         7.51 * 8192 / 512, False),
     Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
         "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
-        1, Layout(1, 1, 1, "ddp", 1, 8, "none"), 514, True),
+        1, LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"), 514, True),
     Run("hlat small (8,192 vocabulary), this machine's CPU, eager", _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, eager",
         "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
-        1, Layout(1, 1, 1, "ddp", 1, 8, "none"), 457, False),
+        1, LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"), 457, False),
 )
 
 

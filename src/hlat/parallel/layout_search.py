@@ -19,7 +19,7 @@ from hlat.errors import ConfigError
 from hlat.parallel.config import ACTIVATION_CHECKPOINT
 from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
 from hlat.parallel.plan import GIB, plan, stage_memory
-from hlat.parallel.throughput import Layout, StepTime, System, step_time
+from hlat.parallel.throughput import LayoutChoice, StepTime, System, step_time
 
 SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 MAX_PP = 16
@@ -27,7 +27,7 @@ MAX_PP = 16
 
 @dataclass(frozen=True)
 class Candidate:
-    layout: Layout
+    layout: LayoutChoice
     memory_gib: float  # the largest stage's, per rank
     step: StepTime
 
@@ -69,7 +69,7 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                 need = max(stage_memory(variant, s.stage, s.layers, s.local_params, pp, dp, tp, len(stages)).total
                            for s in stages) / GIB
                 if need <= system.memory_gib:
-                    layout = Layout(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)
+                    layout = LayoutChoice(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)
                     found.append(Candidate(layout, need, step_time(variant, world, system, layout)))
     return found
 

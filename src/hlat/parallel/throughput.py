@@ -47,7 +47,7 @@ class System:
 
 
 @dataclass(frozen=True)
-class Layout:
+class LayoutChoice:
     """The knobs the search turns; `dp_shard` < dp is HSDP."""
     tp: int
     pp: int
@@ -88,11 +88,11 @@ class StepTime:
         return self.tokens_per_s * self.model_flops_per_token / (self.world * self.peak_tflops * 1e12)
 
 
-def layout_of(cfg: RunConfig, world: int) -> Layout:
+def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
     par = cfg.parallel
     dp = world // (par.tp * par.pp)
     shard = par.dp_shard or dp  # below dp: HSDP
-    return Layout(par.tp, par.pp, dp, par.dp_sharding, shard, cfg.train.micro_batch, par.activation_checkpoint)
+    return LayoutChoice(par.tp, par.pp, dp, par.dp_sharding, shard, cfg.train.micro_batch, par.activation_checkpoint)
 
 
 def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str) -> float:
@@ -105,7 +105,7 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str) -> 
     return float(attention_forward) if policy == "selective" else 0.0
 
 
-def step_time(cfg: RunConfig, world: int, system: System, layout: Layout | None = None) -> StepTime:
+def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice | None = None) -> StepTime:
     """The predicted step of `cfg` on `world` ranks of `system` (under `layout`, else cfg's own)."""
     lay = layout or layout_of(cfg, world)
     model, seq = cfg.model, cfg.data.seq_len
@@ -132,7 +132,7 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: Layout | None 
     return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops)
 
 
-def _data_parallel_s(cfg: RunConfig, lay: Layout, system: System, micro: int, local: float) -> float:
+def _data_parallel_s(cfg: RunConfig, lay: LayoutChoice, system: System, micro: int, local: float) -> float:
     """Seconds of data-parallel traffic per step on a rank holding `local` parameters."""
     if lay.dp == 1:
         return 0.0
