@@ -33,12 +33,14 @@ class Candidate:
 
 
 def search(cfg: RunConfig, world: int, system: System) -> list[Candidate]:
-    """The layouts that fit in `system`'s memory, by predicted tokens/s (fastest first, then by memory)."""
+    """The layouts that fit in `system`'s memory, by predicted tokens/s (fastest first)."""
     found = []
     for tp in _divisors(world, system.per_node or world):
         for pp in _divisors(world // tp, min(MAX_PP, cfg.model.n_layers)):
             found += _variants(cfg, world, system, tp, pp)
-    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.memory_gib))  # equals: the leanest first
+    # equal predictions: the least model parallelism first (the smaller matrices of more tp lose
+    # efficiency the model does not see), then the least memory
+    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.layout.tp * c.layout.pp, c.memory_gib))
 
 
 def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> list[Candidate]:
