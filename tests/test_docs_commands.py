@@ -3,8 +3,9 @@
 Commands come from the ```bash blocks (one per line, `&&` and `;` separating several) and from
 `$ `-prompted lines in other blocks, whose output lines the docs show are compared too ("..."
 stands for any text). They run in document order in one working directory, so `hlat export
-runs/tiny` finds what `hlat train` wrote. `hlat ...` runs through hlat.cli.main in this process,
-`torchrun ...` as a launch of its own (gloo, OMP_NUM_THREADS=1). Commands that would train for
+runs/tiny` finds what `hlat train` wrote. `hlat ...` runs through hlat.cli.main in this process;
+`torchrun --nproc_per_node N -m hlat ...` runs hlat.cli.main on N gloo ranks as a scenario of the
+shared launch (tests/docs_torchrun_worker.py), in a directory of its own. Commands that would train for
 minutes get overrides appended that shorten them (SHORTENED); the few that need the network or
 the user's own files are listed in EXCLUDED with the reason. Both tables must name commands the
 docs show, so neither can drift from them.
@@ -13,11 +14,8 @@ docs show, so neither can drift from them.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from hlat.cli import main
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
-import runs
+from runs import Scenario, ScenarioResults
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -109,6 +107,19 @@ COMMANDS = shown_commands()
 RUN = [s for s in COMMANDS if s.text not in EXCLUDED]
 
 
+def torchrun_scenario(index: int, shown: Shown) -> Scenario:
+    """`torchrun [options] -m hlat ARGS` as a scenario: N = --nproc_per_node, ARGS as shortened."""
+    argv = [*shown.argv, *SHORTENED.get(shown.text, [])]
+    options, module, args = argv[1:argv.index("-m")], argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:]
+    assert module == "hlat", f"{shown.where}: {shown.text}: torchrun of a module other than hlat"
+    nproc = int(options[options.index("--nproc_per_node") + 1])
+    return Scenario(f"docs-torchrun-{index}", "docs_torchrun_worker.py:run", nproc, {"argv": args})
+
+
+TORCHRUN = {s.text: torchrun_scenario(i, s) for i, s in enumerate(x for x in RUN if x.argv[0] == "torchrun")}
+SCENARIOS = list(TORCHRUN.values())
+
+
 def test_the_tables_name_commands_the_docs_show():
     shown = {s.text for s in COMMANDS}
     assert set(EXCLUDED) <= shown and set(SHORTENED) <= shown, (set(EXCLUDED) | set(SHORTENED)) - shown
@@ -141,23 +152,21 @@ def _matches(expected: str, actual: str) -> bool:
 
 
 @pytest.mark.parametrize("shown", RUN, ids=[s.text for s in RUN])
-def test_documented_command_runs_as_written(shown, workdir, capsys, monkeypatch):
+def test_documented_command_runs_as_written(shown, workdir, capsys, monkeypatch, request):
     argv = [*shown.argv, *SHORTENED.get(shown.text, [])]
     monkeypatch.chdir(workdir)
     if argv[0] == "torchrun":
-        runs.wait_for_shared_launch()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv[1:]], capture_output=True, text=True,
-                              env=env, timeout=600)
-        code, output = done.returncode, done.stdout + done.stderr
-    else:
-        assert argv[0] == "hlat", f"{shown.where}: {shown.text}: a command this test does not know how to run"
-        try:
-            code = main(argv[1:])
-        except SystemExit as exit_:  # argparse
-            code = exit_.code
-        captured = capsys.readouterr()
-        output = captured.out + captured.err
+        assert shown.output is None, f"{shown.where}: torchrun output is not compared; show it with `hlat ...`"
+        scenarios: ScenarioResults = request.getfixturevalue("scenarios")
+        scenarios.path(TORCHRUN[shown.text].name)  # fails with each failing rank's output
+        return
+    assert argv[0] == "hlat", f"{shown.where}: {shown.text}: a command this test does not know how to run"
+    try:
+        code = main(argv[1:])
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
     if shown.output is None:
         assert code == 0, f"{shown.where}: {' '.join(argv)} exited {code}:\n{output[-4000:]}"
     else:

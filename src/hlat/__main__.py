@@ -1,5 +1,3 @@
-import sys
+from hlat.cli import entry
 
-from hlat.cli import main
-
-sys.exit(main())
+entry()

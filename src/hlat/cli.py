@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from hlat.errors import UserError
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(command: str, err: BaseException, debug: bool) -> int:
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     group_started = _process_group_started()
     if rank == 0 or group_started:
         if debug:
@@ -74,5 +75,18 @@ def _process_group_started() -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
+def entry() -> NoReturn:
+    """The `hlat` program (console script and `python -m hlat`). A multi-process run leaves without
+    interpreter teardown: gloo's worker threads can race it and abort a finished run (SIGABRT after
+    all work is done), which a launcher would count as a failure. main() itself returns, so it
+    can run inside another program's process."""
+    code = main()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,8 +1,8 @@
 """bf16-sr (bf16 weights, grads and Adam state, stochastic rounding) under torchrun: DDP, ZeRO-1,
 FSDP2 (dp 2) and tensor parallel 2 on gloo, and an exact resume under FSDP2.
 
-Every layout runs in one scenario of the shared launch (precision_dist_worker.py, tests/runs.py):
-the compiled optimizer update is built once per process.
+Every layout runs in one scenario of the shared launch (precision_dist_worker.py, tests/runs.py);
+the FSDP2 runs use the compiled optimizer update on sharded parameters, the others its eager twin.
 """
 
 import json

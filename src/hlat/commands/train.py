@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
@@ -37,9 +35,4 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     Trainer(cfg, resume=resume).fit()
     if world > 1:
         teardown()
-        # Leave without interpreter teardown: gloo's worker threads can race it and abort a
-        # finished run (SIGABRT after all work is done), which a launcher would count as a failure.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
     return 0
