@@ -13,16 +13,7 @@ from hlat.data.tokenizer import Tokenizer
 from hlat.eval import LanguageModel
 from hlat.model import Llama, ModelConfig
 
-from task_files import ARC_ROWS, write_jsonl
-
-TEXT = [
-    "Question: What is the capital of France?\nAnswer: Paris",
-    "The quick brown fox jumps over the lazy dog. A man is sitting on a roof.",
-    "def add(a, b):\n    return a + b\n",
-    "Photosynthesis turns light into chemical energy in plants and algae.",
-    "Which tool is best for cutting wood? A saw. Which for nails? A hammer.",
-] * 20
-
+from task_files import TEXT, write_tiny_tasks
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -76,7 +67,4 @@ def lm(model, tokenizer) -> LanguageModel:
 @pytest.fixture
 def task_dir(tmp_path) -> Path:
     """Local files of two tiny tasks: arc_easy (multiple choice) and perplexity (rolling)."""
-    root = tmp_path / "tasks"
-    write_jsonl(root / "arc_easy" / "test.jsonl", ARC_ROWS)
-    write_jsonl(root / "perplexity" / "test.jsonl", [{"text": text} for text in TEXT[:5]])
-    return root
+    return write_tiny_tasks(tmp_path / "tasks")

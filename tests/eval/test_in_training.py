@@ -4,6 +4,7 @@ when they are sharded across processes), and invisible to training itself."""
 from __future__ import annotations
 
 import copy
+import json
 import random
 import shutil
 from pathlib import Path
@@ -106,14 +107,20 @@ def test_bad_settings_name_the_field(tmp_path) -> None:
 
 
 # pp2 takes the path that sends pipeline stages to rank 0; fsdp2 gathers DTensors through DCP.
-@pytest.mark.parametrize("layout", [pytest.param(["--parallel.dp_sharding", "fsdp"], id="fsdp2"),
-                                    pytest.param(["--parallel.pp", "2"], id="pp2")])
-def test_sharded_weights_are_gathered_under_torchrun(small_corpus, task_dir, tmp_path, layout) -> None:
-    run = tmp_path / "run"
-    done = runs.launch(2, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "2", *task_args(task_dir, 2), *layout))
-    record = [r for r in read_metrics(run) if "eval/arc_easy/acc" in r]
+SHARDED = {"fsdp2": ["--parallel.dp_sharding", "fsdp"], "pp2": ["--parallel.pp", "2"]}
+SCENARIOS = [runs.Scenario("in-training-tasks", "eval/task_files.py:tiny_tasks_scenario")] + [
+    runs.Scenario(f"in-training-{name}", "train/layout_runs.py:train", 2,
+                  {"steps": 2, "extra": ["--train.global_batch", "4", "--checkpoint.every", "2",
+                                         *task_args(Path("{root}/in-training-tasks/tasks"), 2), *layout]})
+    for name, layout in SHARDED.items()]
+
+
+@pytest.mark.parametrize("layout", SHARDED)
+def test_sharded_weights_are_gathered_under_torchrun(scenarios: runs.ScenarioResults, layout: str) -> None:
+    out, task_dir = scenarios.path(f"in-training-{layout}"), scenarios.path("in-training-tasks") / "tasks"
+    record = [r for r in read_metrics(out / "run") if "eval/arc_easy/acc" in r]
     assert [r["step"] for r in record] == [2]
     logged = {k.removeprefix("eval/"): v for k, v in record[0].items() if k.startswith("eval/")}
-    saved = load_model(run / "checkpoints" / "step_00000002")  # the weights that were evaluated
+    saved = load_model(out / "run" / "checkpoints" / "step_00000002")  # the weights that were evaluated
     assert logged == pytest.approx(direct_scores(saved.model, saved.tokenizer, task_dir), rel=1e-5)
-    assert "tasks took" in done.stdout
+    assert "tasks took" in json.loads((out / "summary.rank0.json").read_text())["console"]

@@ -16,8 +16,7 @@ from hlat.eval import (EvalOptions, GenerateRequest, LanguageModel, TASKS, evalu
 from hlat.eval.harness import TaskResult
 from hlat.eval.tasks.task_file import load_task_files
 
-from conftest import TEXT
-from task_files import ARC_ROWS, write_jsonl
+from task_files import ARC_ROWS, TEXT, write_jsonl
 from export import save_hf
 from deps import require
 

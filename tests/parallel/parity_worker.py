@@ -23,7 +23,7 @@ from hlat.train.step import train_step
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a spec's optional 8th field
             "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True)}
-GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 4
+GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 3
 
 
 def global_batches() -> list[torch.Tensor]:

@@ -3,6 +3,8 @@ scenario's layout: train, resume, reshard, save. Every rank writes OUT/summary.r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -38,14 +40,17 @@ def _train(ctx: ScenarioContext, steps: int, extra: list[str], resume: str, star
     messages: list[str] = []
     trainer = Trainer(load_config("tiny", None, tiny_args(ctx.corpus, run, "--train.steps", str(steps), *extra)),
                       resume=resume, out=messages.append)
-    if save_only:
-        trainer.save()
-        trainer.checkpoints.wait()
-        trainer.loader.close()
-        losses: list[float] = []
-    else:
-        losses = trainer.fit().losses
-    summary = {"step": trainer.step, "losses": losses, "messages": messages, "tokens_emitted": trainer.loader.tokens_emitted}
+    console = io.StringIO()  # what the progress bar writes (e.g. the tasks' timing line)
+    with contextlib.redirect_stdout(console):
+        if save_only:
+            trainer.save()
+            trainer.checkpoints.wait()
+            trainer.loader.close()
+            losses: list[float] = []
+        else:
+            losses = trainer.fit().losses
+    summary = {"step": trainer.step, "losses": losses, "messages": messages, "console": console.getvalue(),
+               "tokens_emitted": trainer.loader.tokens_emitted}
     (ctx.out / f"summary.rank{ctx.rank}.json").write_text(json.dumps(summary))
 
 
