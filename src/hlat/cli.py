@@ -76,12 +76,14 @@ def _process_group_started() -> bool:
 
 
 def entry() -> NoReturn:
-    """The `hlat` program (console script and `python -m hlat`). A multi-process run leaves without
-    interpreter teardown: gloo's worker threads can race it and abort a finished run (SIGABRT after
-    all work is done), which a launcher would count as a failure. main() itself returns, so it
-    can run inside another program's process."""
+    """The `hlat` program (console script and `python -m hlat`). A finished multi-process run leaves
+    without interpreter teardown: gloo's worker threads can race it and abort the run (SIGABRT after
+    all work is done), which a launcher would count as a failure. (An error leaves through _report;
+    one found before any group started exits normally, which leaves rank 0 the time to print it
+    before the launcher stops the others.) main() itself returns, so it can run inside another
+    program's process."""
     code = main()
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if code == 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
