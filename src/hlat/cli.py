@@ -15,6 +15,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 import traceback
 from typing import NoReturn
 
@@ -25,6 +26,7 @@ COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "con
 EXPECTED = (UserError, FileNotFoundError)  # what the user can fix from the message alone
 USER_ERROR_EXIT = 2
 DEBUG_ENV = "HLAT_DEBUG"
+QUIET_RANK_DELAY_S = 1.0  # see _report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +69,8 @@ def _report(command: str, err: BaseException, debug: bool) -> int:
         # threads can race it and turn this exit code into SIGABRT.
         sys.stdout.flush()
         os._exit(USER_ERROR_EXIT)
+    if rank:  # the launcher stops every rank once one exits: let rank 0 print the error first
+        time.sleep(QUIET_RANK_DELAY_S)
     return USER_ERROR_EXIT
 
 
