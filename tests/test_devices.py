@@ -71,7 +71,7 @@ def test_table_names_are_looked_up_case_insensitively_and_typos_list_the_names()
 
 def test_plan_shows_the_device_memory_and_whether_it_fits(capsys):
     from hlat.cli import main
-    from hlat.parallel.plan import StagePlan, format_fit
+    from hlat.planning.memory import StagePlan, format_fit
 
     stages = [StagePlan(0, range(0, 2), 0, 10 * GIB, 2 * GIB, 4 * GIB, 2 * GIB), StagePlan(1, range(2, 4), 0, 1, 1, 1, 1)]
     assert format_fit(stages, by_table_name("L4")) == (

@@ -12,7 +12,7 @@ rate used when torch.set_float32_matmul_precision("high"/"medium") allows it. Me
 sheet's capacity; HBM and GDDR are sized in binary units, so "80 GB" is 80 GiB, of which the
 driver keeps a few hundred MiB.
 
-For the throughput planner (hlat.parallel.throughput) the rows of the parts one rents by the node
+For the throughput planner (hlat.planning.throughput) the rows of the parts one rents by the node
 also carry the node: chips per node, and per chip the one-way intra-node link bandwidth (NVLink,
 half the data sheets' bidirectional figure) and its share of the node's network (the instance's
 EFA bandwidth over its chips), in GB/s. 0 = not published in the sources read.
@@ -47,7 +47,7 @@ class Accelerator:
 
     @property
     def family(self) -> str:
-        """The calibration family (hlat.parallel.calibration): one efficiency constant each."""
+        """The calibration family (hlat.planning.calibration): one efficiency constant each."""
         return "trainium" if self.name.startswith("trn") else "gpu"
 
     def peak_tflops(self, dtype: torch.dtype, tf32: bool) -> float:

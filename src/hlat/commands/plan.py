@@ -47,20 +47,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.config import load_config
     from hlat.devices import by_table_name, format_table
     from hlat.errors import UserError
-    from hlat.parallel.forecast import Figures, format_forecast, make_system, nodes_of
-    from hlat.parallel.plan import format_fit, format_plan, plan
-    from hlat.parallel.throughput import step_time
+    from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
+    from hlat.planning.memory import format_fit, format_plan, plan
+    from hlat.planning.throughput import step_time
 
     if args.device == "list":
         print(format_table())
         return 0
     if args.calibration:
-        from hlat.parallel.calibration import format_calibration
+        from hlat.planning.calibration import format_calibration
 
         print(format_calibration())
         return 0
     if args.hlat:
-        from hlat.parallel.hlat_runs import format_hlat_runs
+        from hlat.planning.hlat_runs import format_hlat_runs
 
         print(format_hlat_runs(overrides))
         return 0
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     price = cfg.train.price_per_node_hour if args.price_per_node_hour is None else args.price_per_node_hour
     print(format_forecast(step_time(cfg, args.world, system), system, args.world, budget, price))
     if args.search:
-        from hlat.parallel.layout_search import format_search, search
+        from hlat.planning.layout_search import format_search, search
 
         print(f"\nlayouts of {cfg.name} on {args.world} x {system.name} that fit, fastest first:")
         print(format_search(search(cfg, args.world, system), args.top, budget, price, nodes_of(system, args.world)))

@@ -31,7 +31,7 @@ from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_
 from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
-from hlat.parallel.throughput import System
+from hlat.planning.throughput import System
 from hlat.precision import compute_dtype, param_dtype
 
 GIB = 1024**3

@@ -2,7 +2,7 @@
 
 Each run is described as hlat would run it (a preset with overrides, a layout, a device) with the
 tokens/s per rank its source reports. The fit picks, per family, the efficiency (fraction of the
-dense peak that compute reaches in hlat.parallel.throughput) that minimises the squared log error
+dense peak that compute reaches in hlat.planning.throughput) that minimises the squared log error
 over the family's `fit` rows; the other rows are held out and their error is reported.
 Conditions the step-time model does not see (torch.compile, power limits, kernels) are written in
 each row: they are what the held-out errors measure.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from hlat.config import RunConfig, load_config
 from hlat.devices import by_table_name
-from hlat.parallel.throughput import LayoutChoice, System, step_time
+from hlat.planning.throughput import LayoutChoice, System, step_time
 
 _TT = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
 _TT_2412 = _TT + "llama3_h100_202412_torchtitan.md"

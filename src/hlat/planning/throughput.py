@@ -3,7 +3,7 @@
 Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
 - compute: the model's training FLOPs (hlat.model.flops_per_token: 6N + attention) plus what the
   recompute policy runs again, over world x peak x efficiency. The efficiency is the one constant
-  per device family that hlat.parallel.calibration fits on published runs.
+  per device family that hlat.planning.calibration fits on published runs.
 - tensor parallel: with sequence parallel each block gathers and scatters its activations twice
   forward and twice backward (and twice more when "full" recompute replays the forward), ring
   collectives of (t-1)/t of a micro-batch's b x s x d activations; exposed whole.

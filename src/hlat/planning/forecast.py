@@ -12,8 +12,8 @@ import torch
 from hlat.config import RunConfig
 from hlat.devices import Accelerator, by_table_name
 from hlat.errors import UserError
-from hlat.parallel.calibration import efficiencies
-from hlat.parallel.throughput import StepTime, System
+from hlat.planning.calibration import efficiencies
+from hlat.planning.throughput import StepTime, System
 from hlat.precision import compute_dtype
 
 

@@ -4,9 +4,9 @@ and on the GPU cluster it weighed them against, in the presets' layouts."""
 from __future__ import annotations
 
 from hlat.config import load_config
-from hlat.parallel.forecast import HLAT_CLUSTERS, HLAT_TOKENS, HLAT_WORLD, Figures, make_system, nodes_of
-from hlat.parallel.plan import GIB, plan
-from hlat.parallel.throughput import step_time
+from hlat.planning.forecast import HLAT_CLUSTERS, HLAT_TOKENS, HLAT_WORLD, Figures, make_system, nodes_of
+from hlat.planning.memory import GIB, plan
+from hlat.planning.throughput import step_time
 
 PRESETS = ("hlat-7b", "hlat-70b")
 

@@ -3,7 +3,7 @@
 The knobs: tensor parallel (divisors of the world up to a node), pipeline stages (1F1B, up to 16
 and the layer count), data parallel as ddp, zero1, zero2, fsdp, or HSDP (fsdp sharded within a
 node, replicated across: parallel.dp_shard), micro-batch (powers of two dividing the per-rank
-batch) and recompute policy. Memory is the dry-run plan's (hlat.parallel.plan): the model is cut
+batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory): the model is cut
 and tensor-parallelised once per (tp, pp) and each variant re-priced from its stages' parameter
 counts; layouts hlat refuses (ddp or zero1 with tp or pp, a tp the heads do not allow) are skipped.
 """
@@ -18,8 +18,8 @@ from hlat.config import RunConfig
 from hlat.errors import ConfigError
 from hlat.parallel.config import ACTIVATION_CHECKPOINT
 from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
-from hlat.parallel.plan import GIB, plan, stage_memory
-from hlat.parallel.throughput import LayoutChoice, StepTime, System, step_time
+from hlat.planning.memory import GIB, plan, stage_memory
+from hlat.planning.throughput import LayoutChoice, StepTime, System, step_time
 
 SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
 MAX_PP = 16

@@ -10,10 +10,10 @@ import pytest
 from hlat.config import RunConfig, load_config
 from hlat.errors import UserError
 from hlat.model import flops_per_token
-from hlat.parallel.calibration import RUNS, efficiencies, errors, family_of, format_calibration
-from hlat.parallel.forecast import Figures, format_forecast, make_system
-from hlat.parallel.layout_search import search
-from hlat.parallel.throughput import LayoutChoice, System, step_time
+from hlat.planning.calibration import RUNS, efficiencies, errors, family_of, format_calibration
+from hlat.planning.forecast import Figures, format_forecast, make_system
+from hlat.planning.layout_search import search
+from hlat.planning.throughput import LayoutChoice, System, step_time
 
 # 100 TFLOP/s at half efficiency = 50 TFLOP/s of compute; 4 ranks per node.
 SYSTEM = System("test", 100.0, 80.0, 4, 100.0, 10.0, "gpu", 0.5)
