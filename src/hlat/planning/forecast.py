@@ -1,5 +1,5 @@
 """What `hlat plan` says about time and money: the system a plan runs on, its predicted step, the
-days to a token budget and their cost, and HLAT's own comparison (trn1 against p4d)."""
+days to a token budget and their cost."""
 
 from __future__ import annotations
 
@@ -66,10 +66,16 @@ def nodes_of(system: System, world: int) -> int:
     return math.ceil(world / max(system.per_node, 1))
 
 
+def days_and_cost(tokens_per_s: float, budget_tokens: float, nodes: int, price_per_node_hour: float) -> tuple[float, float]:
+    """(days to train `budget_tokens` at `tokens_per_s`, their cost on `nodes` nodes)."""
+    days = budget_tokens / tokens_per_s / 86400
+    return days, days * 24 * nodes * price_per_node_hour
+
+
 def format_forecast(step: StepTime, system: System, world: int, budget_tokens: float, price: float) -> str:
     """Step split, tokens/s, MFU, days to the budget and (with a price) cost."""
-    days = budget_tokens / step.tokens_per_s / 86400
     nodes = nodes_of(system, world)
+    days, cost = days_and_cost(step.tokens_per_s, budget_tokens, nodes, price)
     lines = [
         f"predicted on {world} x {system.name} ({nodes} node{'s' * (nodes > 1)} of {system.per_node}; {system.family} "
         f"efficiency {system.efficiency:.3f}, hlat plan --calibration): step {step.total_s:.3g} s = compute {step.compute_s:.3g} "
@@ -82,20 +88,6 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
         lines.append(f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "
                      "(--intra-gbs sets it)")
     if price:
-        cost = days * 24 * nodes * price
         lines.append(f"cost at {price:,.2f} per node-hour: {cost:,.0f} ({cost / budget_tokens * 1e12:,.0f} per trillion "
                      f"tokens, {cost / budget_tokens * 1e6:.4f} per million)")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class Cluster:
-    device: str
-    instance: str
-    price_per_node_hour: float  # the hourly prices HLAT's comparison is quoted with (not checked against AWS today)
-
-
-# HLAT's comparison: 4096 accelerators as 256 trn1.32xlarge (16 Trainium chips) or 512 p4d.24xlarge (8 A100 40GB).
-HLAT_CLUSTERS = (Cluster("trn1", "trn1.32xlarge", 21.50), Cluster("A100 SXM 40GB", "p4d.24xlarge", 32.77))
-HLAT_WORLD = 4096
-HLAT_TOKENS = 1.8e12

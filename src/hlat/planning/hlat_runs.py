@@ -3,12 +3,27 @@ and on the GPU cluster it weighed them against, in the presets' layouts."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hlat.config import load_config
-from hlat.planning.forecast import HLAT_CLUSTERS, HLAT_TOKENS, HLAT_WORLD, Figures, make_system, nodes_of
+from hlat.planning.forecast import Figures, days_and_cost, make_system, nodes_of
 from hlat.planning.memory import GIB, plan
 from hlat.planning.throughput import step_time
 
 PRESETS = ("hlat-7b", "hlat-70b")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    device: str
+    instance: str
+    price_per_node_hour: float  # the hourly prices HLAT's comparison is quoted with (not checked against AWS today)
+
+
+# HLAT's comparison: 4096 accelerators as 256 trn1.32xlarge (16 Trainium chips) or 512 p4d.24xlarge (8 A100 40GB).
+HLAT_CLUSTERS = (Cluster("trn1", "trn1.32xlarge", 21.50), Cluster("A100 SXM 40GB", "p4d.24xlarge", 32.77))
+HLAT_WORLD = 4096
+HLAT_TOKENS = 1.8e12
 
 
 def format_hlat_runs(overrides: list[str]) -> str:
@@ -24,8 +39,7 @@ def format_hlat_runs(overrides: list[str]) -> str:
             system = make_system(cluster.device, Figures(), cfg, HLAT_WORLD)
             step = step_time(cfg, HLAT_WORLD, system)
             nodes = nodes_of(system, HLAT_WORLD)
-            days = 1e12 / step.tokens_per_s / 86400
-            cost = days * 24 * nodes * cluster.price_per_node_hour
+            days, cost = days_and_cost(step.tokens_per_s, 1e12, nodes, cluster.price_per_node_hour)
             where = f"{nodes} x {cluster.instance} at ${cluster.price_per_node_hour:.2f}/h"
             fits = "" if need <= system.memory_gib else " (does NOT fit)"
             lines.append(f"{preset:<9} {where:<34} {f'pp {pp} x dp {dp} x tp {tp}':<20} {need:>8.1f} "

@@ -18,6 +18,7 @@ from hlat.config import RunConfig
 from hlat.errors import ConfigError
 from hlat.parallel.config import ACTIVATION_CHECKPOINT
 from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
+from hlat.planning.forecast import days_and_cost
 from hlat.planning.memory import GIB, plan, stage_memory
 from hlat.planning.throughput import LayoutChoice, StepTime, System, step_time
 
@@ -103,10 +104,10 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
     lines = [head + ("       cost" if price else "")]
     for index, c in enumerate(found[:top], 1):
         s = c.step
-        days = budget_tokens / s.tokens_per_s / 86400
+        days, cost = days_and_cost(s.tokens_per_s, budget_tokens, nodes, price)
         line = (f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
                 f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
                 f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}")
-        lines.append(line + (f" {days * 24 * nodes * price:>10,.0f}" if price else ""))
+        lines.append(line + (f" {cost:>10,.0f}" if price else ""))
     lines.append(f"{len(found)} layouts fit; comm = tensor parallel + exposed data parallel + pipeline sends")
     return "\n".join(lines)
