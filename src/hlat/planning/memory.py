@@ -75,7 +75,7 @@ def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
     model, par = cfg.model, cfg.parallel
     if tp > 1 and model.n_kv_heads % tp:  # KV heads replicated over the TP ranks: whole on each
         model = dataclasses.replace(model, n_kv_heads=model.n_kv_heads * tp)
-    width = torch.tensor([], dtype=compute_dtype(cfg.precision.mode, torch.device("cuda"))).element_size()
+    width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
     per = activation_elements_per_token(model, par.activation_checkpoint, par.recompute_every_other_mm)
     return cfg.data.seq_len * cfg.train.micro_batch * per / tp * width
 
@@ -115,7 +115,7 @@ def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, f
     """(weights, gradients, optimizer state) bytes on a rank holding `local` parameters, at the
     step's peak: the last micro-batch's backward (docs/parallelism.md, docs/precision.md)."""
     prec, sharding = cfg.precision, cfg.parallel.dp_sharding
-    elem = _bytes(param_dtype(prec.mode))
+    elem = param_dtype(prec.mode).itemsize
     accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
     shards = dp_shard_of(cfg.parallel, dp)  # HSDP shards within a replica; zero1 and plain FSDP over all of dp
     optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
@@ -128,7 +128,7 @@ def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, f
         # Skipping the reduce-scatter on non-final micro-batches holds every unsharded gradient,
         # in the reduce dtype when it differs from the parameters', until the last one.
         if prec.mode == "mixed":
-            accum_elem = _bytes(DTYPES[prec.reduce_dtype])
+            accum_elem = DTYPES[prec.reduce_dtype].itemsize
         else:
             accum_elem = 4 if prec.fp32_grad_accum else elem
         grads = local * elem / shards + (local * accum_elem if accumulating else 0)
@@ -137,10 +137,6 @@ def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, f
     weights = local * elem + (2 * local if prec.mode == "mixed" else 0)
     grads = local * elem + (4 * local if prec.fp32_grad_accum else 0)  # hlat.parallel.grad_accum's fp32 sums
     return weights, grads, optimizer
-
-
-def _bytes(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
 
 
 def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
@@ -152,7 +148,7 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int,
     acts = activation_bytes_per_layer(cfg, tp) * len(layers) * (1 if pp == 1 else in_flight)
     if index == n_stages - 1:
         tokens = cfg.train.micro_batch * cfg.data.seq_len
-        width = torch.tensor([], dtype=compute_dtype(cfg.precision.mode, torch.device("cuda"))).element_size()
+        width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
         acts += tokens * (3 * cfg.model.d_model * width + cfg.model.vocab_size * 4) / tp  # final norm, fp32 log-probs
     return StagePlan(index, layers, local, weights, grads, optimizer, acts)
 

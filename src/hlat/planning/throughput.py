@@ -115,7 +115,7 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     flops = (model_flops + recompute_flops_per_token(model, seq, lay.recompute)) * tokens / world
     compute = flops / (system.peak_tflops * 1e12 * system.efficiency)
 
-    width = _bytes(compute_dtype(cfg.precision.mode, torch.device("cuda")))
+    width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
     activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
     tp_s = 0.0
     if lay.tp > 1:
@@ -137,9 +137,9 @@ def _data_parallel_s(cfg: RunConfig, lay: LayoutChoice, system: System, micro: i
     if lay.dp == 1:
         return 0.0
     prec = cfg.precision
-    stored = _bytes(param_dtype(prec.mode))
+    stored = param_dtype(prec.mode).itemsize
     gathered = 2 if prec.mode == "mixed" else stored  # mixed gathers its bf16 weights
-    reduced = _bytes(DTYPES[prec.reduce_dtype]) if prec.mode == "mixed" else stored
+    reduced = DTYPES[prec.reduce_dtype].itemsize if prec.mode == "mixed" else stored
     whole = _bandwidth(system, lay.dp * lay.tp)
     ring = (lay.dp - 1) / lay.dp
     if lay.sharding == "ddp":
@@ -164,7 +164,3 @@ def _bandwidth(system: System, span: int) -> float:
 
 def _seconds(volume: float, gbs: float) -> float:
     return volume / (gbs * 1e9)
-
-
-def _bytes(dtype: torch.dtype) -> int:
-    return torch.tensor([], dtype=dtype).element_size()
