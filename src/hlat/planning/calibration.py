@@ -156,10 +156,11 @@ def format_calibration() -> str:
     lines = ["efficiency per device family (fraction of the dense peak compute reaches): "
              + ", ".join(f"{family} {value:.3f}" for family, value in fitted.items()),
              f"{'run':<58} {'role':<8} {'published':>10} {'predicted':>10} {'error':>7}"]
-    for run, predicted, error in errors():
+    rows = errors()
+    for run, predicted, error in rows:
         lines.append(f"{run.name:<58} {'fit' if run.fit else 'held out':<8} {run.tokens_per_s_per_rank:>10,.0f} "
                      f"{predicted:>10,.0f} {error:>+7.1%}")
-    held = [abs(e) for r, _, e in errors() if not r.fit]
+    held = [abs(e) for r, _, e in rows if not r.fit]
     lines.append(f"held-out rows: {len(held)}, mean |error| {sum(held) / len(held):.1%}, max {max(held):.1%} "
                  "(tokens/s per rank; sources and conditions: docs/parallelism.md)")
     return "\n".join(lines)
