@@ -138,3 +138,13 @@ def cuda_accelerator(device: torch.device) -> tuple[str, Accelerator | None]:
     """(the name torch reports, its table row or None) for a CUDA (or ROCm) device."""
     name = torch.cuda.get_device_name(device)
     return name, identify(name, torch.cuda.get_device_properties(device).total_memory)
+
+
+def resolve_device(name: str, setting: str) -> torch.device:
+    """The device `setting` (the option that holds `name`) asks for: "auto" is CUDA when one is
+    visible, else the CPU; an explicit cuda[:N] without a visible device is refused naming `setting`."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"{setting} {name}: no CUDA device is visible; use {setting} cpu or auto")
+    return torch.device(name)

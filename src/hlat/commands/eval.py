@@ -66,8 +66,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    import torch
-
+    from hlat.devices import resolve_device
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, load_model, resolve_tasks
     from hlat.checkpoint.loading import LoadedModel, is_run_dir
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
@@ -81,8 +80,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         isolation = describe(require_isolation(args.allow_unsafe_code))
         print(f"code isolation: {isolation}")
     baselines = load_baselines(args.baseline) if args.baseline else None
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)
+    device = resolve_device(args.device, "--device")
     options = EvalOptions(args.data_dir, args.limit, args.num_fewshot, args.seed, args.samples,
                           args.temperature, SandboxLimits(timeout_s=args.timeout),
                           allow_unsafe_code=args.allow_unsafe_code)

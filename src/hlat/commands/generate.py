@@ -36,14 +36,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise UserError(f"unknown arguments {' '.join(overrides)}; see hlat generate --help")
     _check(args)
-    import torch
 
+    from hlat.devices import resolve_device
     from hlat.eval import GenerateRequest, LanguageModel, load_model
     from hlat.eval.stream import TextStream
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {args.device}: no CUDA device is visible; use --device cpu or auto")
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else torch.device(args.device)
+    device = resolve_device(args.device, "--device")
     try:
         loaded = load_model(args.checkpoint, args.tokenizer)
     except ValueError as err:  # an unreadable run config or a refused Hugging Face directory

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +26,7 @@ from hlat.config import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
 from hlat.data.config import default_cache_dir
+from hlat.devices import resolve_device
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
 from hlat.model import count_params, flops_per_token
@@ -59,20 +59,12 @@ class TrainSummary:
     losses: list[float]  # the per-step losses of this invocation, in order (global mean)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("train.device='cuda' but no CUDA device is visible; use --train.device cpu or auto")
-    return torch.device(name)
-
-
 class Trainer:
     def __init__(self, cfg: RunConfig, resume: str = "auto", out: Callable[[str], None] = print):
         if resume not in RESUME_MODES:
             raise ValueError(f"resume must be one of {RESUME_MODES}, got {resume!r}")
         self.cfg, self.resume = cfg, resume
-        self.device = pick_device(cfg.train.device)
+        self.device = resolve_device(cfg.train.device, "--train.device")
         self.layout: Layout = setup(cfg.parallel, self.device)
         if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
