@@ -48,6 +48,9 @@ class DataConfig:
     document_masking: bool = False
     # With document_masking, do not train EOS -> first token of the next (unrelated) document.
     mask_eos_target: bool = True
+    # Begin each document with the tokenizer's BOS (BOS + tokens + EOS), as Llama 3 was trained.
+    # Off: HLAT packed with EOS only. Needs a tokenizer with a BOS token (not the trained BPE).
+    bos: bool = False
     # Each source's documents are dealt into this many virtual shards, owned round-robin by the
     # data-parallel ranks; it bounds the data-parallel size and makes resharding exact.
     virtual_shards: int = 512

@@ -1,7 +1,8 @@
 """Documents as the token sequences they add to the stream: tokenized online, or read from shards.
 
-Both providers give, for a source index, the document's tokens followed by one EOS (no BOS), an
-empty array for a blank document, or the ``BadDocument`` that reading it raised. A long document
+Both providers give, for a source index, the document's tokens followed by one EOS (no BOS; with
+``data.bos`` the packer wraps them in ``BosDocuments``, which puts a BOS in front), an empty array
+for a blank document, or the ``BadDocument`` that reading it raised. A long document
 (more than ``STREAM_CHARS`` bytes of text, or ``STREAM_TOKENS`` tokens in shards) comes as
 ``TokenPieces`` instead: its tokens in pieces, read, split and tokenized only as they are iterated,
 so memory stays bounded whatever its size; the pieces join to exactly the array it would have
@@ -11,6 +12,7 @@ saved on the online path resumes on shards of the same data and back.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, Union, runtime_checkable
 
@@ -167,3 +169,31 @@ class OnlineDocuments:
             out.append(self._join(ids[k : k + c], 1))
             k += c
         return out
+
+
+class BosDocuments:
+    """Another provider's documents, each begun with BOS (``data.bos``): BOS + tokens + EOS. A blank
+    document stays empty and a BadDocument passes through. Shards hold no BOS, so the same shards
+    serve both settings; the fingerprint names the BOS, so a loader state is resumed only with it."""
+
+    def __init__(self, docs: DocumentTokens, bos_id: int):
+        self.docs, self.bos_id = docs, bos_id
+        self.name, self.eos_id = docs.name, docs.eos_id
+        self._bos = np.array([bos_id], dtype=np.int64)
+        self._fingerprint = f"{docs.fingerprint()}|bos={bos_id}"
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def tokens(self, indices: list[int]) -> list[DocTokens]:
+        return [self._begin(t) for t in self.docs.tokens(indices)]
+
+    def _begin(self, toks: DocTokens) -> DocTokens:
+        if isinstance(toks, TokenPieces):  # the BOS is a piece of its own, ahead of the others
+            return TokenPieces(lambda: itertools.chain([self._bos], toks))
+        if isinstance(toks, np.ndarray) and len(toks):
+            return np.concatenate([self._bos, toks])
+        return toks

@@ -16,7 +16,8 @@ from hlat.data.documents import DocTokens, DocumentTokens, OnlineDocuments
 from hlat.data.packing import PackedLoader
 from hlat.data.shards import ShardDocuments, shard_tokenizer_path
 from hlat.data.sources import Concat, DocumentSource
-from hlat.data.tokenizer import build_tokenizer
+from hlat.data.tokenizer import BOS_CANDIDATES, build_tokenizer
+from hlat.errors import ConfigError
 
 VAL_SEED = 0  # validation always reads the same documents in the same order
 
@@ -67,11 +68,26 @@ def open_source(cfg: DataConfig) -> DocumentSource:
 
 
 def build_data_tokenizer(cfg: DataConfig, vocab_size: int) -> tuple[Any, str]:
-    """data.tokenizer; else the tokenizer that token shards were made with; else a cached BPE."""
+    """data.tokenizer; else the tokenizer that token shards were made with; else a cached BPE.
+    With data.bos, a tokenizer without BOS is refused here, at start-up."""
     first = source_entries(cfg.source)[0]
     if not cfg.tokenizer and entry_kind(first) == "shards":
         cfg = DataConfig(**{**cfg.__dict__, "tokenizer": str(shard_tokenizer_path(Path(first)))})
-    return build_tokenizer(cfg, vocab_size, None if cfg.tokenizer else tokenizer_corpus(cfg))
+    tok, line = build_tokenizer(cfg, vocab_size, None if cfg.tokenizer else tokenizer_corpus(cfg))
+    data_bos_id(cfg, tok)
+    return tok, line
+
+
+def data_bos_id(cfg: DataConfig, tokenizer: Any) -> int | None:
+    """The BOS id that begins every packed document (data.bos), or None when data.bos is off."""
+    if not cfg.bos:
+        return None
+    if tokenizer.bos_id is None:
+        raise ConfigError([("data.bos", (
+            f"the tokenizer {tokenizer.origin} has no beginning-of-document token (looked for "
+            f"{', '.join(BOS_CANDIDATES)}; a SentencePiece model's bos_id); give data.tokenizer one "
+            "that has one (Llama 3's tokenizer.json has <|begin_of_text|>) or set data.bos=false"))])
+    return tokenizer.bos_id
 
 
 def open_documents(cfg: DataConfig, tokenizer: Any) -> list[DocumentTokens]:
@@ -105,7 +121,7 @@ def build_loader(cfg: DataConfig, tokenizer: Any, seed: int, batch_size: int, dp
         docs, tokenizer, cfg.seq_len, batch_size, seed, dp_rank, dp_size,
         weights=cfg.weight_list(), virtual_shards=cfg.virtual_shards,
         document_masking=cfg.document_masking, mask_eos_target=cfg.mask_eos_target,
-        bad_documents=cfg.bad_documents, log_fn=log_fn,
+        bad_documents=cfg.bad_documents, bos_id=data_bos_id(cfg, tokenizer), log_fn=log_fn,
     )
     if log_fn is not None:
         shares = ", ".join(f"{d.name} x{w:g}" for d, w in zip(loader.docs, loader.weights))
@@ -129,5 +145,6 @@ class Validation:
                               self.dp_rank, self.dp_size, virtual_shards=self.cfg.virtual_shards,
                               document_masking=self.cfg.document_masking,
                               mask_eos_target=self.cfg.mask_eos_target,
-                              bad_documents=self.cfg.bad_documents, prefetch=False)
+                              bad_documents=self.cfg.bad_documents,
+                              bos_id=data_bos_id(self.cfg, self.tokenizer), prefetch=False)
         return [loader.next_batch() for _ in range(self.num_batches)]

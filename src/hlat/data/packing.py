@@ -1,8 +1,9 @@
 """HLAT's online example packing over one source or a weighted mixture, with an exact position.
 
-Each document's tokens are followed by ONE EOS (no BOS); documents form one token stream, cut into
-rows of exactly ``seq_len`` tokens; what is left of a document carries into the next row, and into
-the next epoch. Blank documents are skipped and counted; unreadable ones (``BadDocument``) raise, or
+Each document's tokens are followed by ONE EOS (no BOS; with ``bos_id``, i.e. ``data.bos``, each
+document is BOS + tokens + EOS); documents form one token stream, cut into rows of exactly
+``seq_len`` tokens; what is left of a document carries into the next row, and into the next epoch.
+Blank documents are skipped and counted; unreadable ones (``BadDocument``) raise, or
 are skipped, counted and logged with ``bad_documents="skip"``.
 
 Mixtures: at each document boundary the next document comes from the source that is furthest
@@ -24,7 +25,13 @@ import numpy as np
 import torch
 
 from hlat.data.batch import IGNORE_INDEX, Batch, labels_for, make_batch
-from hlat.data.documents import DocumentTokens, OnlineDocuments, TokenPieces, split_document
+from hlat.data.documents import (
+    BosDocuments,
+    DocumentTokens,
+    OnlineDocuments,
+    TokenPieces,
+    split_document,
+)
 from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
 
@@ -54,6 +61,7 @@ class PackedLoader:
         document_masking: bool = False,
         mask_eos_target: bool = True,
         bad_documents: str = "error",
+        bos_id: int | None = None,
         prefetch: bool = True,
         log_fn: Callable[[str], None] | None = None,
     ):
@@ -79,6 +87,8 @@ class PackedLoader:
             if d.eos_id != self.eos_id:
                 raise ValueError(f"{d.name} was tokenized with EOS id {d.eos_id}, the tokenizer's is "
                                  f"{self.eos_id}: use the tokenizer the shards were made with")
+        if bos_id is not None:  # the BOS follows the previous EOS, so make_batch puts it in its document
+            self.docs = [BosDocuments(d, bos_id) for d in self.docs]
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.max_doc_chars, self.virtual_shards = max_doc_chars, virtual_shards
@@ -112,7 +122,7 @@ class PackedLoader:
         return self.streams[source].documents_for_epoch(epoch)
 
     def document_tokens(self, index: int, source: int = 0) -> np.ndarray:
-        """All tokens of one document, EOS included (a long one is joined: for inspection)."""
+        """All tokens of one document, EOS (and BOS) included (a long one is joined: for inspection)."""
         toks = self.docs[source].tokens([index])[0]
         if isinstance(toks, BadDocument):
             raise toks
@@ -205,8 +215,8 @@ class PackedLoader:
                              f"{_STATE_VERSION}: it was saved by another hlat version; start the data anew")
         mine = self.state_dict()
         checks = [
-            ("sources", "different data or tokenizer (or data.max_doc_chars)",
-             "resume with the same data.source, data.tokenizer and data.max_doc_chars"),
+            ("sources", "different data or tokenizer (or data.max_doc_chars or data.bos)",
+             "resume with the same data.source, data.tokenizer, data.max_doc_chars and data.bos"),
             ("weights", "different mixture weights", "resume with the same data.weights"),
             ("seed", "a different seed", f"resume with seed {state.get('seed')}"),
             ("virtual_shards", "a different data.virtual_shards",

@@ -1,6 +1,6 @@
 """SentencePiece ``.model`` files (LLaMA-2's tokenizer ships as one), with the members the rest of
-hlat uses from ``Tokenizer``: ``vocab_size``, ``eos_id``, ``eos_token``, ``encode_batch``,
-``decode``, ``fingerprint``, ``save``."""
+hlat uses from ``Tokenizer``: ``vocab_size``, ``eos_id``, ``eos_token``, ``bos_id``, ``bos_token``,
+``encode_batch``, ``decode``, ``fingerprint``, ``save``."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class SentencePieceTokenizer:
             raise ValueError(f"SentencePiece model {self.path} has no EOS piece (eos_id=-1); "
                              "train it with eos_id set (the default is 2)")
         self.eos_token: str = self.sp.id_to_piece(self.eos_id)
+        bos = self.sp.bos_id()  # -1 when the model has none
+        self.bos_id: int | None = bos if bos >= 0 else None
+        self.bos_token: str | None = self.sp.id_to_piece(bos) if bos >= 0 else None
         self.vocab_size: int = self.sp.get_piece_size()
         self.origin = str(self.path)
         self._threads = os.cpu_count() or 1
@@ -58,4 +61,5 @@ class SentencePieceTokenizer:
         shutil.copyfile(self.path, path)
 
     def __repr__(self) -> str:
-        return f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, origin={self.origin!r})"
+        return (f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
+                f"bos={self.bos_token!r}={self.bos_id}, origin={self.origin!r})")

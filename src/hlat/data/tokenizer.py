@@ -1,7 +1,8 @@
 """Tokenizers: a thin wrapper over Hugging Face ``tokenizers``, and a cached byte-level BPE trainer.
 
 ``Tokenizer`` (tokenizer.json) and ``SentencePieceTokenizer`` (``.model``, in spm.py) have the same
-members (``vocab_size``, ``eos_id``, ``encode_batch``, ``decode``, ``fingerprint``, ``save``);
+members (``vocab_size``, ``eos_id``, ``bos_id``, ``encode_batch``, ``decode``, ``fingerprint``,
+``save``);
 ``load_tokenizer`` picks one by the file.
 """
 
@@ -21,15 +22,27 @@ from hlat.data.sources import BadDocument, DocumentSource
 from hlat.data.spm import SentencePieceTokenizer
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")  # LLaMA-1/2, GPT-2/NeoX, LLaMA-3, Gemma
+# Not Llama 3's "<|eot_id|>": it ends a chat turn, "<|end_of_text|>" ends a pre-training document.
+BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>")  # LLaMA-1/2 and Mistral, LLaMA-3, Gemma
 BPE_EOS = "<|endoftext|>"
 # Bump when the BPE recipe below changes, so cached tokenizers trained the old way are not reused.
 _BPE_RECIPE = "bytelevel-bpe-v1"
 
 
+def find_special(tk: tokenizers.Tokenizer, candidates: Sequence[str]) -> str | None:
+    """The first candidate that is one of the tokenizer's special tokens, else the first it has as
+    an ordinary token (a tokenizer.json that does not mark its specials), else None. Specials come
+    first so that a merged ordinary token spelled like an earlier candidate is never picked."""
+    special = {t.content for t in tk.get_added_tokens_decoder().values() if t.special}
+    return next((c for c in candidates if c in special), None) or next(
+        (c for c in candidates if tk.token_to_id(c) is not None), None)
+
+
 class Tokenizer:
-    """A text <-> token-id mapping with a known EOS id. Encoding never adds BOS or any other
-    special token, and special-token text inside documents (a literal "<|endoftext|>") is encoded
-    as ordinary text, so only the packer ever emits EOS."""
+    """A text <-> token-id mapping with a known EOS id, and a BOS id when the vocabulary has one of
+    BOS_CANDIDATES (else None). Encoding never adds BOS or any other special token, even when the
+    tokenizer.json's post-processor would (Llama 3's), and special-token text inside documents (a
+    literal "<|endoftext|>") is encoded as ordinary text, so only the packer ever emits EOS/BOS."""
 
     FILE_NAME = "tokenizer.json"  # its name in a run, shard or model directory
 
@@ -42,6 +55,8 @@ class Tokenizer:
         self.eos_token = eos_token
         self.eos_id: int = eos_id
         self.origin = origin  # where it came from, for messages
+        self.bos_token: str | None = find_special(tk, BOS_CANDIDATES)
+        self.bos_id: int | None = None if self.bos_token is None else tk.token_to_id(self.bos_token)
         try:  # documents' text must never turn into control tokens
             tk.encode_special_tokens = True
         except AttributeError:  # tokenizers < 0.19
@@ -58,7 +73,8 @@ class Tokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
-        """Load a Hugging Face tokenizer.json; its EOS is the first of EOS_CANDIDATES that it knows."""
+        """Load a Hugging Face tokenizer.json; its EOS is the first of EOS_CANDIDATES that it knows
+        (find_special: special tokens first)."""
         path = Path(path).expanduser()
         try:
             tk = tokenizers.Tokenizer.from_file(str(path))
@@ -66,9 +82,9 @@ class Tokenizer:
             raise ValueError(
                 f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}"
             ) from e
-        for tok in EOS_CANDIDATES:
-            if tk.token_to_id(tok) is not None:
-                return cls(tk, tok, origin=str(path))
+        eos = find_special(tk, EOS_CANDIDATES)
+        if eos is not None:
+            return cls(tk, eos, origin=str(path))
         raise ValueError(
             f"tokenizer {path} has no end-of-document token: looked for "
             f"{', '.join(EOS_CANDIDATES)}; add one of them as a special token"
@@ -111,7 +127,7 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (
             f"Tokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
-            f"origin={self.origin!r})"
+            f"bos={self.bos_token!r}={self.bos_id}, origin={self.origin!r})"
         )
 
 
@@ -232,9 +248,10 @@ def build_tokenizer(
                 f"tokenizer {cfg.tokenizer} has {tok.vocab_size} tokens but the model's vocab_size "
                 f"is {vocab_size}; set --model.vocab_size {tok.vocab_size} (or larger)"
             )
+        bos = "" if tok.bos_id is None else f", BOS {tok.bos_token!r} = {tok.bos_id}"
         line = (
             f"tokenizer: {cfg.tokenizer}, {tok.vocab_size} tokens, "
-            f"EOS {tok.eos_token!r} = {tok.eos_id}"
+            f"EOS {tok.eos_token!r} = {tok.eos_id}{bos}"
         )
         return tok, line
 
