@@ -42,9 +42,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The scenarios of every module with a selected test, in collection order (tests/runs.py)."""
+    """The scenarios of every module with a selected test, in collection order (tests/runs.py); a
+    scenario two modules list (one reads the other's results) runs once."""
     modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
-    session.stash[_SCENARIOS] = [s for m in modules for s in getattr(m, "SCENARIOS", ())]
+    by_name: dict[str, Scenario] = {}
+    for scenario in (s for m in modules for s in getattr(m, "SCENARIOS", ())):
+        assert by_name.setdefault(scenario.name, scenario) == scenario, f"two scenarios named {scenario.name!r}"
+    session.stash[_SCENARIOS] = list(by_name.values())
 
 
 @pytest.fixture(autouse=True, scope="session")

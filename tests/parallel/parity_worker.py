@@ -31,15 +31,17 @@ def global_batches() -> list[torch.Tensor]:
     return [torch.randint(0, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
 
 
-def run(spec: str, layout: Layout, out: Path) -> None:
+def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
     """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute[,variant]" (variant: a VARIANTS key;
-    dp "RxS": HSDP, R replicas sharded over S ranks each)."""
+    dp "RxS": HSDP, R replicas sharded over S ranks each). `compiled`: each block torch.compiled."""
     pp, dp, tp, sharding, schedule, per_rank, recompute, *variant = spec.split(",")
     model_cfg = VARIANTS[",".join(variant)]
     par = ParallelConfig(tp=int(tp), pp=int(pp), dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
                          dp_sharding=sharding, pp_schedule=schedule, pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
     per_dp = GLOBAL_BATCH // layout.dp
-    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32")
+    torch._dynamo.utils.counters.clear()
+    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32",
+                                 compiled=compiled)
     if sharding == "zero1" and layout.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -63,14 +65,17 @@ def run(spec: str, layout: Layout, out: Path) -> None:
     tag = spec.replace(",", "_")
     torch.save({k: v.detach().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
     if layout.rank == 0:
-        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms}))
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # > 0: the blocks did compile
+        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs}))
 
 
-def layouts(ctx, specs: list[str]) -> None:
-    """Scenario: each spec in turn over this scenario's processes (one: the reference)."""
+def layouts(ctx, specs: list[str], compiled: bool = False) -> None:
+    """Scenario: each spec in turn over this scenario's processes (one: the reference). `compiled`:
+    torch.compile on for this scenario (the suite runs eager, tests/conftest.py)."""
     for spec in specs:
         pp, dp, tp = spec.split(",")[:3]
         replicate, _, shard = dp.rpartition("x")  # "2x2": 2 replicas x 2 shards; "4": plain dp 4
         degrees = int(pp), int(replicate or 1) * int(shard), int(tp)
         layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"), int(shard))
-        run(spec, layout, ctx.out)
+        with torch._dynamo.config.patch(disable=not compiled):
+            run(spec, layout, ctx.out, compiled)

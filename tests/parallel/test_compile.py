@@ -18,7 +18,9 @@ from hlat.parallel import compile as compile_mod
 from hlat.parallel.compile import decide_compile
 from hlat.train.trainer import Trainer
 
-from runs import tiny_args
+from runs import Scenario, tiny_args
+from test_parity import REFERENCES, check, results
+from test_parity import SCENARIOS as PARITY_SCENARIOS
 
 CPU = torch.device("cpu")
 MODEL = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
@@ -82,3 +84,19 @@ def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_
                         "compiler found); running eager"]
     assert not any(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in trainer.model.raw_parts[0].layers.values())
     assert len(trainer.fit().losses) == 1
+
+
+# Compiled layouts against the eager single-process run of tests/parallel/test_parity.py, at the
+# eager layouts' tolerances (measured: losses 1e-7 relative, weights 7e-6 apart): FSDP2 with HLAT's
+# selective recompute, and pipeline stages with op-level recompute. Tensor-parallel layouts run
+# eager (test_tensor_parallel_runs_eager).
+COMPILED = ["1,2,1,fsdp,1f1b,1,selective", "2,1,1,ddp,1f1b,1,op"]
+SCENARIOS = [next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the eager reference
+             Scenario("parity-compiled-2", "parallel/parity_worker.py:layouts", 2, {"specs": COMPILED, "compiled": True})]
+
+
+def test_compiled_layouts_match_eager_single_process(scenarios):
+    reference = {"": results(scenarios.path("parity-1"), REFERENCES[""])}
+    for spec in COMPILED:
+        assert results(scenarios.path("parity-compiled-2"), spec)[0]["graphs"] > 0, f"{spec}: nothing was compiled"
+        check(reference, scenarios.path("parity-compiled-2"), spec)
