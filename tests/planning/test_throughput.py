@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -28,23 +29,33 @@ def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> Layo
     return LayoutChoice(tp, pp, dp, sharding, dp, micro, recompute)
 
 
-def test_compute_is_flops_over_peak_times_efficiency():
+def test_compute_is_executed_flops_over_peak_times_efficiency():
     cfg = _tiny()
     step = step_time(cfg, 1, SYSTEM, _layout())
     tokens = 8 * 256
-    assert step.compute_s == pytest.approx(flops_per_token(cfg.model, 256) * tokens / 50e12)
-    assert step.total_s == step.compute_s and step.mfu == pytest.approx(0.5)  # nothing else on one rank
-    # full recompute runs the blocks' forward again: 2 FLOPs per block weight and 4 L d s of attention
+    causal_half = 6 * 4 * 256 * 256  # the masked half of attention's 12 L d s, skipped by the kernels
+    executed = flops_per_token(cfg.model, 256) - causal_half
+    assert step.compute_s == pytest.approx(executed * tokens / 50e12)
+    assert step.total_s == step.compute_s  # nothing else on one rank
+    assert step.mfu == pytest.approx(0.5 * flops_per_token(cfg.model, 256) / executed)  # MFU keeps the 12 L d s
+    # full recompute runs the blocks' forward again: 2 FLOPs per block weight and causal attention's 2 L d s
     full = step_time(cfg, 1, SYSTEM, _layout(recompute="full"))
     block_weights = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256)  # wq wo, wk wv (4 kv heads), mlp, norms
-    extra = 2 * block_weights + 4 * 4 * 256 * 256
-    assert full.compute_s == pytest.approx((flops_per_token(cfg.model, 256) + extra) * tokens / 50e12)
+    assert full.compute_s == pytest.approx((executed + 2 * block_weights + 2 * 4 * 256 * 256) * tokens / 50e12)
+    # op saving every other matmul recomputes wk, wo and w3
+    every_other = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, activation_checkpoint="op",
+                                                                        recompute_every_other_mm=True))
+    op = step_time(every_other, 1, SYSTEM, _layout(recompute="op"))
+    assert op.compute_s == pytest.approx((executed + 2 * 4 * 256 * (128 + 256 + 688)) * tokens / 50e12)
 
 
 def test_tensor_parallel_traffic_within_a_node():
     # TP 2 on 2 ranks: per block and micro-batch 8 collectives of (t-1)/t of b x s x d fp32 at 100 GB/s.
     step = step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8))
     assert step.tp_s == pytest.approx(8 * 0.5 * (8 * 256 * 256 * 4) * 4 / 100e9)
+    # "op" recomputes the 2 gathers (it saves only the reduce-scatters' outputs), "full" all 4
+    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="op")).tp_s == pytest.approx(step.tp_s * 10 / 8)
+    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="full")).tp_s == pytest.approx(step.tp_s * 12 / 8)
 
 
 def test_data_parallel_traffic_is_exposed_beyond_the_compute():

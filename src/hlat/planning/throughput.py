@@ -1,12 +1,15 @@
 """Predicted step time of a layout: compute, exposed communication and pipeline bubble.
 
 Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
-- compute: the model's training FLOPs (hlat.model.flops_per_token: 6N + attention) plus what the
-  recompute policy runs again, over world x peak x efficiency. The efficiency is the one constant
-  per device family that hlat.planning.calibration fits on published runs.
+- compute: the FLOPs the step executes (executed_flops_per_token: the model's 6N, causal
+  attention at half the 12 L d s that MFU counts, since the fused kernels skip the masked half,
+  and what the recompute policy runs again), over world x peak x efficiency. The efficiency is the
+  one constant per device family that hlat.planning.calibration fits on published runs; MFU keeps
+  hlat.model.flops_per_token, the convention the trainer and the published MFUs use.
 - tensor parallel: with sequence parallel each block gathers and scatters its activations twice
-  forward and twice backward (and twice more when "full" recompute replays the forward), ring
-  collectives of (t-1)/t of a micro-batch's b x s x d activations; exposed whole.
+  forward and twice backward, ring collectives of (t-1)/t of a micro-batch's b x s x d
+  activations, exposed whole; recompute replays the gathers too ("op" saves the reduce-scatters'
+  outputs but not the gathers', "full" replays all four).
 - data parallel: ddp all-reduces the gradients; zero1 also gathers the updated weights; zero2/fsdp
   gather the weights (per micro-batch: once under zero2, forward and backward under fsdp; once per
   step when they stay gathered) and reduce-scatter the gradients once per step; HSDP does that
@@ -88,6 +91,11 @@ class StepTime:
         return self.tokens_per_s * self.model_flops_per_token / (self.world * self.peak_tflops * 1e12)
 
 
+# Sequence-parallel collectives per block and micro-batch: 4 forward, 4 backward, and what the
+# recompute replays ("op": the 2 gathers, whose outputs it does not save; "full": all 4).
+_TP_PASSES = {"op": 10, "full": 12}
+
+
 def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
     par = cfg.parallel
     dp = world // (par.tp * par.pp)
@@ -95,14 +103,31 @@ def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
     return LayoutChoice(par.tp, par.pp, dp, par.dp_sharding, shard, cfg.train.micro_batch, par.activation_checkpoint)
 
 
-def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str) -> float:
-    """FLOPs per token the backward runs again: "full" the blocks' forward, "selective" core
-    attention's forward (QK^T and AV), "op" and "none" only pointwise work (counted as 0)."""
-    attention_forward = 4 * model.n_layers * model.d_model * seq_len
+def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False) -> float:
+    """Forward FLOPs per token the backward runs again: "full" the blocks' forward, "selective" core
+    attention's (causal QK^T and AV), "op" with `every_other_mm` the matmuls it does not save (wk,
+    wo, w3: hlat.parallel.activation_checkpoint), "op" and "none" only pointwise work (counted as 0)."""
     if policy == "full":
         blocks = count_params(model) - model.vocab_size * model.d_model * (1 if model.tie_embeddings else 2) - model.d_model
-        return 2 * blocks + attention_forward
-    return float(attention_forward) if policy == "selective" else 0.0
+        return 2 * blocks + _causal_attention_forward(model, seq_len)
+    if policy == "selective":
+        return _causal_attention_forward(model, seq_len)
+    if policy == "op" and every_other_mm:
+        q, kv = model.n_heads * model.attn_head_dim, model.n_kv_heads * model.attn_head_dim
+        return 2.0 * model.n_layers * model.d_model * (kv + q + model.ffn_dim)
+    return 0.0
+
+
+def executed_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False) -> float:
+    """Training FLOPs per token the step runs: flops_per_token less the causal half of attention's
+    12 L d s (flash, cuDNN and FlexAttention kernels skip the masked blocks) plus the recompute."""
+    skipped = 3 * _causal_attention_forward(model, seq_len)  # forward and backward of the masked half
+    return flops_per_token(model, seq_len) - skipped + recompute_flops_per_token(model, seq_len, policy, every_other_mm)
+
+
+def _causal_attention_forward(model: ModelConfig, seq_len: int) -> float:
+    """QK^T and AV forward over the causal half of the keys: 2 matmuls x 2 FLOPs x L d s / 2."""
+    return 2.0 * model.n_layers * model.d_model * seq_len
 
 
 def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice | None = None) -> StepTime:
@@ -112,14 +137,15 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     tokens = cfg.train.global_batch * seq
     micro = cfg.train.global_batch // lay.dp // lay.micro_batch  # micro-batches per rank and step
     model_flops = flops_per_token(model, seq)
-    flops = (model_flops + recompute_flops_per_token(model, seq, lay.recompute)) * tokens / world
+    every_other_mm = lay.recompute == "op" and cfg.parallel.recompute_every_other_mm
+    flops = executed_flops_per_token(model, seq, lay.recompute, every_other_mm) * tokens / world
     compute = flops / (system.peak_tflops * 1e12 * system.efficiency)
 
     width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
     activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
     tp_s = 0.0
     if lay.tp > 1:
-        passes = 12 if lay.recompute == "full" else 8  # gathers + scatters per block and micro-batch
+        passes = _TP_PASSES.get(lay.recompute, 8)  # gathers + scatters per block and micro-batch
         volume = passes * (lay.tp - 1) / lay.tp * activation * model.n_layers / lay.pp * micro
         tp_s = _seconds(volume, _bandwidth(system, lay.tp))
     dp_s = max(0.0, _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp)) - compute)
