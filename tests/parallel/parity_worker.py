@@ -22,13 +22,14 @@ from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a spec's optional 8th field
-            "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True)}
+            "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True),
+            "odd": dataclasses.replace(MODEL, vocab_size=127)}  # a vocabulary tp 2 and 4 shard unevenly
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 3
 
 
-def global_batches() -> list[torch.Tensor]:
+def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(0, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
+    return [torch.randint(0, vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
 
 
 def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
@@ -53,7 +54,7 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
         build = lambda part: build_adamw(part, OptimConfig(lr=1e-3))
     optimizers = Optimizers(model.parts, build)
     losses, norms = [], []
-    for tokens in global_batches():
+    for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
         batches = [Batch(mine[i:i + MICRO], labels_for(mine[i:i + MICRO])) for i in range(0, per_dp, MICRO)]
         share, norm = train_step(model, optimizers, batches, grad_clip=1.0)

@@ -15,7 +15,7 @@ import torch
 from runs import Scenario, ScenarioResults
 
 # the single-process run of each model variant (a spec's optional 8th field, parity_worker.VARIANTS)
-REFERENCES = {variant: "1,1,1,ddp,1f1b,1,none" + (variant and "," + variant) for variant in ("", "tied", "bias")}
+REFERENCES = {variant: "1,1,1,ddp,1f1b,1,none" + (variant and "," + variant) for variant in ("", "tied", "bias", "odd")}
 
 TWO = [
     "1,2,1,ddp,1f1b,1,none",
@@ -28,6 +28,8 @@ TWO = [
     "2,1,1,ddp,1f1b,1,none",
     "2,1,1,ddp,gpipe,1,none",
     "2,1,1,ddp,interleaved-1f1b,2,none",
+    # tied embeddings under PP: a copy on the first stage (rank 0) and the last (stage 3, rank 1)
+    "2,1,1,ddp,interleaved-1f1b,2,none,tied",
     # tied embeddings: one matrix, its gradient summed from the embedding and the output head
     "1,2,1,fsdp,1f1b,1,selective,tied",
     "1,1,2,ddp,1f1b,1,none,tied",  # one vocab-sharded matrix for the embedding and the output head
@@ -41,6 +43,9 @@ FOUR = [
     "1,1,4,ddp,1f1b,1,none",  # tp 4 > 2 KV heads: KV projections replicated
     "1,1,4,ddp,1f1b,1,none,bias",  # ... with their biases
     "1,2,2,fsdp,1f1b,1,none,tied",
+    "2,2,1,fsdp,1f1b,1,none,tied",  # PP x FSDP: the copies' gradient shards summed between stages
+    "2,1,2,ddp,1f1b,1,none,tied",  # PP x TP: the embedding's Replicate gradient resharded, then summed
+    "1,2,2,fsdp,1f1b,1,none,odd",  # vocabulary 127: uneven TP shards (64 + 63 rows), FSDP2 over them
     "1,2x2,1,fsdp,1f1b,1,none",  # HSDP: 2 replicas x 2 shards (parity_worker.run)
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none",  # the second: FSDP over replicated KV projections
@@ -53,7 +58,10 @@ def results(out: Path, spec: str) -> tuple[dict, dict]:
     tag = spec.replace(",", "_")
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(out.glob(f"{tag}.rank*.pt")):
-        weights.update(torch.load(file, weights_only=True))
+        for name, value in torch.load(file, weights_only=True).items():
+            # a tensor several ranks hold (replicas, the pipeline's tied copies) is identical on each
+            assert name not in weights or torch.equal(weights[name], value), f"{spec}: {name} differs in {file.name}"
+            weights[name] = value
     return json.loads((out / f"{tag}.json").read_text()), weights
 
 

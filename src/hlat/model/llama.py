@@ -149,6 +149,9 @@ class Llama(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # False on a later pipeline stage (its input is hidden states), which may still hold
+        # tok_embeddings: the last stage's tied output head (hlat.parallel.pipeline.cut_stage).
+        self.embeds_tokens = True
         if cfg.tie_embeddings:
             # One Parameter in both modules: named_parameters (init, optimizer) yields it once as
             # tok_embeddings.weight; the state-dict hooks keep output.weight out of checkpoints.
@@ -222,7 +225,7 @@ class Llama(nn.Module):
         `positions` and `attn_mask` ([B, 1, T, cached + T]) are required.
         doc_ids: [B, T] document numbers instead of attn_mask: the causal same-document mask is built
         here, on the run's backend (how a pipeline stage gets it: tensors split into micro-batches).
-        On a pipeline stage whose tok_embeddings is None, `tokens` are the incoming hidden states.
+        On a later pipeline stage (embeds_tokens false), `tokens` are the incoming hidden states.
         """
         if cache is not None and (positions is None or attn_mask is None):
             raise ValueError("with a KV cache, pass positions and an attn_mask over the cached and new positions")
@@ -236,7 +239,7 @@ class Llama(nn.Module):
             attn_mask = document_mask(doc_ids)
         if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h = self.tok_embeddings(tokens) if self.embeds_tokens else tokens
         for name, layer in self.layers.items():
             h = layer(h, cos, sin, attn_mask, kv=None if cache is None else cache.layer(name))
         h = self.norm(h) if self.norm is not None else h

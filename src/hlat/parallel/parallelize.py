@@ -30,8 +30,9 @@ from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel
 from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
-from hlat.parallel.pipeline import build_schedule, check_pipeline, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
 from hlat.precision import autocast, cast_parameters
 from hlat.parallel.loss import token_loss_sum
 from hlat.train.config import PrecisionConfig
@@ -48,6 +49,7 @@ class ParallelModel:
     is_last_stage: bool = True
     reshard_after_backward: bool = True  # FSDP2 between micro-batches (ParallelConfig)
     grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
+    tied: TiedEmbeddings | None = None  # tied embeddings under pp > 1: this rank's copy on the first or last stage
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -85,6 +87,8 @@ class ParallelModel:
             share = total / n_targets
         if self.grad_accumulator is not None:
             self.grad_accumulator.finish()
+        if self.tied is not None:
+            self.tied.sum_gradients()
         return share
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -138,6 +142,12 @@ class ParallelModel:
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) * self._loss_scale[0]
 
+    def _counted(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
+        """`params` less the last stage's copy of tied embeddings (norms count the first stage's)."""
+        if self.tied is None or self.tied.counted:
+            return params
+        return [p for p in params if p is not self.tied.weight]
+
     def _global_norm(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """L2 norm over all shards (DTensor reductions) and pipeline stages (all-reduce over pp)."""
         norm = full_tensor(torch.nn.utils.get_total_norm(tensors, foreach=True))
@@ -151,13 +161,13 @@ class ParallelModel:
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip every gradient by the true global norm; return that norm (before clipping)."""
         params = [p for p in self.parameters() if p.grad is not None]
-        norm = self._global_norm([p.grad for p in params])
+        norm = self._global_norm([p.grad for p in self._counted(params)])
         torch.nn.utils.clip_grads_with_norm_(params, max_norm if max_norm > 0 else float("inf"), norm, foreach=True)
         return norm
 
     @torch.no_grad()
     def param_norm(self) -> torch.Tensor:
-        return self._global_norm([p.detach() for p in self.parameters()])
+        return self._global_norm([p.detach() for p in self._counted(self.parameters())])
 
     def reduce_loss(self, share: torch.Tensor) -> torch.Tensor:
         """Sum the per-rank loss shares over dp and pp (tp ranks hold copies): one collective."""
@@ -178,7 +188,6 @@ def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tenso
 def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) -> None:
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
-    check_pipeline(model_cfg, layout.pp)
     check_data_parallel(par.dp_sharding, layout.dp, layout.tp, layout.pp)
 
 
@@ -225,6 +234,7 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
     pm = ParallelModel(parts, raw, layout, precision_mode, is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices,
                        reshard_after_backward=par.reshard_after_backward, grad_accumulator=accumulator)
     if layout.pp > 1:
+        pm.tied = tie_across_stages(raw, indices, n_stages, layout)
         pm.schedule = build_schedule(parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule,
                                      n_microbatches, pm._pipeline_loss)
     return pm

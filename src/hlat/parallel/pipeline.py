@@ -19,12 +19,6 @@ from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
 
 
-def check_pipeline(cfg: ModelConfig, pp: int) -> None:
-    if pp > 1 and cfg.tie_embeddings:  # the first and last stages would each need the matrix
-        raise ConfigError([("model.tie_embeddings", f"tie_embeddings=true is not yet supported with pipeline "
-                            f"parallelism (parallel.pp={pp}); use parallel.pp 1 (data parallel or FSDP layouts support it)")])
-
-
 def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> list[range]:
     """Contiguous layer ranges per stage minimising the costliest stage (the last adds the head)."""
     if n_stages > n_layers:
@@ -60,12 +54,20 @@ def stage_indices(pp_rank: int, pp: int, per_rank: int) -> list[int]:
 
 
 def cut_stage(model: nn.Module, layers: range, first: bool, last: bool) -> nn.Module:
-    """Keep only this stage's parts of `model` (built on meta: nothing real is freed or copied)."""
+    """Keep only this stage's parts of `model` (built on meta: nothing real is freed or copied).
+
+    With tied embeddings the last stage keeps tok_embeddings, never looked up, as the home of its
+    output head's matrix: its copy then has the name, initial values, optimizer group and
+    checkpoint key of the first stage's (`tok_embeddings.weight`, the name without pipeline
+    parallelism), and hlat.parallel.tied_embeddings sums the two copies' gradients.
+    """
     for name in list(model.layers.keys()):
         if int(name) not in layers:
             del model.layers[name]
     if not first:
-        model.tok_embeddings = None
+        model.embeds_tokens = False
+        if not (last and model.cfg.tie_embeddings):
+            model.tok_embeddings = None
     if not last:
         model.norm = None
         model.output = None

@@ -5,7 +5,10 @@ it before attention/MLP (all-gather), splits heads and FFN columns across the tp
 reduce-scatters back to sequence shards. The embedding is vocab-parallel, and the output head
 keeps logits sharded on the vocab dim for `loss_parallel`, so full logits are never gathered.
 Both shard the [vocab, d] matrix by vocab rows (Shard(0)), so tied embeddings stay one sharded
-Parameter (Llama.tie_weights re-ties it after to_empty) whose gradient sums both uses.
+Parameter (Llama.tie_weights re-ties it after to_empty) whose gradient sums both uses. A
+vocabulary tp does not divide is sharded unevenly, as torch.chunk splits it (127 rows over tp 2:
+64 + 63): DTensor's embedding, matmul and loss_parallel take uneven shards, so nothing is padded
+and checkpoints hold the true [vocab, d] matrix.
 
 With more tp ranks than KV heads (HLAT 70B: TP 32, 8 KV heads) the KV projections are replicated
 instead of split: every rank computes all KV heads (with GQA they are a small share of the
@@ -41,10 +44,6 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
                          "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)"))
     if cfg.ffn_dim % tp:
         problems.append(("model.ffn_dim", f"{cfg.ffn_dim} is not divisible by parallel.tp={tp}"))
-    if cfg.vocab_size % tp:  # the embedding and output head are sharded by vocabulary rows
-        problems.append(("model.vocab_size", f"{cfg.vocab_size} is not divisible by parallel.tp={tp}; choose a "
-                         "parallel.tp that divides it (hlat does not pad the vocabulary for sharding), or for a "
-                         "model trained from scratch a vocab_size that tp divides"))
     if problems:
         raise ConfigError(problems)
 
