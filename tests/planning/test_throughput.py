@@ -58,15 +58,21 @@ def test_tensor_parallel_traffic_within_a_node():
     assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="full")).tp_s == pytest.approx(step.tp_s * 12 / 8)
 
 
-def test_data_parallel_traffic_is_exposed_beyond_the_compute():
-    # DDP over 8 ranks (two nodes: the network's 10 GB/s) all-reduces 2 x 7/8 of the fp32 gradients.
+def test_data_parallel_traffic_is_exposed_beyond_its_window():
+    # DDP over 8 ranks (two nodes: the network's 10 GB/s) all-reduces 2 x 7/8 of the fp32 gradients
+    # beside the backward (2/3 of the compute without recompute).
     cfg = _tiny()
     slow = System("test", 1e6, 80.0, 4, 100.0, 10.0, "gpu", 1.0)  # compute next to nothing
     step = step_time(cfg, 8, slow, _layout(dp=8))
     n = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256) + 2 * 4096 * 256 + 256
-    assert step.dp_s == pytest.approx(2 * 7 / 8 * n * 4 / 10e9 - step.compute_s)
+    assert step.dp_s == pytest.approx(2 * 7 / 8 * n * 4 / 10e9 - step.compute_s * 2 / 3)
     slow_compute = System("test", 0.01, 80.0, 4, 100.0, 10.0, "gpu", 1.0)
     assert step_time(cfg, 8, slow_compute, _layout(dp=8)).dp_s == 0  # a longer compute hides it
+    # accumulating over 4 micro-batches, the one reduction has only the last one's backward beside it
+    acc = step_time(cfg, 2, slow, _layout(dp=2))  # 2 ranks of one node: 100 GB/s
+    assert acc.dp_s == pytest.approx(2 * 1 / 2 * n * 4 / 100e9 - acc.compute_s / 4 * 2 / 3)
+    # zero1 gathers the updated weights after the optimizer step: beside nothing
+    assert step_time(cfg, 8, slow_compute, _layout(dp=8, sharding="zero1")).dp_s == pytest.approx(7 / 8 * n * 4 / 10e9)
 
 
 def test_pipeline_bubble_is_pp_minus_1_over_micro_batches_plus_pp_minus_1():

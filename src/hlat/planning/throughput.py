@@ -13,8 +13,11 @@ Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
 - data parallel: ddp all-reduces the gradients; zero1 also gathers the updated weights; zero2/fsdp
   gather the weights (per micro-batch: once under zero2, forward and backward under fsdp; once per
   step when they stay gathered) and reduce-scatter the gradients once per step; HSDP does that
-  within a replica and all-reduces the shards across replicas. Overlap model: this traffic runs
-  beside the step's compute and only what exceeds the compute is exposed.
+  within a replica and all-reduces the shards across replicas. Overlap model: the weight gathers
+  of zero2/fsdp run beside the step's compute (prefetched a block ahead); the step's one gradient
+  reduction (no_sync / set_requires_gradient_sync(False) before the last micro-batch) only beside
+  the last micro-batch's backward; zero1's gather of the updated weights, after the optimizer
+  step, beside nothing. What exceeds its window is exposed.
 - pipeline: each micro-batch sends its activations forward and their gradients back across each
   stage boundary, each TP rank its sequence-parallel slice (exposed whole); 1F1B's bubble idles (pp-1)/(m*v + pp-1) of the step for m
   micro-batches and v virtual stages per rank.
@@ -138,8 +141,8 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     micro = cfg.train.global_batch // lay.dp // lay.micro_batch  # micro-batches per rank and step
     model_flops = flops_per_token(model, seq)
     every_other_mm = lay.recompute == "op" and cfg.parallel.recompute_every_other_mm
-    flops = executed_flops_per_token(model, seq, lay.recompute, every_other_mm) * tokens / world
-    compute = flops / (system.peak_tflops * 1e12 * system.efficiency)
+    executed = executed_flops_per_token(model, seq, lay.recompute, every_other_mm)
+    compute = executed * tokens / world / (system.peak_tflops * 1e12 * system.efficiency)
 
     width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
     activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
@@ -148,7 +151,11 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         passes = _TP_PASSES.get(lay.recompute, 8)  # gathers + scatters per block and micro-batch
         volume = passes * (lay.tp - 1) / lay.tp * activation * model.n_layers / lay.pp * micro
         tp_s = _seconds(volume, _bandwidth(system, lay.tp))
-    dp_s = max(0.0, _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp)) - compute)
+    gather_s, reduce_s, after_s = _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp))
+    # the last micro-batch's backward: the forward is a third of the FLOPs before recompute
+    forward = (executed - recompute_flops_per_token(model, seq, lay.recompute, every_other_mm)) / 3
+    hidden = min(reduce_s, compute / micro * (1 - forward / executed))
+    dp_s = reduce_s - hidden + max(0.0, gather_s - (compute - hidden)) + after_s
     pp_s = bubble = 0.0
     if lay.pp > 1:
         virtual = cfg.parallel.pp_stages_per_rank
@@ -158,27 +165,29 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops)
 
 
-def _data_parallel_s(cfg: RunConfig, lay: LayoutChoice, system: System, micro: int, local: float) -> float:
-    """Seconds of data-parallel traffic per step on a rank holding `local` parameters."""
+def _data_parallel_s(cfg: RunConfig, lay: LayoutChoice, system: System, micro: int, local: float) -> tuple[float, float, float]:
+    """Seconds of data-parallel traffic per step on a rank holding `local` parameters: (weight
+    gathers beside the compute, the gradient reduction, zero1's gather after the optimizer step)."""
     if lay.dp == 1:
-        return 0.0
+        return 0.0, 0.0, 0.0
     prec = cfg.precision
     stored = param_dtype(prec.mode).itemsize
     gathered = 2 if prec.mode == "mixed" else stored  # mixed gathers its bf16 weights
     reduced = DTYPES[prec.reduce_dtype].itemsize if prec.mode == "mixed" else stored
     whole = _bandwidth(system, lay.dp * lay.tp)
     ring = (lay.dp - 1) / lay.dp
-    if lay.sharding == "ddp":
-        return _seconds(2 * ring * local * reduced, whole)
-    if lay.sharding == "zero1":
-        return _seconds(ring * local * (2 * reduced + stored), whole)
+    if lay.sharding in ("ddp", "zero1"):
+        after = _seconds(ring * local * stored, whole) if lay.sharding == "zero1" else 0.0
+        return 0.0, _seconds(2 * ring * local * reduced, whole), after
     shard = lay.dp_shard
     kept = not cfg.parallel.reshard_after_backward or lay.pp > 1  # gathered once per step
     gathers = 1 if kept else micro * (1 if lay.sharding == "zero2" else 2)
-    within = _seconds((shard - 1) / shard * local * (gathers * gathered + reduced), _bandwidth(system, shard * lay.tp))
+    within = _bandwidth(system, shard * lay.tp)
+    gather = _seconds((shard - 1) / shard * local * gathers * gathered, within)
+    reduce = _seconds((shard - 1) / shard * local * reduced, within)
     replicas = lay.dp // shard
     across = _seconds(2 * (replicas - 1) / replicas * local / shard * reduced, whole) if replicas > 1 else 0.0
-    return within + across
+    return gather, reduce + across, 0.0
 
 
 def _bandwidth(system: System, span: int) -> float:
