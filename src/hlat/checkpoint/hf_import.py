@@ -4,8 +4,9 @@ A Hugging Face directory holds config.json, the weights (model.safetensors, or s
 model.safetensors.index.json; pytorch_model.bin[.index.json] also loads, with weights_only=True)
 and a tokenizer (tokenizer.json or a SentencePiece tokenizer.model). `import_hf` writes:
 
-  RUN_DIR/config.toml                 [model] the architecture, [data] tokenizer the file below,
-                                      [checkpoint] init_from this directory
+  RUN_DIR/config.toml                 [model] the architecture, [data] tokenizer the file below
+                                      (and bos = true when that tokenizer adds BOS, as Llama 3's
+                                      does), [checkpoint] init_from this directory
   RUN_DIR/tokenizer.json|.model       the model's tokenizer, copied as it is (with
                                       tokenizer_config.json, which names the BOS evaluation uses)
   RUN_DIR/checkpoints/step_00000000/  a weights-only hlat checkpoint (fp32), as archives are
@@ -33,7 +34,8 @@ from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.errors import UserError
 from hlat.model import ModelConfig, count_params
-from hlat.data.tokenizer import TOKENIZER_FILES, find_tokenizer_file, load_tokenizer
+from hlat.data.spm import SentencePieceTokenizer
+from hlat.data.tokenizer import TOKENIZER_FILES, Tokenizer, find_tokenizer_file, hf_adds_bos, load_tokenizer
 from hlat.model.hf import model_config_from_hf
 from hlat.toml_value import toml_value
 
@@ -140,8 +142,9 @@ def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str
     return weights
 
 
-def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) -> tuple[Path, str]:
-    """The tokenizer file to copy and its name in the run directory, once hlat has loaded it."""
+def _find_tokenizer(directory: Path, override: Path | None,
+                    cfg: ModelConfig) -> tuple[Path, Tokenizer | SentencePieceTokenizer]:
+    """The tokenizer file to copy, and the tokenizer hlat loaded from it."""
     file = Path(override).expanduser() if override else find_tokenizer_file(directory)
     if file is None or not file.is_file():
         where = override or " nor ".join(str(directory / n) for n in TOKENIZER_FILES)
@@ -154,18 +157,20 @@ def _find_tokenizer(directory: Path, override: Path | None, cfg: ModelConfig) ->
     if tok.vocab_size > cfg.vocab_size:
         raise ImportRefused(f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
                             f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer")
-    return file, tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
+    return file, tok
 
 
-def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path) -> str:
+def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path, bos: bool) -> str:
     """The architecture and tokenizer, and init_from this run: `hlat train --config` continues
     pre-training from the imported weights, in a run directory of its own by default (training
-    in the imported one would try to resume from a checkpoint that has no optimizer state)."""
+    in the imported one would try to resume from a checkpoint that has no optimizer state). A
+    model whose tokenizer adds BOS (Llama 3, LLaMA-2) was trained with it: data.bos keeps that for
+    continued training and tells evaluation to put BOS in front, as lm-eval does on the original."""
     lines = [f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given",
              "# here take the preset's (--preset) or the defaults' values.",
              f"name = {toml_value(run_dir.name + '-continued')}",
              "", "[model]", *(f"{f.name} = {toml_value(getattr(cfg, f.name))}" for f in fields(cfg)),
-             "", "[data]", f"tokenizer = {toml_value(str(tokenizer))}"]
+             "", "[data]", f"tokenizer = {toml_value(str(tokenizer))}", *(["bos = true"] if bos else [])]
     if DataConfig().seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
         lines.append(f"seq_len = {cfg.max_seq_len}")
     lines += ["", "[checkpoint]", f"init_from = {toml_value(str(run_dir))}"]
@@ -180,14 +185,16 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ImportRefused(f"{run_dir} exists and is not empty; import into a new directory (nothing is overwritten)")
     cfg = hf_model_config(source)
-    tok_file, tok_name = _find_tokenizer(source, tokenizer, cfg)
+    tok_file, tok = _find_tokenizer(source, tokenizer, cfg)
+    tok_name = tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
+    bos = hf_adds_bos(tok, source / TOKENIZER_CONFIG if tokenizer is None else tok_file.parent / TOKENIZER_CONFIG)
     weights = _hlat_weights(source, cfg, progress)  # everything is checked before anything is written
 
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tok_file, run_dir / tok_name)
     if (source / TOKENIZER_CONFIG).is_file() and tokenizer is None:
         shutil.copyfile(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
-    (run_dir / "config.toml").write_text(_config_toml(source, run_dir, cfg, run_dir / tok_name))
+    (run_dir / "config.toml").write_text(_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
     stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
         IMPORT_STEP, {"model": weights}, None,
         {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)})

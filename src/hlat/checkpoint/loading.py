@@ -18,7 +18,8 @@ from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import Tokenizer, build_tokenizer, find_tokenizer_file, load_tokenizer
+from hlat.data.tokenizer import (Tokenizer, build_tokenizer, find_tokenizer_file, hf_adds_bos,
+                                 load_tokenizer)
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
 from hlat.model.llama import rope_tables
@@ -32,6 +33,7 @@ class LoadedModel:
     prefix_token: int  # conditions an empty context: BOS when the model has one, else EOS
     step: int | None = None  # hlat checkpoints: optimizer step and tokens seen
     tokens: int | None = None
+    bos: bool = False  # every context begins with BOS: trained with data.bos, or an HF tokenizer adding it
 
 
 def is_run_dir(path: Path) -> bool:
@@ -77,18 +79,20 @@ def load_model(path: str | Path, tokenizer: str | Path | None = None,
 
 def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
                          dtype: torch.dtype = torch.float32,
-                         cached: tuple[ModelConfig, Tokenizer] | None = None) -> LoadedModel:
-    """One checkpoint of a run; `cached` (config, tokenizer) skips re-reading them in a sweep."""
+                         cached: tuple[ModelConfig, DataConfig, Tokenizer] | None = None) -> LoadedModel:
+    """One checkpoint of a run; `cached` (configs, tokenizer) skips re-reading them in a sweep.
+    A run trained with data.bos is evaluated with BOS in front of every context and as prefix."""
     run_dir = checkpoint.parent.parent
     if cached is None:
         model_cfg, data_cfg = read_run_config(run_dir)
         tok = run_tokenizer(run_dir, data_cfg, model_cfg.vocab_size, tokenizer)
     else:
-        model_cfg, tok = cached
+        model_cfg, data_cfg, tok = cached
     model = empty_model(model_cfg, dtype)
     progress = load_checkpoint_weights(checkpoint, model)
-    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", prefix_token(run_dir, tok),
-                       progress.get("step"), progress.get("tokens"))
+    prefix = tok.bos_id if data_cfg.bos and tok.bos_id is not None else prefix_token(run_dir, tok)
+    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", prefix,
+                       progress.get("step"), progress.get("tokens"), bos=data_cfg.bos)
 
 
 def read_run_config(run_dir: Path) -> tuple[ModelConfig, DataConfig]:
@@ -141,7 +145,8 @@ def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) 
     tok = load_tokenizer(tok_file)
     model = empty_model(cfg, dtype)
     model.load_state_dict(hf_to_hlat(hf_weights(directory)), strict=True)
-    return LoadedModel(model.eval(), tok, directory.name, prefix_token(directory, tok))
+    return LoadedModel(model.eval(), tok, directory.name, prefix_token(directory, tok),
+                       bos=hf_adds_bos(tok, directory / "tokenizer_config.json"))
 
 
 def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> int:

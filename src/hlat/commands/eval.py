@@ -89,7 +89,8 @@ def _evaluate(args: argparse.Namespace) -> int:
 
     def make_lm(loaded: LoadedModel) -> LanguageModel:
         return LanguageModel(loaded.model, loaded.tokenizer, device, args.batch_size,
-                             precision=args.precision, prefix_token=loaded.prefix_token, seed=args.seed)
+                             precision=args.precision, prefix_token=loaded.prefix_token, seed=args.seed,
+                             bos=loaded.bos)
 
     if is_run_dir(path) and not args.latest:
         rows = sweep_run(path, tasks, options, make_lm, args.tokenizer,

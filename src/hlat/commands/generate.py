@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     except ValueError as err:  # an unreadable run config or a refused Hugging Face directory
         raise UserError(str(err)) from err
     lm = LanguageModel(loaded.model, loaded.tokenizer, device, batch_size=1, precision=args.precision,
-                       prefix_token=loaded.prefix_token, seed=args.seed, progress=False)
+                       prefix_token=loaded.prefix_token, seed=args.seed, progress=False, bos=loaded.bos)
     request = GenerateRequest(args.prompt, tuple(args.stop), args.max_new_tokens, args.temperature, args.top_p)
     stream = TextStream(request.until)
     print(args.prompt, end="", flush=True)

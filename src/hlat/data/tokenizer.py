@@ -9,6 +9,7 @@ members (``vocab_size``, ``eos_id``, ``bos_id``, ``encode_batch``, ``decode``, `
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -137,6 +138,18 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # Tokenizer.FILE_NAME, 
 def find_tokenizer_file(directory: str | os.PathLike) -> Path | None:
     """The tokenizer file of a run, shard or model directory (tokenizer.json first), or None."""
     return next((Path(directory) / n for n in TOKENIZER_FILES if (Path(directory) / n).is_file()), None)
+
+
+def hf_adds_bos(tok: Tokenizer | SentencePieceTokenizer, tokenizer_config: Path) -> bool:
+    """Whether Hugging Face's tokenizer puts BOS in front of what it encodes (lm-eval's HF backend
+    then starts every context with it): for a tokenizer.json its post-processor decides, as in
+    transformers' PreTrainedTokenizerFast (Llama 3's and LLaMA-2's add BOS); for a SentencePiece
+    model, ``add_bos_token`` in the model directory's tokenizer_config.json."""
+    if tok.bos_id is None:
+        return False
+    if isinstance(tok, Tokenizer):
+        return tok.tk.encode("a", add_special_tokens=True).ids[:1] == [tok.bos_id]
+    return tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("add_bos_token") is True
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer | SentencePieceTokenizer:

@@ -67,8 +67,8 @@ class InTrainingTasks:
     """Built on every rank (the gather needs them all); holds task documents on rank 0 only."""
 
     def __init__(self, cfg: EvalConfig, model_cfg: ModelConfig, tokenizer: Tokenizer, layout: Layout,
-                 device: torch.device, precision_mode: str):
-        self.cfg, self.model_cfg, self.tokenizer = cfg, model_cfg, tokenizer
+                 device: torch.device, precision_mode: str, bos: bool = False):
+        self.cfg, self.model_cfg, self.tokenizer, self.bos = cfg, model_cfg, tokenizer, bos  # bos: data.bos
         self.layout, self.device, self.precision_mode = layout, device, precision_mode
         shots = None if cfg.tasks_shots < 0 else cfg.tasks_shots
         # data_dir stays None: the tasks below carry their documents in memory.
@@ -86,7 +86,7 @@ class InTrainingTasks:
         if weights is None:
             return {}, time.perf_counter() - t0
         lm = LanguageModel(unsharded_model(self.model_cfg, weights), self.tokenizer, self.device,
-                           precision=self.precision_mode, progress=False)
+                           precision=self.precision_mode, progress=False, bos=self.bos)
         scores = {}
         for task in self.tasks:
             result = evaluate_task(lm, task, self.options)

@@ -4,7 +4,9 @@ Tokenization and windowing follow lm-evaluation-harness's Hugging Face backend, 
 log-likelihoods agree with it on the same weights: a context's trailing spaces move to the
 continuation, the continuation's tokens are those of encode(context + continuation) after the
 context's, an empty context is replaced by the prefix token (BOS, else EOS), and inputs longer
-than the model are cut from the left.
+than the model are cut from the left. A model that expects BOS in front (``bos``: trained with
+data.bos, or a Hugging Face tokenizer that adds it, as Llama 3's does) gets it in front of every
+non-empty context and prompt, as lm-eval's tokenizer call adds it; its prefix token is BOS.
 """
 
 from __future__ import annotations
@@ -42,14 +44,19 @@ def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> Iterator[To
 class LanguageModel:
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu",
                  batch_size: int = 16, max_length: int | None = None, precision: str = "fp32",
-                 prefix_token: int | None = None, seed: int = 0, progress: bool = True) -> None:
+                 prefix_token: int | None = None, seed: int = 0, progress: bool = True,
+                 bos: bool = False) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.batch_size = batch_size
         self.max_length = max_length or model.cfg.max_seq_len
         self.precision = precision
-        self.prefix_token = tokenizer.eos_id if prefix_token is None else prefix_token
+        if bos and tokenizer.bos_id is None:
+            raise ValueError(f"the model expects a BOS token but the tokenizer {tokenizer.origin} has none")
+        self.bos: list[int] = [tokenizer.bos_id] if bos else []  # put in front of every context
+        default = tokenizer.bos_id if bos else tokenizer.eos_id
+        self.prefix_token = default if prefix_token is None else prefix_token
         self.seed = seed
         self.progress = progress
 
@@ -64,7 +71,7 @@ class LanguageModel:
         if spaces:  # "Answer: " + "Paris" is scored as "Answer:" + " Paris"
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, ctx = self.tokenizer.encode_batch([context + continuation, context])
-        return ctx, whole[len(ctx):]
+        return self.bos + ctx, whole[len(ctx):]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[tuple[float, bool]]:
         """(log-likelihood, whether greedy decoding would produce the continuation) per request."""
@@ -119,7 +126,7 @@ class LanguageModel:
     def generate(self, requests: Sequence[GenerateRequest], stream: Stream | None = None) -> list[str]:
         """The continuation of each request (see GenerateRequest), batched longest context first.
         `stream(i, text)` is called each time request i's text grows by a token (uncut)."""
-        contexts = self.tokenizer.encode_batch([r.context for r in requests])
+        contexts = [self.bos + c if c else c for c in self.tokenizer.encode_batch([r.context for r in requests])]
         order = sorted(range(len(requests)), key=lambda i: -len(contexts[i]))
         out: list[str] = [""] * len(requests)
         generator = torch.Generator(device=self.device).manual_seed(self.seed)

@@ -33,7 +33,7 @@ def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
         raise FileNotFoundError(f"{run_dir} has no checkpoints under checkpoints/")
     rows = []
     for i, checkpoint in enumerate(checkpoints):
-        loaded = load_hlat_checkpoint(checkpoint, cached=(model_cfg, tok))
+        loaded = load_hlat_checkpoint(checkpoint, cached=(model_cfg, data_cfg, tok))
         log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: step {loaded.step}, "
             f"{loaded.tokens} tokens")
         results, skipped = evaluate(make_lm(loaded), tasks, options, log)

@@ -51,7 +51,7 @@ def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: Mo
         return (f"sample: skipped, data.source={data.source!r} has no documents to draw a prompt from; "
                 "set train.sample_prompt")
     lm = LanguageModel(unsharded_model(model_cfg, weights), tokenizer, device, batch_size=1,
-                       precision=precision_mode, progress=False)
+                       precision=precision_mode, progress=False, bos=data.bos)
     (text,) = lm.generate([GenerateRequest(prompt, max_tokens=max_tokens)])
     return (f"sample (greedy, {time.perf_counter() - start:.2f} s; --train.sample_prompt \"\" turns it off):\n"
             f"{prompt}{text}")

@@ -85,7 +85,7 @@ class Trainer:
         self.model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
                                           self.accum, cfg.precision, compiled.enabled, cfg.precision.float8)
         self.tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
-                                     cfg.precision.mode) if cfg.eval.tasks_every else None
+                                     cfg.precision.mode, cfg.data.bos) if cfg.eval.tasks_every else None
         self.optimizers = Optimizers(self.model.parts, self._build_optimizer)
         self.state = RunState(cfg, self.layout, self.device, self.model, self.optimizers, self.loader)
         self.step, self.tokens, self.train_s = 0, 0, 0.0
