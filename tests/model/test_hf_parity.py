@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hlat.config import load_config
+from hlat.errors import ConfigError
 from hlat.model import Llama, ModelConfig, count_params
 from hlat.model.hf import hf_config_dict, hf_to_hlat, hlat_to_hf, model_config_from_hf
 
@@ -121,5 +122,8 @@ def test_variant_validation_names_field_and_fix() -> None:
     # accepted: tied embeddings under pipeline parallelism, a vocabulary tp shards unevenly
     load_config("tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], world=2)
     load_config("tiny", None, ["--model.vocab_size", "4097", "--parallel.tp", "2", "--parallel.dp_sharding", "zero2"], world=2)
+    # ... except with stochastic rounding: the pipeline's two copies of the matrix would round differently
+    with pytest.raises(ConfigError, match=r"precision.mode: bf16-sr with model.tie_embeddings=true and parallel.pp=2"):
+        load_config("tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--precision.mode", "bf16-sr"], world=2)
     # an explicit head_dim frees d_model from being a multiple of n_heads
     assert ModelConfig(**{**base.__dict__, "d_model": 60, "head_dim": 16}).validate() == []
