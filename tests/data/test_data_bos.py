@@ -1,6 +1,6 @@
 """data.bos with a Llama-3-style tokenizer.json (built locally): BOS/EOS detection, packing as
 BOS + tokens + EOS online, from shards and in mixtures, document masking, exact resume, the
-refusals, and one short `hlat train`."""
+refusals, and a one-step `hlat train`."""
 
 from __future__ import annotations
 
@@ -191,11 +191,11 @@ def test_data_bos_through_the_config(corpus_dir, llama3_file, l3, tok, tmp_path)
 
 
 def test_hlat_train_with_llama3_tokenizer_and_bos(small_corpus, llama3_file, tok, tmp_path, capsys):
-    """`hlat train` with the tokenizer file and data.bos (and document masking): 2 tiny steps; a
+    """`hlat train` with the tokenizer file and data.bos (and document masking): 1 tiny step; a
     tokenizer without BOS is refused at start-up, naming data.bos and the file."""
     run = tmp_path / "run"
     args = tiny_args(small_corpus, run, "--data.tokenizer", str(llama3_file), "--data.bos", "true",
-                     "--data.document_masking", "true", "--train.steps", "2", "--train.global_batch", "4")
+                     "--data.document_masking", "true", "--train.steps", "1", "--train.global_batch", "2")
     assert main(["train", *args]) == 0
     assert "bos = true" in (run / "config.toml").read_text()
     assert Tokenizer.from_file(run / "tokenizer.json").bos_token == BOS
