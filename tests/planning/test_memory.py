@@ -58,6 +58,19 @@ def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
     assert stages[1].local_params == 10 * layer
 
 
+def test_tied_embeddings_count_once_per_stage_under_tp():
+    """Training re-ties the head to the embedding after TP (Llama.tie_weights): one matrix per rank
+    without a pipeline, one per end stage with one (the last stage's copy is its head)."""
+    def locals_(tie: str, pp: str) -> list[int]:
+        cfg = load_config("tiny", None, ["--model.tie_embeddings", tie, "--parallel.tp", "2", "--parallel.pp", pp,
+                                         "--parallel.dp_sharding", "zero2"])
+        return [s.local_params for s in plan(cfg, world=4)[1]]
+
+    assert locals_("true", "2") == locals_("false", "2")
+    vocab_d = 4096 * 256
+    assert locals_("true", "1") == [locals_("false", "1")[0] - vocab_d // 2]
+
+
 def test_kv_heads_and_tp_that_do_not_divide_are_refused():
     with pytest.raises(ConfigError, match="one must divide the other"):
         check_tensor_parallel(ModelConfig(d_model=192, n_heads=24, n_kv_heads=8, vocab_size=96, ffn_dim=384), 6)

@@ -3,9 +3,10 @@
 The knobs: tensor parallel (divisors of the world up to a node), pipeline stages (1F1B, up to 16
 and the layer count), data parallel as ddp, zero1, zero2, fsdp, or HSDP (fsdp sharded within a
 node, replicated across: parallel.dp_shard), micro-batch (powers of two dividing the per-rank
-batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory): the model is cut
-and tensor-parallelised once per (tp, pp) and each variant re-priced from its stages' parameter
-counts; layouts hlat refuses (ddp or zero1 with tp or pp, a tp the heads do not allow) are skipped.
+batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
+model once and tensor-parallelises it once per tp; each (tp, pp) is cut from it and each variant
+re-priced from its stages' parameter counts; layouts hlat refuses (ddp or zero1 with tp or pp, a
+tp the heads do not allow) are skipped.
 """
 
 from __future__ import annotations

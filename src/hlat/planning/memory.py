@@ -1,8 +1,11 @@
 """Dry-run memory plan: per-rank training memory of a layout, without allocating anything.
 
-The model is built on the meta device under a fake process group of the target world size, the
-pipeline split and tensor-parallel plan are applied as in training, and each stage's local
-parameter count is read off the DTensors. Data-parallel sharding then divides what it shards;
+The model is built on the meta device once per shape, the tensor-parallel plan is applied to a copy
+once per tp degree under a fake process group of the target world size, and each parameter's
+local element count is read off its DTensor; a pipeline stage sums those of the parameters that
+training's cut (hlat.parallel.pipeline.cut_stage) keeps, cut from a copy of the modules that
+shares the weights. `hlat plan --search` re-plans many (tp, pp) pairs of one model this way
+without building or copying it again. Data-parallel sharding then divides what it shards;
 what gradient accumulation holds whole between micro-batches (FSDP2's unsharded gradients and,
 without resharding after backward, its gathered weights; fp32 sums) is counted whole (state_memory).
 Activations are counted tensor by tensor from what hlat's block keeps for backward under each
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from hlat.config import RunConfig
@@ -82,33 +87,69 @@ def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
 
 def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePlan]]:
     """((pp, dp, tp), one StagePlan per pipeline stage) for `cfg` on `world` ranks."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
     pp, dp, tp = resolve_degrees(cfg.parallel, world)
     if tp > 1:
         check_tensor_parallel(cfg.model, tp)
     check_data_parallel(cfg.parallel.dp_sharding, dp, tp, pp)
     check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, dp)
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    try:
-        mesh = init_device_mesh("cpu", (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-        with torch.device("meta"):
-            full = Llama(cfg.model)
-        n_stages = pp * cfg.parallel.pp_stages_per_rank
-        bounds = split_layers(cfg.model.n_layers, n_stages, *stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
-        stages = []
-        for index, layers in enumerate(bounds):
-            module = cut_stage(copy.deepcopy(full), layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
-            if tp > 1:
-                apply_tensor_parallel(module, mesh["tp"])
-            local = sum(local_tensor(p).numel() for p in module.parameters())
-            stages.append(stage_memory(cfg, index, layers, local, pp, dp, tp, n_stages))
-    finally:
-        if owns_group:
-            dist.destroy_process_group()
+    local = _local_numels(cfg.model, (pp, dp, tp))
+    full = _meta_model(cfg.model)
+    n_stages = pp * cfg.parallel.pp_stages_per_rank
+    bounds = split_layers(cfg.model.n_layers, n_stages, *stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
+    stages = []
+    for index, layers in enumerate(bounds):
+        module = _cut(full, layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
+        params = sum(local[name] for name, _ in module.named_parameters())
+        stages.append(stage_memory(cfg, index, layers, params, pp, dp, tp, n_stages))
     return (pp, dp, tp), stages
+
+
+# Meta models and their per-rank parameter sizes, by model shape (and tp): a search plans one
+# model under many layouts.
+_MODELS: dict[str, Llama] = {}
+_LOCAL_NUMELS: dict[tuple[str, int], dict[str, int]] = {}
+
+
+def _meta_model(model: ModelConfig) -> Llama:
+    """The whole model on the meta device, built once per shape; never modified (plans copy it)."""
+    key = repr(model)
+    if key not in _MODELS:
+        with torch.device("meta"):
+            _MODELS[key] = Llama(model)
+    return _MODELS[key]
+
+
+def _local_numels(model: ModelConfig, degrees: tuple[int, int, int]) -> dict[str, int]:
+    """Elements on a rank of each parameter of the whole model, tensor-parallel over the tp of
+    `degrees` (pp, dp, tp) under a fake process group of that many ranks."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    tp = degrees[2]
+    key = (repr(model), tp)
+    if key in _LOCAL_NUMELS:
+        return _LOCAL_NUMELS[key]
+    module = _meta_model(model)
+    if tp > 1:
+        owns_group = not dist.is_initialized()
+        if owns_group:
+            dist.init_process_group("fake", rank=0, world_size=math.prod(degrees), store=FakeStore())
+        try:
+            module = copy.deepcopy(module)
+            apply_tensor_parallel(module, init_device_mesh("cpu", degrees, mesh_dim_names=("pp", "dp", "tp"))["tp"])
+        finally:
+            if owns_group:
+                dist.destroy_process_group()
+    _LOCAL_NUMELS[key] = {name: local_tensor(p).numel() for name, p in module.named_parameters()}
+    return _LOCAL_NUMELS[key]
+
+
+def _cut(full: Llama, layers: range, first: bool, last: bool) -> nn.Module:
+    """Training's cut of stage `layers` from a shallow copy of `full`: only the top module and its
+    ModuleDict of blocks are new, so cut_stage's removals leave `full` whole; the blocks, ends and
+    tensors are shared, nothing is copied per weight."""
+    shared: dict[int, object] = {id(m): m for m in full.modules() if m is not full and m is not full.layers}
+    shared.update({id(t): t for t in [*full.parameters(), *full.buffers()]})
+    return cut_stage(copy.deepcopy(full, shared), layers, first, last)
 
 
 def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, float, float]:
