@@ -34,6 +34,7 @@ TWO = [
     "1,2,1,fsdp,1f1b,1,selective,tied",
     "1,1,2,ddp,1f1b,1,none,tied",  # one vocab-sharded matrix for the embedding and the output head
     "1,1,2,ddp,1f1b,1,none,bias",
+    "1,1,2,ddp,1f1b,1,none,odd",  # vocabulary 127: uneven vocab shards (64 + 63 rows) in TP's embedding, head and loss
 ]
 FOUR = [
     "1,2,2,fsdp,1f1b,1,none",
@@ -45,7 +46,6 @@ FOUR = [
     "1,2,2,fsdp,1f1b,1,none,tied",
     "2,2,1,fsdp,1f1b,1,none,tied",  # PP x FSDP: the copies' gradient shards summed between stages
     "2,1,2,ddp,1f1b,1,none,tied",  # PP x TP: the embedding's Replicate gradient resharded, then summed
-    "1,2,2,fsdp,1f1b,1,none,odd",  # vocabulary 127: uneven TP shards (64 + 63 rows), FSDP2 over them
     "1,2x2,1,fsdp,1f1b,1,none",  # HSDP: 2 replicas x 2 shards (parity_worker.run)
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none",  # the second: FSDP over replicated KV projections
