@@ -4,8 +4,10 @@ LlamaForCausalLM, eager and compiled, and against the machine's own GEMM rate.
 Same config, same batch, same fp32 AdamW step, in one process; rounds alternate between the
 implementations step by step so that machine drift hits all of them alike. Each config's table
 gives tokens/s, the ratio to transformers eager, and hlat's model FLOP/s as a fraction of the best
-GEMM rate of the model's own matmul shapes, measured in the same run. `--out FILE` writes the
-report with the hardware, versions and date.
+GEMM rate of the model's own matmul shapes, timed in every round between the implementations
+(median over rounds), so that the rate it is compared with is the machine's in that same window.
+`--out FILE` writes the report with the hardware, versions and date. Whole `hlat train` runs as a
+user launches them: benchmarks/train_runs.py.
 
     python benchmarks/train_throughput.py --configs small:8192,small --out benchmarks/train_throughput.md
 
@@ -33,6 +35,7 @@ from hlat.train.cpu_peak import read_cpu_facts
 from hlat.train.gemm_ceiling import measure_gemm_tflops, model_shapes
 
 CPU = torch.device("cpu")
+COMPILED_HF = "transformers, each decoder layer compiled"
 
 
 def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callable[[], None]:
@@ -49,8 +52,8 @@ def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callabl
     return step
 
 
-def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callable[[], None]], float, float, int]:
-    """(title, steps by name, FLOPs per token, GEMM rate TFLOP/s, tokens per step) of one config."""
+def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callable[[], None]], float, Callable[[], float], int]:
+    """(title, steps by name, FLOPs per token, a GEMM-rate measurement in TFLOP/s, tokens per step) of one config."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     preset, _, vocab = spec.partition(":")
@@ -79,40 +82,46 @@ def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callabl
         f"hlat default ({'compiled' if decision.enabled else 'eager'})": hlat(decision.enabled),
         "hlat eager": hlat(False),
         "transformers eager": transformers(False),
-        "transformers, each decoder layer compiled": transformers(True),
+        COMPILED_HF: transformers(True),
     }
     shapes = model_shapes(cfg.model.d_model, cfg.model.ffn_dim, micro_batch * seq)[:3]  # the model's own GEMMs
-    gemm = max(measure_gemm_tflops(CPU, torch.float32, shape, 1.0) for shape in shapes)
-    title = (f"`{spec}`: {count_params(cfg.model) / 1e6:.1f}M parameters, batch {micro_batch} x {seq}, "
-             f"GEMM rate of its matmul shapes {gemm * 1e3:.0f} GFLOP/s")
+    gemm = lambda: max(measure_gemm_tflops(CPU, torch.float32, shape, 1.0) for shape in shapes)
+    title = f"`{spec}`: {count_params(cfg.model) / 1e6:.1f}M parameters, batch {micro_batch} x {seq}"
     return title, runs, flops_per_token(cfg.model, seq), gemm, micro_batch * seq
 
 
-def time_rounds(runs: dict[str, Callable[[], None]], steps: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds per step of each implementation, one sample per round, implementations alternating."""
+def time_rounds(runs: dict[str, Callable[[], None]], gemm: Callable[[], float], steps: int,
+                rounds: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Seconds per step of each implementation, one sample per round, implementations alternating,
+    and the GEMM rate (TFLOP/s) measured once per round between them."""
     for step in runs.values():  # warm-up: compilation, allocator, thread pool
         step()
         step()
     times: dict[str, list[float]] = {name: [] for name in runs}
+    rates: list[float] = []
     for round_ in range(rounds):
+        rates.append(gemm())
+        print(f"  round {round_ + 1}/{rounds}: GEMM rate {rates[-1] * 1e3:.0f} GFLOP/s", flush=True)
         for name, step in runs.items():
             start = time.perf_counter()
             for _ in range(steps):
                 step()
             times[name].append((time.perf_counter() - start) / steps)
             print(f"  round {round_ + 1}/{rounds}: {name}: {times[name][-1]:.3f} s/step", flush=True)
-    return times
+    return times, rates
 
 
-def table(title: str, times: dict[str, list[float]], flops: float, gemm: float, tokens: int) -> list[str]:
-    baseline = tokens / statistics.median(times["transformers eager"])
-    lines = [f"### {title}", "",
-             "| implementation | s/step (median) | tokens/s | vs transformers eager | model FLOP/s / GEMM rate |",
-             "|---|---:|---:|---:|---:|"]
+def table(title: str, times: dict[str, list[float]], flops: float, rates: list[float], tokens: int) -> list[str]:
+    eager, compiled = (tokens / statistics.median(times[name]) for name in ("transformers eager", COMPILED_HF))
+    gemm = statistics.median(rates)
+    lines = [f"### {title}, GEMM rate of its matmul shapes {gemm * 1e3:.0f} GFLOP/s (median of the rounds; "
+             f"{min(rates) * 1e3:.0f}-{max(rates) * 1e3:.0f})", "",
+             "| implementation | s/step (median) | tokens/s | vs transformers eager | vs transformers compiled | "
+             "model FLOP/s / GEMM rate |", "|---|---:|---:|---:|---:|---:|"]
     for name, samples in times.items():
         tps = tokens / statistics.median(samples)
-        lines.append(f"| {name} | {statistics.median(samples):.3f} | {tps:,.0f} | {tps / baseline:.2f}x | "
-                     f"{tps * flops / (gemm * 1e12):.0%} |")
+        lines.append(f"| {name} | {statistics.median(samples):.3f} | {tps:,.0f} | {tps / eager:.2f}x | "
+                     f"{tps / compiled:.2f}x | {tps * flops / (gemm * 1e12):.0%} |")
     return lines + [""]
 
 
@@ -128,7 +137,8 @@ def main() -> None:
     body: list[str] = []
     for spec in args.configs.split(","):
         title, runs, flops, gemm, tokens = implementations(spec, args.micro_batch)
-        body += table(title, time_rounds(runs, args.steps, args.rounds), flops, gemm, tokens)
+        times, rates = time_rounds(runs, gemm, args.steps, args.rounds)
+        body += table(title, times, flops, rates, tokens)
     header = [
         "# Training throughput: hlat's default against transformers",
         "",
@@ -140,7 +150,7 @@ def main() -> None:
         f"- method: full fp32 training step (forward, backward, clip, AdamW) in one process; two warm-up steps each, "
         f"then {args.rounds} rounds alternating the implementations, {args.steps} steps each; medians",
         "- model FLOP/s: 6N + 12·L·d·T per token (causal attention not halved), divided by the best rate of the model's "
-        "own GEMMs (x·Wᵀ, g·W, gᵀ·x of the feed-forward, timed 1 s each) in the same process",
+        "own GEMMs (x·Wᵀ, g·W, gᵀ·x of the feed-forward, timed 1 s each at the start of every round; median over rounds)",
         "",
     ]
     report = "\n".join(header + body)
