@@ -8,9 +8,9 @@ import pytest
 from hlat.config import RunConfig, load_config
 from hlat.errors import ConfigError
 from hlat.model import ModelConfig
-from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory
 from hlat.parallel.saved_activations import block_bytes
 from hlat.parallel.tensor_parallel import check_tensor_parallel
+from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory
 
 GIB = 1024**3
 

@@ -31,8 +31,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from hlat.config import RunConfig
 from hlat.devices import Accelerator
 from hlat.model import Llama, ModelConfig
-from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
+from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
 from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
