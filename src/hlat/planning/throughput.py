@@ -73,7 +73,7 @@ class LayoutChoice:
 class StepTime:
     compute_s: float
     tp_s: float
-    dp_s: float  # exposed: what exceeds the compute
+    dp_s: float  # exposed: what exceeds its overlap window
     pp_s: float  # point-to-point sends
     bubble_s: float
     tokens: int  # per step
