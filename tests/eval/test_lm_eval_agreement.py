@@ -20,7 +20,9 @@ from task_files import ARC_ROWS, TEXT, write_jsonl
 from export import save_hf
 from deps import require
 
-DATA = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+DATA = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n{shots}test_split: test\n"
+# few-shot: the first 2 examples of a train split, as lm-eval's first_n sampler takes them
+SHOTS = "    train: {data}\nfewshot_split: train\nnum_fewshot: 2\nfewshot_config:\n  sampler: first_n\n"
 YAML = {
     "tiny_mc": """output_type: multiple_choice
 doc_to_text: "Question: {{question}}\\nAnswer:"
@@ -44,6 +46,21 @@ metric_list:
   - metric: word_perplexity
   - metric: byte_perplexity
   - metric: bits_per_byte
+""",
+    "tiny_mc_shots": """output_type: multiple_choice
+description: "Answer each question.\\n\\n"
+doc_to_text: "Q: {{question}}\\nA:"
+doc_to_target: "{{choices.label.index(answerKey)}}"
+doc_to_choice: "{{choices.text}}"
+""",
+    "tiny_gen_shots": """output_type: generate_until
+doc_to_text: "Q: {{question}}\\nA:"
+doc_to_target: answer
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 4
+metric_list:
+  - metric: exact_match
 """,
     "tiny_gen": """output_type: generate_until
 doc_to_text: "Q: {{question}}\\nA:"
@@ -83,16 +100,19 @@ def both(model, tokenizer_file, tmp_path_factory) -> dict[str, tuple[TaskResult,
         rows = {"tiny_mc": ARC_ROWS, "tiny_ll": ARC_ROWS, "tiny_rolling": ROLLING_ROWS,
                 "tiny_gen": [{**q, "answer": s if i % 2 == 0 else "nothing at all"}
                              for i, (q, s) in enumerate(zip(questions, said))]}
+        rows |= {"tiny_mc_shots": ARC_ROWS, "tiny_gen_shots": rows["tiny_gen"]}
         folder = tmp / "yaml"
         folder.mkdir()
         for name, body in YAML.items():
             data = write_jsonl(tmp / "data" / f"{name}.jsonl", rows[name])
-            (folder / f"{name}.yaml").write_text(f"task: {name}\n" + DATA.format(data=data) + body)
+            shots = (SHOTS.format(data=write_jsonl(tmp / "data" / f"{name}.train.jsonl", rows[name][::-1]))
+                     if name.endswith("_shots") else "")
+            (folder / f"{name}.yaml").write_text(f"task: {name}\n" + DATA.format(data=data, shots=shots) + body)
         theirs = lm_eval.simple_evaluate(
             model="hf", model_args=f"pretrained={hf_dir},dtype=float32", tasks=list(YAML),
             task_manager=TaskManager(include_path=str(folder), include_defaults=False),
-            num_fewshot=0, batch_size=8, device="cpu", log_samples=True)
-        ours = {t.name: evaluate_task(lm, t, EvalOptions(num_fewshot=0))
+            num_fewshot=None, batch_size=8, device="cpu", log_samples=True)  # each file's own
+        ours = {t.name: evaluate_task(lm, t, EvalOptions())
                 for t in load_task_files([folder])}
         ours["arc_easy"] = evaluate_task(lm, TASKS["arc_easy"], EvalOptions(
             data_dir=write_jsonl(tmp / "builtin" / "arc_easy" / "test.jsonl", ARC_ROWS).parents[1],
@@ -104,11 +124,14 @@ def both(model, tokenizer_file, tmp_path_factory) -> dict[str, tuple[TaskResult,
                                         "results": theirs["results"]["tiny_mc"]})}
 
 
-@pytest.mark.parametrize("name", ["tiny_mc", "arc_easy"])  # the task file and the built-in task
+@pytest.mark.parametrize("name", ["tiny_mc", "arc_easy", "tiny_mc_shots"])  # task file, built-in, 2-shot
 def test_multiple_choice_agrees_with_lm_eval(both, name) -> None:
     ours, theirs = both[name]
     assert len(theirs["samples"]) == len(ours.samples) == len(ARC_ROWS)
     for sample, mine in zip(theirs["samples"], ours.samples):
+        if name == "tiny_mc_shots":  # the description, two shots, then the question
+            assert sample["arguments"][0][0].startswith("Answer each question.\n\nQ: ")
+            assert sample["arguments"][0][0].count("Q: ") == 3
         their_lls = [float(r[0][0]) for r in sample["resps"]]
         assert mine["loglikelihoods"] == pytest.approx(their_lls, abs=1e-4)
         assert (mine["acc"], mine["acc_norm"]) == (sample["acc"], sample["acc_norm"])
@@ -147,3 +170,14 @@ def test_generate_until_agrees_with_lm_eval(both) -> None:
         assert mine["exact_match"] == sample["exact_match"]
     assert ours.metrics["exact_match"]["value"] == theirs["results"]["exact_match,none"] == 0.5
     json.dumps([s for s in ours.samples])  # the records --log-samples writes
+
+
+def test_few_shot_generation_agrees_with_lm_eval(both) -> None:
+    """2 shots (first_n) before each question: the same prompts, so the same generations."""
+    ours, theirs = both["tiny_gen_shots"]
+    assert len(theirs["samples"]) == len(ours.samples) == len(ARC_ROWS)
+    for sample, mine in zip(theirs["samples"], ours.samples):
+        assert sample["arguments"][0][0].count("Q: ") == 3  # two shots, then the question
+        assert mine["output"] == sample["resps"][0][0]
+        assert mine["exact_match"] == sample["exact_match"]
+    assert ours.metrics["exact_match"]["value"] == theirs["results"]["exact_match,none"]

@@ -88,6 +88,11 @@ def test_shipped_task_files_ask_what_the_built_in_tasks_ask() -> None:
     ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
      "filter_list:\n  - name: f\n    filter:\n      - function: majority_vote\n",
      "filter function 'majority_vote' is not supported"),
+    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+     "fewshot_config:\n  sampler: balanced\n", "t.yaml:6: fewshot_config: sampler 'balanced' is not supported"),
+    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+     "fewshot_config:\n  sampler: first_n\n  samples: []\n",
+     "t.yaml:6: fewshot_config: key(s) samples not supported; only `sampler:` (first_n or default)"),
 ])
 def test_unsupported_keys_are_refused_with_file_and_line(tmp_path, text, where) -> None:
     path = tmp_path / "t.yaml"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 import yaml
@@ -23,7 +23,7 @@ from hlat.eval.tasks.templates import render, to_choices, to_target, to_text
 KEYS = {"task", "output_type", "dataset_path", "dataset_name", "dataset_kwargs", "test_split",
         "validation_split", "fewshot_split", "training_split", "doc_to_text", "doc_to_choice",
         "doc_to_target", "target_delimiter", "fewshot_delimiter", "description", "num_fewshot",
-        "generation_kwargs", "filter_list", "metric_list", "metadata"}
+        "generation_kwargs", "filter_list", "metric_list", "metadata", "fewshot_config"}
 KINDS: dict[str, Kind] = {"multiple_choice": "multiple_choice", "loglikelihood": "loglikelihood",
                           "loglikelihood_rolling": "perplexity", "generate_until": "generate"}
 METRICS = {  # per output type: the metrics it supports, the first list being lm-eval's default
@@ -35,6 +35,11 @@ METRICS = {  # per output type: the metrics it supports, the first list being lm
 METRIC_KEYS = {"metric", "aggregation", "higher_is_better", "ignore_case", "ignore_punctuation",
                "regexes_to_ignore"}
 GENERATION_KEYS = {"until", "max_gen_toks", "do_sample", "temperature"}
+# fewshot_config.sampler: lm-eval's first_n takes the first k examples of the few-shot split, as
+# hlat's "first" order does; its default draws with one Random per task in evaluation order, which
+# hlat replaces by a draw per example (hlat.eval.tasks.base.choose_shots), so only first_n shows
+# the same shots on both sides.
+SAMPLERS: dict[str, Literal["first", "random"]] = {"first_n": "first", "default": "random"}
 BUILDERS = ("json", "parquet", "arrow")
 FIX = ("hlat reads a subset of lm-eval's task YAML (docs/evaluation.md, \"Your own tasks\"): "
        "write the task with those keys, e.g. prepare the data into a file instead of process_docs")
@@ -140,11 +145,24 @@ def _task(config: dict[str, Any], path: Path, fail: Callable[[str, str], TaskFil
     return Task(
         str(config["task"]), "task file", kind, _dataset(config, split, path, fail),
         doc_to_text=text, doc_to_target=target, doc_to_choice=choices, metrics=metrics,
-        num_fewshot=0 if kind == "perplexity" else num_fewshot,
+        num_fewshot=0 if kind == "perplexity" else num_fewshot, fewshot_order=_fewshot_order(config, fail),
         description=render(description) if description else None,
         target_delimiter=str(config.get("target_delimiter", " ")),
         fewshot_delimiter=str(config.get("fewshot_delimiter", "\n\n")),
         notes=f"from {path}", **fields)
+
+
+def _fewshot_order(config: dict[str, Any], fail: Callable[[str, str], TaskFileError]) -> Literal["first", "random"]:
+    fewshot = config.get("fewshot_config") or {}
+    if not isinstance(fewshot, dict):
+        raise fail("fewshot_config", f"expected a mapping with `sampler:`, got {fewshot!r}")
+    extra = sorted(set(fewshot) - {"sampler"})
+    if extra:
+        raise fail("fewshot_config", f"key(s) {', '.join(extra)} not supported; only `sampler:` (first_n or default)")
+    sampler = fewshot.get("sampler", "default")
+    if sampler not in SAMPLERS:
+        raise fail("fewshot_config", f"sampler {sampler!r} is not supported; use {' or '.join(SAMPLERS)}")
+    return SAMPLERS[sampler]
 
 
 def _dataset(config: dict[str, Any], split: str, path: Path,
