@@ -23,7 +23,10 @@ from hlat.train.step import train_step
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a spec's optional 8th field
             "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True),
-            "odd": dataclasses.replace(MODEL, vocab_size=127)}  # a vocabulary tp 2 and 4 shard unevenly
+            "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
+            # Llama 3.1's RoPE scaling (wavelengths over 16 scaled here) and a head_dim that is not d_model / n_heads
+            "rope": dataclasses.replace(MODEL, rope_scaling="llama3", rope_factor=8.0, rope_original_max_seq_len=16,
+                                        head_dim=32)}
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 3
 
 
