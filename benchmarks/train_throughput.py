@@ -36,6 +36,7 @@ from hlat.train.gemm_ceiling import measure_gemm_tflops, model_shapes
 
 CPU = torch.device("cpu")
 COMPILED_HF = "transformers, each decoder layer compiled"
+GEMM = "GEMM rate"
 
 
 def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callable[[], None]:
@@ -92,20 +93,25 @@ def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callabl
 
 def time_rounds(runs: dict[str, Callable[[], None]], gemm: Callable[[], float], steps: int,
                 rounds: int) -> tuple[dict[str, list[float]], list[float]]:
-    """Seconds per step of each implementation, one sample per round, implementations alternating,
-    and the GEMM rate (TFLOP/s) measured once per round between them."""
+    """Seconds per step of each implementation, one sample per round, and the GEMM rate (TFLOP/s)
+    measured once per round among them. Each round starts one later in the order, so that no
+    implementation always follows the GEMM timing or the same neighbour."""
     for step in runs.values():  # warm-up: compilation, allocator, thread pool
         step()
         step()
     times: dict[str, list[float]] = {name: [] for name in runs}
     rates: list[float] = []
+    order = [GEMM, *runs]
     for round_ in range(rounds):
-        rates.append(gemm())
-        print(f"  round {round_ + 1}/{rounds}: GEMM rate {rates[-1] * 1e3:.0f} GFLOP/s", flush=True)
-        for name, step in runs.items():
+        shift = round_ % len(order)
+        for name in order[shift:] + order[:shift]:
+            if name == GEMM:
+                rates.append(gemm())
+                print(f"  round {round_ + 1}/{rounds}: GEMM rate {rates[-1] * 1e3:.0f} GFLOP/s", flush=True)
+                continue
             start = time.perf_counter()
             for _ in range(steps):
-                step()
+                runs[name]()
             times[name].append((time.perf_counter() - start) / steps)
             print(f"  round {round_ + 1}/{rounds}: {name}: {times[name][-1]:.3f} s/step", flush=True)
     return times, rates
@@ -148,9 +154,9 @@ def main() -> None:
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}, "
         f"transformers {__import__('transformers').__version__}",
         f"- method: full fp32 training step (forward, backward, clip, AdamW) in one process; two warm-up steps each, "
-        f"then {args.rounds} rounds alternating the implementations, {args.steps} steps each; medians",
+        f"then {args.rounds} rounds alternating the implementations, {args.steps} steps each, each round starting one later in the order; medians",
         "- model FLOP/s: 6N + 12·L·d·T per token (causal attention not halved), divided by the best rate of the model's "
-        "own GEMMs (x·Wᵀ, g·W, gᵀ·x of the feed-forward, timed 1 s each at the start of every round; median over rounds)",
+        "own GEMMs (x·Wᵀ, g·W, gᵀ·x of the feed-forward, timed 1 s each once per round, its place in the round rotating with the implementations'; median over rounds)",
         "",
     ]
     report = "\n".join(header + body)
