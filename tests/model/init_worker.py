@@ -1,7 +1,8 @@
 """Build a run the way `hlat train` does (Trainer: config, layout, parallel model) and record, for
 each parameter this rank holds, the statistics of its full tensor as initialised for training
-(a scenario of test_init.py, see tests/runs.py). Writes OUT/stats.rank<r>.json:
-{name: {"std", "mean", "min", "max", "numel"}}.
+(a scenario of test_init.py, see tests/runs.py), and whether it is bit-identical to the
+single-device model's (the same config and seed, initialised in this process without a layout).
+Writes OUT/stats.rank<r>.json: {name: {"std", "mean", "min", "max", "numel", "dtype", "single_device"}}.
 """
 
 import json
@@ -9,8 +10,10 @@ import json
 import torch
 
 from hlat.config import load_config
+from hlat.model import Llama
 from hlat.parallel.dtensor import full_tensor
-from hlat.parallel.init import canonical_name
+from hlat.parallel.init import canonical_name, init_parameters
+from hlat.precision import cast_parameters
 from hlat.train.trainer import Trainer
 
 from runs import ScenarioContext, tiny_args
@@ -24,10 +27,15 @@ MODEL = ["--model.d_model", "128", "--model.n_layers", "4", "--model.n_heads", "
 def measure(ctx: ScenarioContext, layout: list[str]) -> None:
     cfg = load_config("tiny", None, tiny_args(ctx.corpus, ctx.out / "run", *MODEL, *layout))
     trainer = Trainer(cfg, out=lambda _: None)
+    single = cast_parameters(Llama(cfg.model), cfg.precision.mode)
+    init_parameters(single, single.init_std_of, cfg.train.seed)
+    reference = dict(single.named_parameters())
     stats = {}
     for part in trainer.model.parts:
         for name, param in part.named_parameters():
-            full = full_tensor(param.detach()).float()  # collective over the parameter's mesh, same order on every rank
-            stats[canonical_name(name)] = {"std": full.std().item(), "mean": full.mean().item(), "min": full.min().item(),
-                                           "max": full.max().item(), "numel": full.numel(), "dtype": str(param.dtype)}
+            name = canonical_name(name)
+            full = full_tensor(param.detach())  # collective over the parameter's mesh, same order on every rank
+            f32 = full.float()
+            stats[name] = {"std": f32.std().item(), "mean": f32.mean().item(), "min": f32.min().item(), "max": f32.max().item(),
+                           "numel": full.numel(), "dtype": str(param.dtype), "single_device": torch.equal(full, reference[name])}
     (ctx.out / f"stats.rank{ctx.rank}.json").write_text(json.dumps(stats))
