@@ -17,7 +17,7 @@ from hlat.parallel.init_values import compiled_init_values, init_values, paramet
 
 # Wrappers insert these into parameter names; the state-dict name has none of them.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
-CHUNK = 1 << 18  # elements computed at once: three int64 temporaries of 2 MiB (the fastest size measured on CPU)
+CHUNK = 1 << 18  # elements computed at once: a few int64 temporaries of 2 MiB (the fastest of 2^14-2^20 on CPU)
 # Compiled values cost ~15 ns an element on our CPU against ~80-150 eager, but compiling takes
 # 35-55 s there (2.4 s from inductor's filled cache): worth it from ~2^25 elements on later starts,
 # ~2^29 on the first; benchmarks/init_startup.md.
