@@ -5,13 +5,9 @@ the initialisation before and after it moved to each shard (hlat.parallel.init),
 
 - before: src/hlat/parallel/init.py as of REV (every rank draws each full tensor on the host with
   torch.Generator.normal_ and keeps its shard);
-- after, eager: each rank hashes its own elements (hlat.parallel.init_values), eager ops;
-- after, compiled: the same function under torch.compile, first with an empty inductor cache
-  (a first start on a machine), then again in a fresh dynamo state with that cache filled (a
-  later start). The run compiles (parallel.compile auto on CPU) so `hlat train` takes this path.
+- after: each rank hashes its own elements (hlat.parallel.init_values), eager torch ops.
 
-Each row is the slowest rank's wall time; `init` is the time inside init_parameters. The rows
-after the first must hold the same bits (a SHA-256 of every rank's shards, compared). Then rank 0
+Each row is the slowest rank's wall time; `init` is the time inside init_parameters. The layout-independence of the "after" values is tested in tests/model/test_init.py. Then rank 0
 times the value function alone on 2^20 elements, one thread: ns per element.
 """
 
@@ -19,28 +15,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
-import os
 import subprocess
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="init_startup_inductor_"))  # cold first
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import hlat.parallel.parallelize as parallelize  # noqa: E402
-from hlat.config import load_config  # noqa: E402
-from hlat.model import count_params  # noqa: E402
-from hlat.parallel import init  # noqa: E402
-from hlat.parallel.config import ParallelConfig  # noqa: E402
-from hlat.parallel.dtensor import local_tensor  # noqa: E402
-from hlat.parallel.init_values import compiled_init_values, init_values, parameter_key, value_scale  # noqa: E402
-from hlat.parallel.mesh import make_layout  # noqa: E402
+import hlat.parallel.parallelize as parallelize
+from hlat.config import load_config
+from hlat.model import count_params
+from hlat.parallel import init
+from hlat.parallel.config import ParallelConfig
+from hlat.parallel.init_values import init_values, parameter_key, value_scale
+from hlat.parallel.mesh import make_layout
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "8389481df25ac640ba2e32d33a47418f6d72325c"  # the last commit that drew every full tensor on the host
@@ -54,8 +44,8 @@ def old_init(rev: str) -> types.ModuleType:
     return module
 
 
-def start_up(cfg, layout, compiled: bool, init_fn) -> tuple[float, float, str]:  # type: ignore[no-untyped-def]
-    """(build + init s, init s, SHA-256 of this rank's shards), this rank."""
+def start_up(cfg, layout, init_fn) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(build + init s, init s), this rank."""
     spent = [0.0]
 
     def timed_init(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -67,14 +57,11 @@ def start_up(cfg, layout, compiled: bool, init_fn) -> tuple[float, float, str]: 
     dist.barrier()
     start = time.perf_counter()
     model = parallelize.build_parallel_model(cfg.model, ParallelConfig(dp_sharding="fsdp"), layout, torch.device("cpu"),
-                                             0, 1, cfg.precision, compiled)
+                                             0, 1, cfg.precision)
     total = time.perf_counter() - start
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(local_tensor(p.detach()).contiguous().view(torch.uint8).numpy())
     del model
     gc.collect()
-    return total, spent[0], digest.hexdigest()
+    return total, spent[0]
 
 
 def slowest(x: float) -> float:
@@ -90,8 +77,7 @@ def per_element_ns() -> list[tuple[str, float]]:
     scale = value_scale(0.02, torch.device("cpu"))
     out, gen = torch.empty(n), torch.Generator().manual_seed(0)
     cases = [("before: Generator.normal_", lambda: out.normal_(0.0, 0.02, generator=gen)),
-             ("after: eager", lambda: init_values(rows, inner, stride, k0, k1, scale)),
-             ("after: compiled", lambda: compiled_init_values()(rows, inner, stride, k0, k1, scale))]
+             ("after", lambda: init_values(rows, inner, stride, k0, k1, scale))]
     result = []
     for name, fn in cases:
         fn()
@@ -111,20 +97,11 @@ def main() -> None:
     layout = make_layout(1, dist.get_world_size(), 1, torch.device("cpu"))
     cfg = load_config("1b")
     before = old_init(args.baseline)
-    modes = [("before (host draw, full tensors)", False, lambda m, s, seed, compiled=False: before.init_parameters(m, s, seed)),
-             ("after, eager", False, init.init_parameters),
-             ("after, compiled, empty inductor cache", True, init.init_parameters),
-             ("after, compiled, inductor cache filled", True, init.init_parameters)]
-    rows, digests = [], []
-    for i, (name, compiled, fn) in enumerate(modes):
-        if i == 3:  # a later start: nothing compiled in this process, the on-disk cache filled
-            torch._dynamo.reset()
-            compiled_init_values.cache_clear()
-        total, init_s, digest = start_up(cfg, layout, compiled, fn)
+    modes = [("before (host draw, full tensors)", before.init_parameters), ("after (each rank its shard)", init.init_parameters)]
+    rows = []
+    for name, fn in modes:
+        total, init_s = start_up(cfg, layout, fn)
         rows.append((name, slowest(total), slowest(init_s)))
-        digests.append(digest)
-    same = torch.tensor([int(len(set(digests[1:])) == 1)])
-    dist.all_reduce(same, op=dist.ReduceOp.MIN)
     if rank == 0:
         params = count_params(cfg.model)
         print(f"`1b` preset ({params / 1e9:.2f}B parameters, {cfg.precision.mode} precision: fp32 weights), FSDP over "
@@ -133,7 +110,7 @@ def main() -> None:
         print("| initialisation | build + init | init |\n|---|---|---|")
         for name, total, init_s in rows:
             print(f"| {name} | {total:.1f} s | {init_s:.1f} s |")
-        print(f"\nafter-rows bit-identical on every rank: {bool(same.item())}\n")
+        print()
         torch.set_num_threads(1)
         print("| values of 2^20 elements, 1 thread | ns / element |\n|---|---|")
         for name, ns in per_element_ns():

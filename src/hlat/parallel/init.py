@@ -13,15 +13,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from hlat.parallel.dtensor import local_tensor
-from hlat.parallel.init_values import compiled_init_values, init_values, parameter_key, value_scale
+from hlat.parallel.init_values import init_values, parameter_key, value_scale
 
 # Wrappers insert these into parameter names; the state-dict name has none of them.
 _WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "module.")
 CHUNK = 1 << 18  # elements computed at once: a few int64 temporaries of 2 MiB (the fastest of 2^14-2^20 on CPU)
-# Compiled values cost ~15 ns an element on our CPU against ~80-150 eager, but compiling takes
-# 35-55 s there (2.4 s from inductor's filled cache): worth it from ~2^25 elements on later starts,
-# ~2^29 on the first; benchmarks/init_startup.md.
-COMPILE_FROM = 1 << 28
 
 
 def canonical_name(name: str) -> str:
@@ -56,13 +52,12 @@ def shard_indices(param: torch.Tensor) -> list[torch.Tensor]:
     return indices
 
 
-def _fill(param: torch.Tensor, name: str, std: float, seed: int, values: Callable[..., torch.Tensor]) -> None:
+def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
     """This rank's elements of `param` from the global-index function, CHUNK elements at a time."""
     local = local_tensor(param)
     indices = shard_indices(param)
     strides = [math.prod(param.shape[d + 1:]) for d in range(param.dim())]
-    # Global offsets within a row, by broadcasting; at least 1-D, and the row stride a tensor, so
-    # that one compiled graph serves every parameter.
+    # Global offsets within a row, by broadcasting (at least 1-D).
     inner = torch.zeros([1] * max(1, param.dim() - 1), dtype=torch.long, device=local.device)
     for d in range(1, param.dim()):
         inner = inner + indices[d].view(-1, *[1] * (param.dim() - 1 - d)) * strides[d]
@@ -72,20 +67,18 @@ def _fill(param: torch.Tensor, name: str, std: float, seed: int, values: Callabl
     rows = max(1, CHUNK // max(1, inner.numel()))
     for start in range(0, local.shape[0], rows):
         block = local[start:start + rows]
-        block.copy_(values(indices[0][start:start + rows], inner, row_stride, k0, k1, scale).view(block.shape))
+        block.copy_(init_values(indices[0][start:start + rows], inner, row_stride, k0, k1, scale).view(block.shape))
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, init_std_of: Callable[[str], float | None], seed: int,
-                    compiled: bool = False) -> None:
+def init_parameters(model: nn.Module, init_std_of: Callable[[str], float | None], seed: int) -> None:
     """Initialise every parameter of `model` (possibly DTensors) where it lives; no communication.
 
     `init_std_of(name)` gives the std (hlat.parallel.init_values for the distribution), or None for
-    ones (norm weights). `compiled`: the run compiles, so values are computed by torch.compile
-    (bit-identical to eager) where this rank holds at least COMPILE_FROM elements.
+    ones (norm weights). Eager torch ops: compiling the value function (bit-identical) was ~3x
+    faster per element on a CPU, but its compilation cost more than it saved on a first start
+    (benchmarks/init_startup.md) and would be one more compilation that can fail on accelerators.
     """
-    work = sum(local_tensor(p).numel() for p in model.parameters())
-    values = compiled_init_values() if compiled and work >= COMPILE_FROM else init_values
     for raw_name, param in model.named_parameters():
         name = canonical_name(raw_name)
         std = init_std_of(name)
@@ -94,4 +87,4 @@ def init_parameters(model: nn.Module, init_std_of: Callable[[str], float | None]
         elif std == 0.0:
             local_tensor(param).zero_()
         else:
-            _fill(param, name, std, seed, values)
+            _fill(param, name, std, seed)

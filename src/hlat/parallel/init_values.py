@@ -26,10 +26,8 @@ exceeds 2^63 (int64 overflow is undefined behaviour in C++) and >> is a logical 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -66,8 +64,7 @@ def threefry2x32_(x0: torch.Tensor, x1: torch.Tensor, k0: torch.Tensor, k1: torc
 
 
 def value_scale(std: float, device: torch.device) -> torch.Tensor:
-    """init_values' `scale` for values of standard deviation `std`: a 0-d fp32 tensor (a tensor,
-    so that the compiled function does not specialise on it)."""
+    """init_values' `scale` for values of standard deviation `std`: a 0-d fp32 tensor on `device`."""
     return torch.tensor(std * _UNIT, dtype=torch.float32, device=device)
 
 
@@ -82,11 +79,3 @@ def init_values(rows: torch.Tensor, inner: torch.Tensor, row_stride: torch.Tenso
     threefry2x32_(x0, x1, k0, k1)
     total = (x0 & 0xFFFF).add_(x0.bitwise_right_shift_(16)).add_(x1 & 0xFFFF).add_(x1.bitwise_right_shift_(16))
     return total.mul_(2).sub_(_FIELDS * 0xFFFF).to(torch.float32).mul_(scale)
-
-
-@functools.cache
-def compiled_init_values() -> Callable[..., torch.Tensor]:
-    """init_values fused into one kernel by torch.compile (built on first use); dynamic sizes, and
-    stride, keys and scale are tensors, so one compilation serves every parameter of a given
-    number of dims."""
-    return torch.compile(init_values, dynamic=True)

@@ -227,7 +227,7 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout, par.dp_sharding, precision)
         module.to_empty(device=device)
-        init_parameters(module, init_std_of, seed, compiled)
+        init_parameters(module, init_std_of, seed)
         module.reset_rope()
         parts.append(module if sharded else apply_data_parallel(module, layout, par.dp_sharding, precision))
     fsdp = sharded and layout.dp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
