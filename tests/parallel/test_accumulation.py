@@ -36,8 +36,20 @@ def result(scenarios: ScenarioResults, spec: str) -> tuple[dict, dict[str, torch
 def test_matches_one_process(scenarios, spec, reference):
     (metrics, weights), (ref_metrics, ref_weights) = result(scenarios, spec), result(scenarios, reference)
     assert metrics["losses"] == pytest.approx(ref_metrics["losses"], rel=1e-5)
-    for name, value in ref_weights.items():  # measured: identical for mixed and bf16-sr, 1.8e-6 for fp32
-        torch.testing.assert_close(weights[name], value, rtol=0, atol=2e-5, msg=f"{spec}: {name}")
+    if "bf16-sr" in spec:
+        # The fp32 gradient sums meet in another order (each rank's two micro-batches, then the
+        # reduce-scatter) than on one process, so where they differ in the last bit stochastic
+        # rounding may take the other bf16 neighbour, and the next steps spread such flips. Measured:
+        # 93.6% of elements identical, the rest within one bf16 step (2.4e-4: the weights stay under
+        # 0.0625 in magnitude). With the initialisation before hlat.parallel.init_values the two runs
+        # happened to stay identical.
+        same = sum((weights[n] == v).sum().item() for n, v in ref_weights.items())
+        assert same >= 0.8 * sum(v.numel() for v in ref_weights.values()), spec
+        tolerance = 5e-4  # one bf16 step below 0.125
+    else:
+        tolerance = 2e-5  # measured: identical for mixed, 1.8e-6 for fp32
+    for name, value in ref_weights.items():
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=tolerance, msg=f"{spec}: {name}")
 
 
 def test_weights_gathered_once_per_step_without_resharding_after_backward(scenarios):
