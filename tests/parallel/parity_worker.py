@@ -4,16 +4,21 @@ global batches: data-parallel rank r takes its slice of each global batch, so ev
 reproduce the single-process losses and weights.
 """
 
+import contextlib
 import dataclasses
+import functools
 import json
 from pathlib import Path
+from unittest import mock
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+import hlat.parallel.parallelize as parallelize
 from hlat.data.packing import Batch, labels_for
 from hlat.model import ModelConfig
 from hlat.optim import OptimConfig, build_adamw
+from hlat.parallel.compile import compile_blocks
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
@@ -22,11 +27,10 @@ from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a spec's optional 8th field
-            "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True),
-            "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
-            # Llama 3.1's RoPE scaling (wavelengths over 16 scaled here) and a head_dim that is not d_model / n_heads
-            "rope": dataclasses.replace(MODEL, rope_scaling="llama3", rope_factor=8.0, rope_original_max_seq_len=16,
-                                        head_dim=32)}
+            # biases, Llama 3.1's RoPE scaling (wavelengths over 16 scaled here), a head_dim that is not d_model / n_heads
+            "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0,
+                                        rope_original_max_seq_len=16, head_dim=32),
+            "odd": dataclasses.replace(MODEL, vocab_size=127)}  # a vocabulary tp 2 and 4 shard unevenly
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 3
 
 
@@ -73,13 +77,17 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
         (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs}))
 
 
-def layouts(ctx, specs: list[str], compiled: bool = False) -> None:
-    """Scenario: each spec in turn over this scenario's processes (one: the reference). `compiled`:
-    torch.compile on for this scenario (the suite runs eager, tests/conftest.py)."""
-    for spec in specs:
-        pp, dp, tp = spec.split(",")[:3]
-        replicate, _, shard = dp.rpartition("x")  # "2x2": 2 replicas x 2 shards; "4": plain dp 4
-        degrees = int(pp), int(replicate or 1) * int(shard), int(tp)
-        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"), int(shard))
-        with torch._dynamo.config.patch(disable=not compiled):
+def layouts(ctx, specs: list[str], backend: str = "") -> None:
+    """Scenario: each spec in turn over this scenario's processes (one: the reference). `backend`:
+    "" eager, else every block compiled with that torch.compile backend (the suite runs eager,
+    tests/conftest.py, so compilation is switched back on here)."""
+    compiled = bool(backend)
+    patched = (mock.patch.object(parallelize, "compile_blocks", functools.partial(compile_blocks, backend=backend))
+               if compiled else contextlib.nullcontext())
+    with torch._dynamo.config.patch(disable=not compiled), patched:
+        for spec in specs:
+            pp, dp, tp = spec.split(",")[:3]
+            replicate, _, shard = dp.rpartition("x")  # "2x2": 2 replicas x 2 shards; "4": plain dp 4
+            degrees = int(pp), int(replicate or 1) * int(shard), int(tp)
+            layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"), int(shard))
             run(spec, layout, ctx.out, compiled)

@@ -79,10 +79,11 @@ def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, p
     return CompileDecision(True, f"compile: on (inductor, probe {seconds:.1f} s)")
 
 
-def compile_blocks(module: nn.Module) -> None:
-    """Compile each transformer block in place; fullgraph, so a graph break is an error, not a slowdown."""
+def compile_blocks(module: nn.Module, backend: str = "inductor") -> None:
+    """Compile each transformer block in place; fullgraph, so a graph break is an error, not a slowdown.
+    `backend`: torch.compile's (runs use inductor; the multi-process tests capture with aot_eager)."""
     for name, block in list(module.layers.items()):
-        module.layers[name] = torch.compile(block, fullgraph=True)
+        module.layers[name] = torch.compile(block, fullgraph=True, backend=backend)
 
 
 def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
