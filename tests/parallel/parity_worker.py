@@ -31,7 +31,7 @@ VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True), 
             "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0,
                                         rope_original_max_seq_len=16, head_dim=32),
             "odd": dataclasses.replace(MODEL, vocab_size=127)}  # a vocabulary tp 2 and 4 shard unevenly
-GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 3
+GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 
 
 def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:

@@ -1,7 +1,7 @@
 """Every parallel layout matches the single-process run: losses, gradient norms and weights.
 
 fp32 on gloo/CPU; tolerances: losses and grad norms 1e-5 relative; weights 2e-5 absolute after
-3 AdamW steps at LR 1e-3 (Adam divides by sqrt(v), so near-zero gradient entries turn the
+2 AdamW steps at LR 1e-3 (Adam divides by sqrt(v), so near-zero gradient entries turn the
 summation-order noise that separates layouts into visible weight differences; 2e-5 is 2% of one
 step's largest update).
 """
