@@ -41,6 +41,15 @@ metric_list:
   - metric: acc
   - metric: acc_norm
 """
+GEN = """output_type: generate_until
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{answer}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 16
+metric_list:
+  - metric: exact_match
+"""
 OUTPUT_TYPES = {"mc": "multiple_choice", "ll": "loglikelihood", "rolling": "loglikelihood_rolling", "gen": "generate_until"}
 TASKS = {  # name: (YAML body, few-shot); the name's first part is its OUTPUT_TYPES key
     "mc": (MC, False),
@@ -60,24 +69,8 @@ metric_list:
   - metric: byte_perplexity
   - metric: bits_per_byte
 """, False),
-    "gen": ("""output_type: generate_until
-doc_to_text: "{{prompt}}"
-doc_to_target: "{{answer}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 16
-metric_list:
-  - metric: exact_match
-""", False),
-    "gen_3shot": ("""output_type: generate_until
-doc_to_text: "{{prompt}}"
-doc_to_target: "{{answer}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 16
-metric_list:
-  - metric: exact_match
-""", True),
+    "gen": (GEN, False),
+    "gen_3shot": (GEN, True),
 }
 
 
