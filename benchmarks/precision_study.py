@@ -11,10 +11,11 @@ Two experiments:
   run), fp32, bf16-sr and bf16: where round-to-nearest is expected to lose updates.
 
 `mixed` computes in bf16, which this kind of CPU (no AVX512-BF16/AMX) emulates at ~70 tokens/s on
-`tiny` (100+ minutes for 200 steps). On such a CPU the study runs mixed's numerics through
-hlat.precision.EmulatedBf16Compute (bf16-rounded inputs, weights and outputs of every linear
-layer and attention, fp32 accumulation: what autocast computes on bf16 hardware) at fp32 speed,
-and says so in the table. Its tokens/s is then not the speed of real bf16 autocast here.
+`tiny` (100+ minutes for 200 steps). On such a CPU the study runs `mixed` as it is (bf16 copy of
+the weights, bf16 residual stream, fp32 ops fp32) with only its linear layers and attention
+emulated by hlat.precision.emulated_mixed (bf16-rounded inputs and weights, fp32 accumulation,
+bf16 output: what bf16 matmul units compute) at fp32 speed, and says so in the table. Its
+tokens/s is then not the speed of real bf16 compute here.
 
     python benchmarks/precision_study.py                 # tiny preset as is: ~1 h on 2 shared cores
     python benchmarks/precision_study.py --steps 120 --low-lr-steps 80 --eval-every 20 -- \
@@ -42,7 +43,7 @@ import hlat
 import hlat.parallel.parallelize as parallelize
 from hlat.config import load_config
 from hlat.model import count_params
-from hlat.train import precision
+from hlat import precision
 from hlat.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,13 +62,13 @@ def cpu_has_bf16() -> bool:
 
 
 def install_emulation(device: torch.device) -> bool:
-    """Route `mixed` through EmulatedBf16Compute on a CPU without bf16 units; True if it did."""
+    """Route `mixed` through precision.emulated_mixed on a CPU without bf16 units; True if it did."""
     if device.type != "cpu" or cpu_has_bf16():
         return False
     native = parallelize.autocast
 
     def study_autocast(mode: str, dev: torch.device) -> contextlib.AbstractContextManager:
-        return precision.EmulatedBf16Compute() if mode == "mixed" and dev.type == "cpu" else native(mode, dev)
+        return precision.emulated_mixed(dev) if mode == "mixed" and dev.type == "cpu" else native(mode, dev)
 
     parallelize.autocast = study_autocast
     return True

@@ -19,7 +19,7 @@ parameters in fp32 and accumulate there.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -105,32 +105,71 @@ def _bf16(t: Any) -> Any:
 
 
 class EmulatedBf16Compute(TorchFunctionMode):
-    """bf16 autocast's numerics at fp32 speed, for CPUs without bf16 units (studies, not training).
+    """bf16 matmuls at fp32 speed, for CPUs without bf16 units (studies, not training).
 
-    Linear layers and attention read their inputs and weights rounded to bf16, multiply and
-    accumulate in fp32 (bf16 x bf16 products are exact in fp32; bf16 matmul units accumulate in
-    fp32 too) and round the output to bf16, as `torch.autocast(dtype=torch.bfloat16)` does on
-    hardware with bf16 units. Through autograd the gradients are rounded at the same points as a
-    bf16 backward. Left out: summation order inside a kernel, and the internals of a fused
-    attention kernel (softmax statistics are fp32 in both). Parameters stay fp32 (the master copy).
+    Enter it below `autocast("mixed", ...)` (outside it): the mixed context still casts every
+    parameter to its bf16 copy and keeps its fp32 ops fp32, and bf16 pointwise ops (residual
+    stream, norms, SwiGLU) run natively, which is fast on any CPU. Only linear layers and attention,
+    the ops a CPU without bf16 units emulates at ~1 GFLOP/s, are redirected: they read their inputs
+    and weights rounded to bf16, multiply and accumulate in fp32 with autocast off (bf16 x bf16
+    products are exact in fp32; bf16 matmul units accumulate in fp32 too) and round the output to
+    bf16. Through autograd the gradients are rounded at the same points as a bf16 backward. Left
+    out: summation order inside a kernel, and the internals of a fused attention kernel (softmax
+    statistics are fp32 in both).
     """
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.linear or func is F.scaled_dot_product_attention:
             args = tuple(_bf16(a) for a in args)
             kwargs = {k: (v if k == "attn_mask" else _bf16(v)) for k, v in kwargs.items()}
-            return func(*args, **kwargs).to(torch.bfloat16)
+            with torch.autocast(device_type=self.device_type, enabled=False):
+                if func is F.linear:
+                    return _Fp32Linear.apply(*args, **kwargs).to(torch.bfloat16)
+                return func(*args, **kwargs).to(torch.bfloat16)
         return func(*args, **kwargs)
+
+
+class _Fp32Linear(torch.autograd.Function):
+    """F.linear whose backward matmuls also run in fp32: a backward called inside autocast would
+    otherwise send them to (emulated, slow) bf16. Their results are rounded to bf16 by the caller's
+    casts, as a bf16 backward rounds them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        x, weight = ctx.saved_tensors
+        rows = grad.reshape(-1, grad.shape[-1])
+        with torch.autocast(device_type=grad.device.type, enabled=False):
+            return grad @ weight, rows.T @ x.reshape(-1, x.shape[-1]), rows.sum(0) if ctx.has_bias else None
+
+
+@contextlib.contextmanager
+def emulated_mixed(device: torch.device) -> Iterator[None]:
+    """`mixed`'s numerics with bf16 matmuls emulated in fp32 (EmulatedBf16Compute)."""
+    with EmulatedBf16Compute(device.type), autocast("mixed", device):
+        yield
+
+
+@contextlib.contextmanager
+def _mixed(device: torch.device) -> Iterator[None]:
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16), Bf16Weights():
+        yield
 
 
 def autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context the forward (and backward) passes run in for `mode` on `device`."""
     if mode == "mixed":
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
-        stack.enter_context(Bf16Weights())
-        return stack
+        return _mixed(device)
     if compute_dtype(mode, device) == torch.bfloat16:
         # For bf16 weights this changes little for matmuls, but keeps softmax and reductions fp32.
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
