@@ -72,9 +72,9 @@ def slowest(x: float) -> float:
 
 def per_element_ns() -> list[tuple[str, float]]:
     n = 1 << 20
-    rows, inner, stride = torch.arange(n // 1024), torch.arange(1024), torch.tensor(1024)
-    k0, k1 = (torch.tensor(k) for k in parameter_key(0, "layers.0.attention.wq.weight"))
-    scale = value_scale(0.02, torch.device("cpu"))
+    rows, inner, stride = torch.arange(n // 1024), torch.arange(1024), 1024
+    k0, k1 = parameter_key(0, "layers.0.attention.wq.weight")
+    scale = value_scale(0.02)
     out, gen = torch.empty(n), torch.Generator().manual_seed(0)
     cases = [("before: Generator.normal_", lambda: out.normal_(0.0, 0.02, generator=gen)),
              ("after", lambda: init_values(rows, inner, stride, k0, k1, scale))]

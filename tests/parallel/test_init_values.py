@@ -8,8 +8,8 @@ import torch
 
 from hlat.parallel.init_values import init_values, parameter_key, threefry2x32_, value_scale
 
-KEY = tuple(torch.tensor(k) for k in parameter_key(0, "layers.0.attention.wq.weight"))
-STRIDE = torch.tensor(24)  # a 40 x 24 parameter
+KEY = parameter_key(0, "layers.0.attention.wq.weight")
+STRIDE = 24  # a 40 x 24 parameter
 
 
 def test_threefry_matches_random123_known_answers():
@@ -19,14 +19,14 @@ def test_threefry_matches_random123_known_answers():
              ((0x243F6A88, 0x85A308D3), (0x13198A2E, 0x03707344), (0xC4923A9C, 0x483DF7A0))]
     for counter, key, expected in cases:
         words = [torch.tensor([w]) for w in counter]
-        threefry2x32_(*words, *(torch.tensor(w) for w in key))
+        threefry2x32_(*words, *key)
         assert tuple(w.item() for w in words) == expected
 
 
 def test_a_slice_computes_the_full_tensors_bits():
     """Element (r, c) of a 40 x 24 parameter is the same float whether computed with the whole
     tensor, in a permuted, uneven block of rows and columns, or one row at a time."""
-    scale = value_scale(0.02, torch.device("cpu"))
+    scale = value_scale(0.02)
     full = init_values(torch.arange(40), torch.arange(24), STRIDE, *KEY, scale)
     rows, cols = torch.tensor([39, 2, 17, 5, 6]), torch.arange(7, 20)
     assert torch.equal(init_values(rows, cols, STRIDE, *KEY, scale), full[rows][:, cols])
@@ -38,7 +38,7 @@ def test_a_slice_computes_the_full_tensors_bits():
 
 def test_distribution_is_the_documented_irwin_hall():
     std, n = 0.02, 1 << 16
-    x = init_values(torch.arange(n), torch.zeros(1, dtype=torch.long), torch.tensor(1), *KEY, value_scale(std, torch.device("cpu"))).double()
+    x = init_values(torch.arange(n), torch.zeros(1, dtype=torch.long), 1, *KEY, value_scale(std)).double()
     assert abs(x.mean().item()) < 4 * std / math.sqrt(n)
     assert abs(x.std().item() - std) < 4 * std / math.sqrt(2 * n)
     assert x.abs().max().item() <= 2 * math.sqrt(3) * std

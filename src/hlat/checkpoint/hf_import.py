@@ -24,7 +24,6 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm import tqdm

@@ -61,13 +61,12 @@ def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
     inner = torch.zeros([1] * max(1, param.dim() - 1), dtype=torch.long, device=local.device)
     for d in range(1, param.dim()):
         inner = inner + indices[d].view(-1, *[1] * (param.dim() - 1 - d)) * strides[d]
-    row_stride = torch.tensor(strides[0], device=local.device)
-    k0, k1 = (torch.tensor(k, device=local.device) for k in parameter_key(seed, name))
-    scale = value_scale(std, local.device)
+    k0, k1 = parameter_key(seed, name)
+    scale = value_scale(std)
     rows = max(1, CHUNK // max(1, inner.numel()))
     for start in range(0, local.shape[0], rows):
         block = local[start:start + rows]
-        block.copy_(init_values(indices[0][start:start + rows], inner, row_stride, k0, k1, scale).view(block.shape))
+        block.copy_(init_values(indices[0][start:start + rows], inner, strides[0], k0, k1, scale).view(block.shape))
 
 
 @torch.no_grad()

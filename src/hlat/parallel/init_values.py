@@ -45,34 +45,37 @@ def parameter_key(seed: int, name: str) -> tuple[int, int]:
     return key & _WORD, key >> 32
 
 
-def threefry2x32_(x0: torch.Tensor, x1: torch.Tensor, k0: torch.Tensor, k1: torch.Tensor) -> None:
-    """Threefry-2x32-20 in place: counter words (x0, x1) become the output words under key words
-    (k0, k1). In-place ops: eager CPU code runs ~3x faster than with a new tensor per op."""
+def threefry2x32_(x0: torch.Tensor, x1: torch.Tensor, k0: int, k1: int) -> None:
+    """Threefry-2x32-20 in place: counter words (x0, x1) become the output words under the key
+    words (k0, k1). In-place ops: eager CPU code runs ~3x faster than with a new tensor per op.
+    x0 is masked to 32 bits only at the end: its low word is all the next ops read of it (a sum's
+    low word and an xor's), and 25 additions of 32-bit words keep it far below 2^63."""
     ks = (k0, k1, k0 ^ k1 ^ _PARITY)
     wrapped = torch.empty_like(x1)  # the bits a rotation carries past bit 31
-    x0.add_(k0).bitwise_and_(_WORD)
+    x0.add_(k0)
     x1.add_(k1).bitwise_and_(_WORD)
     for r in range(20):
         rotation = _ROTATIONS[r % 8]
-        x0.add_(x1).bitwise_and_(_WORD)
+        x0.add_(x1)
         torch.bitwise_right_shift(x1, 32 - rotation, out=wrapped)
-        x1.bitwise_left_shift_(rotation).bitwise_and_(_WORD).bitwise_or_(wrapped).bitwise_xor_(x0)
+        x1.bitwise_left_shift_(rotation).bitwise_or_(wrapped).bitwise_xor_(x0).bitwise_and_(_WORD)
         if r % 4 == 3:  # key injection s = 1..5
             s = r // 4 + 1
-            x0.add_(ks[s % 3]).bitwise_and_(_WORD)
+            x0.add_(ks[s % 3])
             x1.add_(ks[(s + 1) % 3] + s).bitwise_and_(_WORD)
+    x0.bitwise_and_(_WORD)
 
 
-def value_scale(std: float, device: torch.device) -> torch.Tensor:
-    """init_values' `scale` for values of standard deviation `std`: a 0-d fp32 tensor on `device`."""
-    return torch.tensor(std * _UNIT, dtype=torch.float32, device=device)
+def value_scale(std: float) -> float:
+    """init_values' `scale` for values of standard deviation `std`, rounded to fp32 (the multiply
+    that applies it is an fp32 one on every device)."""
+    return torch.tensor(std * _UNIT, dtype=torch.float32).item()
 
 
-def init_values(rows: torch.Tensor, inner: torch.Tensor, row_stride: torch.Tensor, k0: torch.Tensor,
-                k1: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def init_values(rows: torch.Tensor, inner: torch.Tensor, row_stride: int, k0: int, k1: int, scale: float) -> torch.Tensor:
     """fp32 values of the elements at global flat indices rows[:, None, ...] * row_stride + inner
-    (int64; shape (len(rows), *inner.shape)), for a row stride and key words k0, k1 (0-d int64
-    tensors) and `scale` from value_scale."""
+    (int64; shape (len(rows), *inner.shape)), for key words k0, k1 (parameter_key) and `scale`
+    (value_scale)."""
     index = rows.view(-1, *[1] * inner.dim()) * row_stride + inner
     x1 = index >> 32
     x0 = index.bitwise_and_(_WORD)
