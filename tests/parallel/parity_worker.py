@@ -47,8 +47,9 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
     par = ParallelConfig(tp=int(tp), pp=int(pp), dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
                          dp_sharding=sharding, pp_schedule=schedule, pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
     per_dp = GLOBAL_BATCH // layout.dp
+    micro = MICRO if per_dp // MICRO >= int(pp) else per_dp // int(pp)  # a pipeline needs >= pp micro-batches
     torch._dynamo.utils.counters.clear()
-    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode="fp32",
+    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // micro, precision_mode="fp32",
                                  compiled=compiled)
     if sharding == "zero1" and layout.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -63,7 +64,7 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
-        batches = [Batch(mine[i:i + MICRO], labels_for(mine[i:i + MICRO])) for i in range(0, per_dp, MICRO)]
+        batches = [Batch(mine[i:i + micro], labels_for(mine[i:i + micro])) for i in range(0, per_dp, micro)]
         share, norm = train_step(model, optimizers, batches, grad_clip=1.0)
         losses.append(model.reduce_loss(share).item())
         norms.append(norm.item())

@@ -49,7 +49,8 @@ FOUR = [
     "1,2x2,1,fsdp,1f1b,1,none",  # HSDP: 2 replicas x 2 shards (parity_worker.run)
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none",  # the second: FSDP over replicated KV projections
-         "1,2x2,2,zero2,1f1b,1,none"]  # HSDP 2 x 2 x TP 2
+         "1,2x2,2,zero2,1f1b,1,none",  # HSDP 2 x 2 x TP 2
+         "2,2x2,1,fsdp,1f1b,1,none"]  # PP 2 x HSDP 2 x 2
 SCENARIOS = [Scenario(f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"specs": specs})
              for world, specs in ((1, list(REFERENCES.values())), (2, TWO), (4, FOUR), (8, EIGHT))]
 
