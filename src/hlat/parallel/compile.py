@@ -116,9 +116,8 @@ def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, mi
         mask = document_mask(torch.zeros(micro_batch, seq_len, dtype=torch.long, device=device))  # the run's backend
     else:
         cos, sin, mask = cos[None, :, None], sin[None, :, None], None
-    with autocast(precision_mode, device):
-        out = compiled(x, cos, sin, mask)
-    out.float().sum().backward()
+    with autocast(precision_mode, device):  # backward too, as the trainer runs it: a recompute replays the forward
+        compiled(x, cos, sin, mask).float().sum().backward()
 
 
 def _all_ranks(ok: bool, device: torch.device) -> bool:
