@@ -61,12 +61,20 @@ def missing_file(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     return ["export", str(tmp / "nowhere"), str(tmp / "hf")], f"{tmp / 'nowhere'} is neither an hlat checkpoint"
 
 
+def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    assert main(["train", *tiny_args(corpus, tmp / "run", "--train.steps", "1", "--checkpoint.every", "1")]) == 0
+    args = tiny_args(corpus, tmp / "run", "--train.steps", "2", "--data.seq_len", "16")
+    return ["train", *args], (f"{tmp / 'run' / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+                              "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32")
+
+
 def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     return ["train", "--train.steps", "0"], "train.steps: must be >= 1"
 
 
 CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
-    bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, invalid_config]
+    bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, resume_with_other_data,
+    invalid_config]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])

@@ -19,3 +19,8 @@ class ConfigError(UserError, ValueError):
         self.problems = problems
         lines = [f"  {field}: {message}" for field, message in problems]
         super().__init__("invalid configuration:\n" + "\n".join(lines))
+
+
+class ResumeError(UserError, ValueError):
+    """A checkpoint that cannot resume this run as configured (e.g. its data position was made
+    with other data settings); the message names the setting and the value to resume with."""

@@ -34,6 +34,7 @@ from hlat.data.documents import (
 )
 from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
+from hlat.errors import ResumeError
 
 __all__ = ["IGNORE_INDEX", "Batch", "PackedLoader", "epoch_permutation", "labels_for",
            "merge_states", "split_document"]
@@ -211,7 +212,7 @@ class PackedLoader:
         """Resume from this rank's own state, or from ``merge_states`` of all ranks' states (any
         earlier data-parallel size: the shards are dealt to the current ranks)."""
         if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"data loader state version {state.get('version')!r} is not "
+            raise ResumeError(f"data loader state version {state.get('version')!r} is not "
                              f"{_STATE_VERSION}: it was saved by another hlat version; start the data anew")
         mine = self.state_dict()
         checks = [
@@ -225,7 +226,7 @@ class PackedLoader:
         ]  # fmt: skip
         for key, what, fix in checks:
             if state.get(key) != mine[key]:
-                raise ValueError(f"cannot resume the data loader: the checkpoint was made with {what} "
+                raise ResumeError(f"cannot resume the data loader: the checkpoint was made with {what} "
                                  f"(saved {key}={state.get(key)!r}, now {mine[key]!r}); {fix}")
         merged = state["dp_rank"] == "all"
         if not merged and (state["dp_size"], state["dp_rank"]) != (self.dp_size, self.dp_rank):

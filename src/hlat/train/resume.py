@@ -22,6 +22,7 @@ from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config import RunConfig
 from hlat.data import PackedLoader
+from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import ParallelModel
 from hlat.train.optimizers import Optimizers
@@ -115,7 +116,10 @@ class RunState:
         same = shared.get("layout") == self.layout_record()
         lay = self.layout
         loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same)
-        self.loader.load_state_dict(loader)
+        try:
+            self.loader.load_state_dict(loader)
+        except ResumeError as err:
+            raise ResumeError(f"{path}: {err}") from err
         if rng is not None:
             load_rng_state(rng, self.device)
         saved = shared["progress"]
