@@ -99,14 +99,18 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("trn2 NeuronCore-v3", (), 83.4, 83.4, 22.6, 12, 0.36,
                 "AWS Trainium2 chip: 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB HBM, 2.9 TB/s, over its 8 NeuronCores "
                 "(a rank of the default logical NeuronCore size 2 drives two)"),
-    # Whole chips, for planning by the chip as HLAT counts its 4096 accelerators. NeuronLink's
-    # bandwidth is not given in the Neuron docs read (intra 0: intra-node traffic not counted).
+    # Whole chips, for planning by the chip as HLAT counts its 4096 accelerators. NeuronLink per chip
+    # as the Neuron docs give it (trn1: 384 GiB/s per device; Trainium2: 1.28 TB/s per chip), whether
+    # one way or both not said: halved, as NVLink's 900 GB/s (both ways) gives 450 one way.
     Accelerator("trn1", (), 190.0, 190.0, 47.5, 32, 0.82,
                 "AWS Neuron docs, Trainium architecture: 2 NeuronCore-v2, 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB, 820 GB/s",
-                per_node=16, inter_gbs=6.25, node_source="trn1.32xlarge: 16 chips, NeuronLink-v2, 800 Gbps EFA (Neuron docs, trn1 architecture)"),
+                per_node=16, intra_gbs=206.0, inter_gbs=6.25,
+                node_source="trn1.32xlarge: 16 chips, NeuronLink-v2 384 GiB/s per chip, 800 Gbps EFA (Neuron docs, trn1 architecture)"),
     Accelerator("trn2", (), 667.0, 667.0, 181.0, 96, 2.9,
                 "AWS Neuron docs, Trainium2 architecture: 8 NeuronCore-v3, 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB, 2.9 TB/s",
-                per_node=16, inter_gbs=25.0, node_source="trn2.48xlarge: 16 chips, NeuronLink-v3, 3.2 Tbps EFAv3 (AWS EC2 Trn2 page)"),
+                per_node=16, intra_gbs=640.0, inter_gbs=25.0,
+                node_source="trn2.48xlarge: 16 chips, NeuronLink-v3 1.28 TB/s per chip (Neuron docs, Trainium2 architecture), "
+                            "3.2 Tbps EFAv3 (AWS EC2 Trn2 page)"),
 )
 
 
