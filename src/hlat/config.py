@@ -77,7 +77,6 @@ class RunConfig:
         micro-batches to fill the pipeline, data shards over dp, and the dp sharding's limits."""
         from hlat.parallel.data_parallel import check_data_parallel
         from hlat.parallel.mesh import resolve_degrees
-        from hlat.parallel.pipeline import check_pipeline
         from hlat.parallel.tensor_parallel import check_tensor_parallel
 
         try:
@@ -85,8 +84,7 @@ class RunConfig:
         except ConfigError as err:
             return err.problems
         problems = []
-        checks = [lambda: check_pipeline(self.model, pp, self.precision.mode),
-                  lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)]
+        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)]
         if tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, tp))
         for check in checks:  # the rules the model builder applies, asked before any process group exists

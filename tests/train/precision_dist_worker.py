@@ -23,6 +23,9 @@ LAYOUTS = {
     "zero1": ["--parallel.dp_sharding", "zero1"],
     "fsdp": ["--parallel.dp_sharding", "fsdp"],
     "tp2": ["--parallel.tp", "2"],
+    # tied embeddings under PP 2: a copy of the matrix on each stage's rank, each updated by its
+    # stage's optimizer; 3 layers split unevenly, so the copies sit at different optimizer positions
+    "pp2-tied": ["--parallel.pp", "2", "--model.tie_embeddings", "true", "--model.n_layers", "3"],
 }
 
 
@@ -49,9 +52,16 @@ def dtypes(trainer: Trainer) -> dict[str, list[str]]:
         "n_state": [len(state)],
         # Replicas (DDP, ZeRO-1 after its broadcast) must hold bit-identical weights: their rounding
         # noise is shared. Under FSDP/TP each rank's digest is of its own shard.
-        "digest": [hashlib.sha256(b"".join(local_tensor(p).detach().contiguous().view(torch.int16).numpy().tobytes()
-                                            for p in params)).hexdigest()],
+        "digest": [_digest(params)],
+        # the tied matrix alone: the pipeline's two copies must hold the same bits
+        "tied_digest": [_digest([p for part in trainer.model.parts for n, p in part.named_parameters()
+                                 if n.endswith("tok_embeddings.weight")])],
     }
+
+
+def _digest(params: list[torch.Tensor]) -> str:
+    return hashlib.sha256(b"".join(local_tensor(p).detach().contiguous().view(torch.int16).numpy().tobytes()
+                                   for p in params)).hexdigest()
 
 
 def train(name: str, args: list[str], out: Path, resume: str = "auto") -> None:

@@ -47,6 +47,13 @@ def test_replicas_stay_identical_and_zero1_shards_the_state(results):
     assert results("zero1", 0)["n_state"][0] < results("ddp", 0)["n_state"][0]  # ZeRO-1: each rank a partition
 
 
+def test_tied_copies_round_alike_under_pp(results):
+    # PP 2 with tied embeddings: stage 0 (rank 0) and the last stage (rank 1) each hold the matrix and
+    # update it with their own optimizer; the same summed gradient and rounding noise keyed by the
+    # shared name keep the two copies bit-identical (keyed by position they drift apart in 3 steps).
+    assert results("pp2-tied", 0)["tied_digest"] == results("pp2-tied", 1)["tied_digest"]
+
+
 def test_dp_layouts_agree(results):
     # Same model, data and global batch: DDP, ZeRO-1 and FSDP2 start identically and stay close
     # (reduction order differs, so later steps agree only approximately).

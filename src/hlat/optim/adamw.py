@@ -9,6 +9,7 @@ from torch import nn
 
 from hlat.optim.bf16_adamw import BF16AdamW
 from hlat.optim.config import OptimConfig
+from hlat.parallel.init import canonical_name
 
 
 def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
@@ -34,24 +35,26 @@ FUSED_DEVICES = ("cpu", "cuda")
 
 
 def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0, compile: bool = True,
-                device_type: str = "cpu") -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+                device_type: str = "cpu", model: nn.Module | None = None) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
 
     `bf16_rounding` None: torch AdamW for fp32 state (fused on `device_type`s that have the kernel).
     "stochastic"/"nearest": BF16AdamW for bf16 parameters, rounding each update that way (noise
-    seeded by `seed`; `compile` fuses the update). Both honour `found_inf` (see skips_exactly).
+    seeded by `seed` and by the names of `model`'s parameters; `compile` fuses the update). Both
+    honour `found_inf` (see skips_exactly).
     """
     kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if bf16_rounding is None:
         fused = device_type in FUSED_DEVICES
         return torch.optim.AdamW, {**kwargs, "fused": fused, "foreach": not fused}
-    return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile}
+    names = None if model is None else {id(p): canonical_name(n) for n, p in model.named_parameters()}
+    return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile, "names": names}
 
 
 def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
                 compile: bool = True) -> torch.optim.Optimizer:
     device_type = next(model.parameters()).device.type
-    cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile, device_type)
+    cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile, device_type, model)
     return cls(decay_groups(model, cfg), **kwargs)
 
 

@@ -7,9 +7,11 @@ bf16 ulp are lost); the second moment is always rounded to nearest (see adamw_up
 
 Works on each rank's local shard: DTensor parameters (FSDP2, tensor parallel) are updated
 through `.to_local()`, and the class takes plain keyword arguments so ZeroRedundancyOptimizer can
-build it. The rounding noise is a function of (seed, step, parameter position, global element
+build it. The rounding noise is a function of (seed, step, parameter name, global element
 index), so the optimizer's ordinary state_dict (step counts, seed in the param groups) is all a
-resume needs.
+resume needs, and two copies of one parameter (a tied embedding on the first and the last
+pipeline stage, each updated by its stage's optimizer) round alike. Without names (`names`), a
+parameter's position across the groups stands in for its name.
 
 A step can be skipped exactly without a host sync, with torch's fused-AdamW protocol: set
 `optimizer.found_inf` to a 0-d float tensor on the parameters' device; where it is 1, weights,
@@ -22,7 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -96,16 +98,17 @@ def _shard_position(p: torch.Tensor) -> tuple[int, int]:
     return 0, 1 + int.from_bytes(hashlib.blake2b(repr(sharded).encode(), digest_size=4).digest(), "little")
 
 
-def noise_seed(seed: int, call: int, position: int, salt: int) -> int:
-    """A 32-bit seed per (run seed, step() call, parameter, shard): fresh noise every step."""
-    digest = hashlib.blake2b(f"{seed}|{call}|{position}|{salt}".encode(), digest_size=4).digest()
+def noise_seed(seed: int, call: int, parameter: str | int, salt: int) -> int:
+    """A 32-bit seed per (run seed, step() call, parameter name or position, shard): fresh noise every step."""
+    digest = hashlib.blake2b(f"{seed}|{call}|{parameter}|{salt}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
 
 
 class BF16AdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, rounding: str = "stochastic", seed: int = 0,
-                 compile: bool = True) -> None:
+                 compile: bool = True, names: Mapping[int, str] | None = None) -> None:
+        """`names`: id(parameter) -> its name, which keys its rounding noise (noise_names)."""
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         # rounding and seed live in the param groups so that they travel with the state_dict.
@@ -113,6 +116,7 @@ class BF16AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed, calls=0)
         super().__init__(params, defaults)
         self.update = compiled_update() if compile else adamw_update_
+        self.names = dict(names or {})
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.bfloat16:
@@ -129,7 +133,7 @@ class BF16AdamW(torch.optim.Optimizer):
                 loss = closure()
         found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
         skips: dict[torch.device, torch.Tensor] = {}  # found_inf (or no skip) on each parameter device
-        position = 0  # parameter position across groups: the same on every data-parallel replica
+        position = 0  # without a name: the position across groups, the same on every data-parallel replica
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             group["calls"] += 1
@@ -154,6 +158,6 @@ class BF16AdamW(torch.optim.Optimizer):
                     local_tensor(state["exp_avg_sq"]).view(-1), skip, 1 - beta1**step, (1 - beta2**step).sqrt(),
                     lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                     stochastic=group["rounding"] == "stochastic", offset=offset,
-                    seed=noise_seed(group["seed"], group["calls"], position, salt),
+                    seed=noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt),
                 )
         return loss

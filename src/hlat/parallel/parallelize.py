@@ -30,7 +30,7 @@ from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel
 from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.mesh import Layout
-from hlat.parallel.pipeline import build_schedule, check_pipeline, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
 from hlat.precision import autocast, cast_parameters
@@ -201,7 +201,6 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
     precision_mode = precision.mode
     check_layout(model_cfg, par, layout)
     check_grad_accum(precision, par.dp_sharding, layout.dp)
-    check_pipeline(model_cfg, layout.pp, precision_mode)
     if float8:
         check_float8(device, layout.tp)
     with torch.device("meta"):

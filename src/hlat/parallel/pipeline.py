@@ -17,16 +17,6 @@ from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleInterl
 
 from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
-from hlat.precision import bf16_rounding
-
-
-def check_pipeline(cfg: ModelConfig, pp: int, precision_mode: str) -> None:
-    if pp > 1 and cfg.tie_embeddings and bf16_rounding(precision_mode) == "stochastic":
-        # BF16AdamW seeds its rounding noise by a parameter's position in its stage's optimizer, so
-        # the two stages' copies of the tied matrix would round differently and drift apart
-        raise ConfigError([("precision.mode", f"bf16-sr with model.tie_embeddings=true and parallel.pp={pp} is not supported "
-                            "(the first and last stages' copies of the matrix would take different stochastic rounding); "
-                            "use precision.mode bf16 (round to nearest), mixed or fp32, or parallel.pp 1")])
 
 
 def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> list[range]:

@@ -140,7 +140,7 @@ class Trainer:
     def _build_optimizer(self, part: torch.nn.Module) -> torch.optim.Optimizer:
         rounding, seed, compile = bf16_rounding(self.cfg.precision.mode), self.cfg.train.seed, self.cfg.precision.compile_optimizer
         if self.cfg.parallel.dp_sharding == "zero1" and self.layout.dp > 1:
-            cls, kwargs = adamw_class(self.cfg.optim, rounding, seed, compile)
+            cls, kwargs = adamw_class(self.cfg.optim, rounding, seed, compile, model=part)
             return ZeroRedundancyOptimizer(decay_groups(part, self.cfg.optim), optimizer_class=cls,
                                            process_group=self.layout.group("dp"), **kwargs)
         return build_adamw(part, self.cfg.optim, rounding, seed, compile)
