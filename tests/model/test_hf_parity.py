@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from hlat.config import load_config
-from hlat.errors import ConfigError
 from hlat.model import Llama, ModelConfig, count_params
 from hlat.model.hf import hf_config_dict, hf_to_hlat, hlat_to_hf, model_config_from_hf
 
