@@ -142,9 +142,6 @@ fi
 rm -rf "$WORK/1b_eager"
 
 note ""; note "## More training runs (in order of priority; the budget may end them)"
-# HLAT 7B is bf16-sr with selective recompute. On the CPU dry run this section fails its compile:
-# on a CPU bf16-sr upcasts weights through a torch-function mode that a compiled recompute region
-# does not apply (auto falls back to eager there); on a GPU bf16-sr computes under autocast instead.
 seven=(--preset hlat-7b --model.n_layers 4 --parallel.tp 1 --parallel.dp_sharding ddp)
 train 7b_4layers_compiled 120 "${seven[@]}" "${SEVEN_B[@]}" --parallel.compile true
 train 1b_bf16-sr_compiled 120 --preset 1b "${ONE_B[@]}" --precision.mode bf16-sr --parallel.compile true

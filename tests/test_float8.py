@@ -10,6 +10,7 @@ from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama
 from hlat.model.config import ModelConfig
+from hlat.model.llama import Linear
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
@@ -32,7 +33,7 @@ def test_block_linears_convert_and_match_bf16_numerics():
     # 7 linears per block; the output head stays a plain Linear; parameter names are unchanged,
     # so checkpoints load either way.
     assert convert_to_float8(f8) == 7 * CFG.n_layers
-    assert type(f8.output) is torch.nn.Linear
+    assert type(f8.output) is Linear  # the head stays unconverted
     assert f8.state_dict().keys() == ref.state_dict().keys()
 
     tokens = torch.randint(0, CFG.vocab_size, (2, 32))

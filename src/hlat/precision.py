@@ -64,20 +64,16 @@ def cast_parameters(model: nn.Module, mode: str) -> nn.Module:
 
 
 class _UpcastWeights(TorchFunctionMode):
-    """Run linear layers and embedding lookups in fp32 on bf16-stored weights.
-
-    The upcast is part of the autograd graph, so gradients come back to the bf16 parameters as
-    bf16 (rounded to nearest), exactly as bf16 compute would deliver them.
+    """bf16-stored weights, fp32 compute (CPUs): embedding lookups come out fp32, so the residual
+    stream is fp32, and the model's linear layers (hlat.model.llama.Linear) upcast their weights to
+    it. The upcasts are part of the autograd graph, so gradients come back to the bf16 parameters
+    as bf16 (rounded to nearest), exactly as bf16 compute would deliver them.
     """
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func is F.linear:
-            x, weight, *rest = args
-            return func(x.float(), weight.float(), *rest, **kwargs)
         if func is F.embedding:
-            return func(*args, **kwargs).float()
-        return func(*args, **kwargs)
+            return func(*args, **(kwargs or {})).float()
+        return func(*args, **(kwargs or {}))
 
 
 class Bf16Weights(TorchFunctionMode):

@@ -69,6 +69,40 @@ def test_tensor_parallel_runs_eager(compiling):
         decide_compile("true", MODEL, CPU, "fp32", 2, 32, False, tp=2)
 
 
+def test_bf16_storage_compiles_with_recompute(compiling, recompute: str = "selective"):
+    """HLAT 7B's recipe on a CPU: bf16-sr (bf16 weights, fp32 compute) with a recompute policy. The
+    weights' upcast is the model's own code (hlat.model.llama.Linear), so the compiled recompute
+    region holds it; the compiled block computes what the eager one does."""
+    from torch import nn
+
+    from hlat.model.llama import TransformerBlock, rope_tables
+    from hlat.parallel.activation_checkpoint import checkpoint_block
+    from hlat.precision import autocast, cast_parameters
+
+    torch.manual_seed(0)
+    block = cast_parameters(TransformerBlock(MODEL), "bf16-sr")
+    with torch.no_grad():
+        for param in block.parameters():
+            param.normal_(0, 0.02) if param.ndim > 1 else param.fill_(1.0)
+    cos, sin = (t[None, :32, None] for t in rope_tables(MODEL))
+    table = nn.Parameter(torch.randn(16, MODEL.d_model, dtype=torch.bfloat16))
+    ids = torch.randint(0, 16, (2, 32))
+    results = []
+    for wrapped in (checkpoint_block(block, recompute), torch.compile(checkpoint_block(block, recompute, compiled=True), fullgraph=True)):
+        block.zero_grad()
+        with autocast("bf16-sr", CPU):
+            x = nn.functional.embedding(ids, table).detach().requires_grad_()
+            out = wrapped(x, cos, sin, None)
+            out.sum().backward()
+        results.append((out.detach(), x.grad, [p.grad.float() for p in block.parameters()]))
+    (eager, eager_x, eager_grads), (compiled, compiled_x, compiled_grads) = results
+    assert compiled.dtype == torch.float32  # fp32 compute from bf16 weights
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled_x, eager_x, rtol=1e-5, atol=1e-5)
+    for a, b in zip(compiled_grads, eager_grads):  # bf16 gradients: equal up to one rounding
+        torch.testing.assert_close(a, b, rtol=2 ** -7, atol=1e-6)
+
+
 def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_corpus, tmp_path):
     def broken(*args, **kwargs):
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")

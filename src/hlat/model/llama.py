@@ -19,6 +19,17 @@ from hlat.model.config import ModelConfig
 from hlat.model.kv_cache import KVCache, LayerKV
 
 
+class Linear(nn.Linear):
+    """nn.Linear computing in its input's dtype: on CPUs the bf16 storage modes keep bf16 weights
+    and fp32 activations (hlat.precision), and the weight's upcast must be part of the block's own
+    code to reach inside compiled recompute regions, where torch-function modes do not apply.
+    A no-op cast wherever the dtypes already agree (fp32, mixed, bf16 compute on accelerators)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with HF LlamaRMSNorm numerics: normalise in fp32, cast back, then scale."""
 
@@ -78,10 +89,10 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.head_dim = cfg.attn_head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
-        self.wk = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
-        self.wv = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
-        self.wo = nn.Linear(cfg.n_heads * cfg.attn_head_dim, cfg.d_model, bias=cfg.attention_bias)
+        self.wq = Linear(cfg.d_model, cfg.n_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wk = Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wv = Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
+        self.wo = Linear(cfg.n_heads * cfg.attn_head_dim, cfg.d_model, bias=cfg.attention_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
@@ -102,9 +113,9 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # gate
-        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.mlp_bias)  # down
-        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
+        self.w1 = Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # gate
+        self.w2 = Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.mlp_bias)  # down
+        self.w3 = Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.mlp_bias)  # up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(swiglu(self.w1(x), self.w3(x)))
@@ -148,7 +159,7 @@ class Llama(nn.Module):
         # names ("layers.40...") of the full model, so checkpoints reshard across layouts.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.output = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # False on a later pipeline stage (its input is hidden states), which may still hold
         # tok_embeddings: the last stage's tied output head (hlat.parallel.pipeline.cut_stage).
         self.embeds_tokens = True
