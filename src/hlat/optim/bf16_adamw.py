@@ -108,7 +108,8 @@ class BF16AdamW(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, rounding: str = "stochastic", seed: int = 0,
                  compile: bool = True, names: Mapping[int, str] | None = None) -> None:
-        """`names`: id(parameter) -> its name, which keys its rounding noise (noise_names)."""
+        """`names`: id(parameter) -> its name, which keys its rounding noise (adamw_class builds it
+        from the model); a parameter without one is keyed by its position across the groups."""
         if rounding not in ROUNDINGS:
             raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
         # rounding and seed live in the param groups so that they travel with the state_dict.
