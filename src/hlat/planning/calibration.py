@@ -22,10 +22,17 @@ _TT = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
 _TT_2412 = _TT + "llama3_h100_202412_torchtitan.md"
 _TT_ASYNC = _TT + "asyncTP_llama3_h100_2025-06_torchtitan.md"
 _OLMO = "https://github.com/allenai/OLMo-core/blob/7e58d1289bc27103880e7a8382ad0847c35e04f7/README.md"
-_NEURON = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/benchmarks/trn1/trn1-training-performance.html"
+# The Neuron SDK's trn1 training table as published on 2024-12-20 (Neuron 2.21), the last version with all five
+# Llama rows; conditions not in the table are the NxD tutorial scripts' (neuronx-distributed examples/training/llama).
+_NEURON = ("https://github.com/aws-neuron/aws-neuron-sdk/blob/752349fd3de5aaa6eb69690955eeaa7d43fcd082/"
+           "general/benchmarks/trn1/training_data_decoder.csv")
+_NXD = ("NxD 2.21, BF16 autocast + fp32 optimizer, ZeRO-1, selective recompute, micro-batch 1, global batch 1024 "
+        "(70B: 8 KV heads replicated 4x)")
 _HLAT_CPU = "benchmarks/train_throughput.md"
 _TT_H100 = "Grand Teton H100 SXM, 96 GB HBM2e at 500 W (below the data sheet's 700 W)"
 _LLAMA_70B = ("--model.d_model", "8192", "--model.n_layers", "80", "--model.n_heads", "64", "--model.ffn_dim", "28672")
+_LLAMA2_13B = ("--model.d_model", "5120", "--model.n_layers", "40", "--model.n_heads", "40",
+               "--model.n_kv_heads", "40", "--model.ffn_dim", "13824")
 _OLMO2_7B = ("--model.vocab_size", "100352", "--model.rope_theta", "500000")  # llama2-7B shape, padded vocabulary
 # This machine's CPU as hlat.train.cpu_peak reads it: 2 cores x 32 FLOP/cycle (AVX2) x 2.445 GHz.
 CPU_BENCHMARK_GFLOPS = 156.5
@@ -53,7 +60,7 @@ def _config(preset: str, overrides: tuple[str, ...]) -> RunConfig:
     return load_config(preset, None, list(overrides))
 
 
-def _llama8b(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
+def _settings(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
     return ("--data.seq_len", str(seq), "--train.global_batch", str(batch), "--train.micro_batch", str(micro),
             "--precision.mode", "mixed", *extra)
 
@@ -66,17 +73,17 @@ _TT_OP_SAC = ("--parallel.activation_checkpoint", "op", "--parallel.recompute_ev
 
 RUNS: tuple[Run, ...] = (
     Run("torchtitan Llama 3.1 8B, 8 H100, FSDP", _TT_2412, f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
+        "H100 SXM", "llama3.1-8b", _settings(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
     Run("torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", _TT_2412, f"torch.compile, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
+        "H100 SXM", "llama3.1-8b", _settings(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
     Run("torchtitan Llama 3.1 8B, 128 H100, FSDP", _TT_2412, f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 256, 2, *_TT_OP_SAC), 128, LayoutChoice(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
+        "H100 SXM", "llama3.1-8b", _settings(8192, 256, 2, *_TT_OP_SAC), 128, LayoutChoice(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
     Run("torchtitan Llama 3.1 8B, 64 H100, FSDP 8 x TP 8", _TT_ASYNC,
         f"torch.compile, per-op SAC (every other matmul recomputed), bf16, vanilla TP, seq 8192, local batch 12; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 96, 12, *_TT_OP_SAC), 64, LayoutChoice(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
+        "H100 SXM", "llama3.1-8b", _settings(8192, 96, 12, *_TT_OP_SAC), 64, LayoutChoice(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
     Run("torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", _TT_ASYNC,
         f"torch.compile, full AC, bf16, vanilla TP, seq 8192, local batch 16; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _llama8b(8192, 512, 16, *_LLAMA_70B), 256, LayoutChoice(8, 1, 32, "fsdp", 32, 16, "full"),
+        "H100 SXM", "llama3.1-8b", _settings(8192, 512, 16, *_LLAMA_70B), 256, LayoutChoice(8, 1, 32, "fsdp", 32, 16, "full"),
         597.3, False),
     Run("OLMo-core OLMo-2 7B, H100, HSDP", _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
@@ -87,18 +94,26 @@ RUNS: tuple[Run, ...] = (
     Run("OLMo-core Llama 3 8B, H100, HSDP", _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
-        "H100 SXM", "llama3.1-8b", _llama8b(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
+        "H100 SXM", "llama3.1-8b", _settings(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
+    Run("Neuron SDK Llama 2 7B, 16 trn1.32xlarge", _NEURON, f"{_NXD}, seq 4096; TP 8 x DP 64 NeuronCores = TP 4 x DP 64 chips; 95.14 seq/s",
+        "trn1", "hlat-7b", _settings(4096, 1024, 1), 256, LayoutChoice(4, 1, 64, "zero1", 64, 1, "selective"),
+        95.14 * 4096 / 256, False),
+    Run("Neuron SDK Llama 2 13B, 32 trn1.32xlarge", _NEURON,
+        f"{_NXD}, seq 4096; TP 8 x PP 8 x DP 16 NeuronCores = TP 4 x PP 8 x DP 16 chips; 80.33 seq/s",
+        "trn1", "hlat-7b", _settings(4096, 1024, 1, *_LLAMA2_13B), 512, LayoutChoice(4, 8, 16, "zero1", 16, 1, "selective"),
+        80.33 * 4096 / 512, False),
+    Run("Neuron SDK Llama 2 70B, 32 trn1.32xlarge", _NEURON,
+        f"{_NXD}, seq 4096; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 14.44 seq/s",
+        "trn1", "hlat-70b", _settings(4096, 1024, 1), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
+        14.44 * 4096 / 512, False),
     Run("Neuron SDK Llama 3.1 8B, 32 trn1.32xlarge", _NEURON,
-        "NxD 2.21, BF16 autocast + fp32 optimizer, TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips, ZeRO-1, seq 8192, "
-        "micro-batch 1, global batch 1024; 41.99 seq/s; selective recompute (the NxD tutorial's)",
-        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero1", 32, 1, "selective"),
-        41.99 * 8192 / 512, True),
+        f"{_NXD}, seq 8192; TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips; 53.51 seq/s",
+        "trn1", "llama3.1-8b", _settings(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero1", 32, 1, "selective"),
+        53.51 * 8192 / 512, True),
     Run("Neuron SDK Llama 3.1 70B, 32 trn1.32xlarge", _NEURON,
-        "NxD 2.22, BF16 autocast + fp32 optimizer, TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips, ZeRO-1, "
-        "seq 8192, micro-batch 1, global batch 1024; 7.51 seq/s; selective recompute (not in the table: the NxD 70B "
-        "tutorial's run_llama3_70B_tp_pp.sh, --use_selective_checkpoint 1, as its --use_zero1_optimizer 1)",
-        "trn1", "llama3.1-8b", _llama8b(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
-        7.51 * 8192 / 512, False),
+        f"{_NXD}, seq 8192; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 7.97 seq/s",
+        "trn1", "llama3.1-8b", _settings(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
+        7.97 * 8192 / 512, False),
     Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
         "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
