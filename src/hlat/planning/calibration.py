@@ -24,6 +24,8 @@ _TT_ASYNC = _TT + "asyncTP_llama3_h100_2025-06_torchtitan.md"
 _OLMO = "https://github.com/allenai/OLMo-core/blob/7e58d1289bc27103880e7a8382ad0847c35e04f7/README.md"
 # The Neuron SDK's trn1 training table as published on 2024-12-20 (Neuron 2.21), the last version with all five
 # Llama rows; conditions not in the table are the NxD tutorial scripts' (neuronx-distributed examples/training/llama).
+# NxD's ZeRO-1 beside TP is hlat's zero2 (hlat's zero1 is 1-D only): both reduce-scatter the gradients
+# and gather the updated bf16 weights once per step.
 _NEURON = ("https://github.com/aws-neuron/aws-neuron-sdk/blob/752349fd3de5aaa6eb69690955eeaa7d43fcd082/"
            "general/benchmarks/trn1/training_data_decoder.csv")
 _NXD = ("NxD 2.21, BF16 autocast + fp32 optimizer, ZeRO-1, selective recompute, micro-batch 1, global batch 1024 "
@@ -96,23 +98,23 @@ RUNS: tuple[Run, ...] = (
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
         "H100 SXM", "llama3.1-8b", _settings(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
     Run("Neuron SDK Llama 2 7B, 16 trn1.32xlarge", _NEURON, f"{_NXD}, seq 4096; TP 8 x DP 64 NeuronCores = TP 4 x DP 64 chips; 95.14 seq/s",
-        "trn1", "hlat-7b", _settings(4096, 1024, 1), 256, LayoutChoice(4, 1, 64, "zero1", 64, 1, "selective"),
+        "trn1", "hlat-7b", _settings(4096, 1024, 1), 256, LayoutChoice(4, 1, 64, "zero2", 64, 1, "selective"),
         95.14 * 4096 / 256, False),
     Run("Neuron SDK Llama 2 13B, 32 trn1.32xlarge", _NEURON,
         f"{_NXD}, seq 4096; TP 8 x PP 8 x DP 16 NeuronCores = TP 4 x PP 8 x DP 16 chips; 80.33 seq/s",
-        "trn1", "hlat-7b", _settings(4096, 1024, 1, *_LLAMA2_13B), 512, LayoutChoice(4, 8, 16, "zero1", 16, 1, "selective"),
+        "trn1", "hlat-7b", _settings(4096, 1024, 1, *_LLAMA2_13B), 512, LayoutChoice(4, 8, 16, "zero2", 16, 1, "selective"),
         80.33 * 4096 / 512, False),
     Run("Neuron SDK Llama 2 70B, 32 trn1.32xlarge", _NEURON,
         f"{_NXD}, seq 4096; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 14.44 seq/s",
-        "trn1", "hlat-70b", _settings(4096, 1024, 1), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
+        "trn1", "hlat-70b", _settings(4096, 1024, 1), 512, LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
         14.44 * 4096 / 512, False),
     Run("Neuron SDK Llama 3.1 8B, 32 trn1.32xlarge", _NEURON,
         f"{_NXD}, seq 8192; TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips; 53.51 seq/s",
-        "trn1", "llama3.1-8b", _settings(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero1", 32, 1, "selective"),
+        "trn1", "llama3.1-8b", _settings(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero2", 32, 1, "selective"),
         53.51 * 8192 / 512, True),
     Run("Neuron SDK Llama 3.1 70B, 32 trn1.32xlarge", _NEURON,
         f"{_NXD}, seq 8192; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 7.97 seq/s",
-        "trn1", "llama3.1-8b", _settings(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero1", 4, 1, "selective"),
+        "trn1", "llama3.1-8b", _settings(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
         7.97 * 8192 / 512, False),
     Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
