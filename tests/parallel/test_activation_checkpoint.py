@@ -1,10 +1,15 @@
 """Each recompute policy gives the same loss and gradients as none, and saves what it says."""
 
+import dataclasses
+import inspect
+import logging
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from hlat.model import Llama, ModelConfig
-from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
+from hlat.parallel.activation_checkpoint import apply_activation_checkpoint, checkpoint_block
 from hlat.parallel.config import ParallelConfig
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.saved_activations import block_bytes
@@ -61,3 +66,44 @@ def test_every_other_mm_needs_op():
     assert not ParallelConfig(activation_checkpoint="op", recompute_every_other_mm=True).validate()
     (name, message), = ParallelConfig(activation_checkpoint="ops").validate()
     assert name == "activation_checkpoint" and "none, selective, op, full" in message
+
+
+class _Recorded(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("mode", ["fp32", "mixed", "bf16-sr", "bf16"])
+@pytest.mark.parametrize("variant", ["gqa", "bias-rope-scaling", "document-masking"])
+def test_blocks_hold_no_in_place_op(mode, variant):
+    """A compiled recompute region must not mutate (torch says so once per compiled run, and hlat
+    drops that line on the strength of this test): every op of the model's forward, blocks
+    included, as it runs under each precision mode, is out of place."""
+    cfg = CFG if variant != "bias-rope-scaling" else dataclasses.replace(
+        CFG, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0, rope_original_max_seq_len=16)
+    model = cast_parameters(Llama(cfg), mode)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
+    documents = torch.tensor([[0] * 20 + [1] * 12, [0] * 32]) if variant == "document-masking" else None
+    positions = torch.cat([torch.arange(20), torch.arange(12)]).expand(2, 32) if documents is not None else None
+    recorded = _Recorded()
+    with autocast(mode, torch.device("cpu")), recorded:  # the whole forward: its blocks and what surrounds them
+        model(tokens, positions, doc_ids=documents)
+    assert len(recorded.ops) > 10
+    assert not [op for op in recorded.ops if op._schema.is_mutable], mode
+
+
+def test_the_in_place_reminder_is_dropped_and_nothing_else():
+    import torch._higher_order_ops.wrap as wrap
+
+    message = "Detected that context_fn is passed to torch.utils.checkpoint under torch.compile."
+    assert message in inspect.getsource(wrap)  # the line torch logs (if torch rewords it, this filter is stale)
+    checkpoint_block(torch.nn.Linear(2, 2), "selective", compiled=True)
+    logger = logging.getLogger(wrap.__name__)
+    record = lambda text: logger.makeRecord(logger.name, logging.WARNING, "wrap.py", 1, text, (), None)
+    assert not logger.filter(record("\n" + message + "\nPlease make sure the checkpointed region does not contain in-place ops"))
+    assert logger.filter(record("any other warning"))
