@@ -1,6 +1,7 @@
 """Task files (lm-eval task YAML): the shipped copies of built-in tasks ask the same as the built-in
-definitions; keys outside the supported subset are refused with file and line; results and
-per-example records go through the usual paths, a run-directory sweep included."""
+definitions; keys outside the supported subset are refused with file and line; a hostile file
+runs nothing; results and per-example records go through the usual paths, a run-directory sweep
+included."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from hlat.cli import main
 from hlat.eval import TASKS
 from hlat.eval.tasks.task_file import TaskFileError, load_task_file, load_task_files
+from hlat.eval.tasks.templates import TemplateError
 
 from export import save_run
 from task_files import ARC_ROWS, write_jsonl
@@ -129,6 +131,13 @@ def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_pat
     (tmp_path / "bad.yaml").write_text("task: bad\ngroup: mine\n")
     assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "bad.yaml")]) == 2
     assert f"{tmp_path / 'bad.yaml'}:2: key 'group' is not supported" in capsys.readouterr().err
+    # a template that reaches for Python through a filter is refused when it renders: one message, exit 2
+    marker = tmp_path / "MARKER"
+    (tmp_path / "evil.yaml").write_text((tmp_path / "mine.yaml").read_text().replace(
+        "Question: {{question}}", f"{{{{ (lipsum|attr('__globals__')).os.system('touch {marker}') }}}}"))
+    assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "evil.yaml")]) == 2
+    assert "access to attribute '__globals__' of 'function' object is unsafe" in capsys.readouterr().err
+    assert not marker.exists()
 
 
 def test_local_folder_templates_and_a_missing_field(tmp_path) -> None:
@@ -150,3 +159,59 @@ def test_local_folder_templates_and_a_missing_field(tmp_path) -> None:
     bad.write_text(path.read_text().replace("{{q}}", "{{missing}}"))
     with pytest.raises(ValueError, match="'missing' is undefined; the example's fields are q, options"):
         load_task_file(bad).doc_to_text(doc)
+
+
+ESCAPES = [  # each would run `touch MARKER` under a plain Jinja environment
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{{ lipsum.__globals__['os'].system('touch MARKER') }}",
+    "{{ (lipsum|attr('__globals__')).os.system('touch MARKER') }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ (joiner|attr('\\x5f\\x5finit\\x5f\\x5f')|attr('\\x5f\\x5fglobals\\x5f\\x5f')).os.system('touch MARKER') }}",
+    "{{ '{0.__init__.__globals__}'.format(cycler) }}",
+]
+
+
+@pytest.mark.parametrize("where", ["doc_to_text", "description", "doc_to_target", "doc_to_choice"])
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_a_hostile_template_runs_nothing(tmp_path, monkeypatch, escape, where) -> None:
+    """A task file from anywhere cannot run Python: the template is refused when the file is read
+    (underscored names) or when it renders (the sandbox), and the marker is never written."""
+    from hlat.eval.tasks import load_split
+
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "qa" / "test.jsonl", [{"q": "Which cuts?", "options": ["a saw", "a fish"], "gold": 0}])
+    keys = {"doc_to_text": '"Q: {{q}}"', "description": '""', "doc_to_target": "gold", "doc_to_choice": "options"}
+    keys[where] = json.dumps(escape)
+    path = tmp_path / "qa.yaml"
+    path.write_text("task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
+                    + "".join(f"{key}: {value}\n" for key, value in keys.items()))
+    try:
+        task = load_task_file(path)
+        (doc,) = load_split(task.data, "test", None)
+        with pytest.raises(TemplateError, match="unsafe|the example's fields"):
+            task.prompt(doc, []), task.doc_to_target(doc), task.doc_to_choice(doc)
+    except TaskFileError as err:  # refused as the file is read, naming it
+        assert str(path) in str(err) and "a template may read the example's fields only" in str(err)
+    assert not (tmp_path / "MARKER").exists()
+
+
+@pytest.mark.parametrize("template, refusal", [
+    ("{{ 'x' * 10 ** 8 }}", "an exponent above|a repetition of more than"),
+    ("{{ ('x' * 1000) * 1001 }}", "a repetition of more than 1,000,000 items"),
+    ("{% for i in range(10 ** 6) %}{% endfor %}", "Range too big"),
+])
+def test_a_template_cannot_exhaust_memory(template, refusal) -> None:
+    from hlat.eval.tasks.templates import render
+
+    with pytest.raises(TemplateError, match=refusal):
+        render(template)({})
+
+
+def test_a_python_yaml_tag_runs_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "t.yaml"
+    path.write_text("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\n"
+                    "doc_to_target: !!python/object/apply:os.system ['touch MARKER']\n")
+    with pytest.raises(TaskFileError, match="python/object/apply:os.system"):
+        load_task_file(path)
+    assert not (tmp_path / "MARKER").exists()

@@ -18,7 +18,7 @@ import yaml
 
 from hlat.errors import UserError
 from hlat.eval.tasks.base import Dataset, Doc, Kind, Task
-from hlat.eval.tasks.templates import render, to_choices, to_target, to_text
+from hlat.eval.tasks.templates import TemplateError, render, to_choices, to_target, to_text
 
 KEYS = {"task", "output_type", "dataset_path", "dataset_name", "dataset_kwargs", "test_split",
         "validation_split", "fewshot_split", "training_split", "doc_to_text", "doc_to_choice",
@@ -92,6 +92,8 @@ def load_task_file(path: Path) -> Task:
         return _task(config, path, fail)
     except jinja2.TemplateSyntaxError as err:
         raise TaskFileError(f"{path}: Jinja template error in {err.source!r}: {err.message}") from err
+    except TemplateError as err:
+        raise TaskFileError(f"{path}: {err}") from err
 
 
 def _refuse_tags(path: Path, node: yaml.Node) -> None:

@@ -1,5 +1,13 @@
 """lm-evaluation-harness's doc_to_text / doc_to_target / doc_to_choice semantics: a value is a field
-name of the example, a Jinja template rendered with the example's fields, or a literal."""
+name of the example, a Jinja template rendered with the example's fields, or a literal.
+
+A task file is input from anywhere, and a plain Jinja environment runs Python for it
+(`{{ lipsum.__globals__['os'].system(...) }}`). Templates render in Jinja's immutable sandbox,
+which refuses attributes that reach interpreter internals (underscored names, function globals,
+frames) and methods that mutate; underscored names are also refused when the file is read, so
+the usual attack fails before any model loads. The sandbox also caps range(); repetition (`*`)
+and powers (`**`) are capped here, so a template cannot exhaust memory or time.
+"""
 
 from __future__ import annotations
 
@@ -9,29 +17,69 @@ from collections.abc import Callable
 from typing import Any
 
 import jinja2
+from jinja2 import nodes
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
+from hlat.errors import UserError
 from hlat.eval.tasks.base import Doc
+
+
+MAX_REPEAT = 1_000_000  # items or characters one `*` may produce
+MAX_EXPONENT = 64
+
+
+class TemplateError(UserError, ValueError):
+    """A template that names a field the example lacks, or reaches past the example's fields."""
 
 
 def _regex_replace(text: str, pattern: str, repl: str, count: int = 0) -> str:
     return re.sub(pattern, repl, text, count=count)
 
 
-# lm-eval's environment: a missing field is an error, a trailing newline is kept
-_ENV = jinja2.Environment(loader=jinja2.BaseLoader(), undefined=jinja2.StrictUndefined,
-                          keep_trailing_newline=True)
+class _TaskTemplates(ImmutableSandboxedEnvironment):
+    """lm-eval's environment (a missing field is an error, a trailing newline is kept, the
+    regex_replace filter), sandboxed, with `*` and `**` bounded."""
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**" and isinstance(right, int) and abs(right) > MAX_EXPONENT:
+            raise SecurityError(f"an exponent above {MAX_EXPONENT} ({right})")
+        if operator == "*":
+            for count, seq in ((left, right), (right, left)):
+                if isinstance(count, int) and isinstance(seq, (str, list, tuple)) and count * len(seq) > MAX_REPEAT:
+                    raise SecurityError(f"a repetition of more than {MAX_REPEAT:,} items")
+        return super().call_binop(context, operator, left, right)
+
+
+_ENV = _TaskTemplates(loader=jinja2.BaseLoader(), undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 _ENV.filters["regex_replace"] = _regex_replace
 
 
+def _internal_names(template: str) -> list[str]:
+    """Underscored attribute and item names: no example field is read that way, every known
+    sandbox escape starts that way."""
+    tree = _ENV.parse(template)
+    names = [node.attr for node in tree.find_all(nodes.Getattr)]
+    names += [node.arg.value for node in tree.find_all(nodes.Getitem) if isinstance(node.arg, nodes.Const)]
+    return [name for name in names if isinstance(name, str) and name.startswith("_")]
+
+
 def render(template: str) -> Callable[[Doc], str]:
+    internal = _internal_names(template)
+    if internal:
+        raise TemplateError(f"template {template!r} reads {', '.join(sorted(set(internal)))}: a template may read "
+                            "the example's fields only (docs/evaluation.md)")
     compiled = _ENV.from_string(template)
 
     def fill(doc: Doc) -> str:
         try:
             return compiled.render(**doc)
         except jinja2.UndefinedError as err:
-            raise ValueError(f"template {template!r}: {err.message}; the example's fields are "
-                             f"{', '.join(doc)}") from err
+            raise TemplateError(f"template {template!r}: {err.message}; the example's fields are "
+                                f"{', '.join(doc)}") from err
+        except (SecurityError, OverflowError) as err:  # OverflowError: the sandbox's cap on range()
+            raise TemplateError(f"template {template!r} was refused: {err} (a template may read the example's "
+                                "fields only: docs/evaluation.md)") from err
     return fill
 
 
