@@ -8,6 +8,7 @@ rewritten with the true sizes and SHA-256 digests, so only the safety checks can
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -20,6 +21,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from hlat.checkpoint import CheckpointError, CheckpointManager
 from hlat.checkpoint.loading import load_model
 from hlat.checkpoint.manager import FORMAT_VERSION
+from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.config import load_config
 from hlat.train.trainer import Trainer
 
@@ -32,9 +34,10 @@ def quiet(_: str) -> None:
 
 @pytest.fixture(scope="module")
 def trained(small_corpus, tmp_path_factory) -> Path:
-    """A tiny run of 2 steps with its checkpoint (model, AdamW state with param_groups, data position)."""
+    """A tiny run of 2 steps with a checkpoint after each (model, AdamW state with param_groups, data
+    position): the tests craft the newest, step 2; step 1 is what a resume may fall back to."""
     run = tmp_path_factory.mktemp("safety") / "run"
-    Trainer(load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "2")),
+    Trainer(load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "1")),
             out=quiet).fit()
     return run
 
@@ -88,7 +91,7 @@ def test_dotted_name_gadget_in_dcp_metadata_runs_nothing(trained, tmp_path, caps
     where = re.escape(f"{checkpoint / 'dcp' / '.metadata'}: {refused}")
     with pytest.raises(CheckpointError, match=where):
         mgr.check(checkpoint)
-    assert mgr.latest() is None  # skipped like a corrupt checkpoint
+    assert mgr.latest() == checkpoint.parent / "step_00000001"  # skipped like a corrupt checkpoint
     assert refused in capsys.readouterr().out
     with pytest.raises(CheckpointError, match=where):
         mgr.load_sharded(checkpoint, {"model": {"norm.weight": torch.zeros(64)}})  # DCP's own read goes through the allow-list too
@@ -144,3 +147,49 @@ def test_tampered_manifests_are_refused(trained, tmp_path):
     refused(lambda m: m["files"].pop("dcp/.metadata"), "does not list dcp/.metadata")
     (checkpoint / "manifest.json").write_text(original)
     CheckpointManager(checkpoint.parent, keep_last=None).check(checkpoint)  # the untouched manifest passes
+
+
+@pytest.mark.parametrize("name", ["../../outside.distcp", "/etc/hostname", ".hidden"])
+def test_metadata_naming_a_file_outside_dcp_is_skipped(trained, small_corpus, tmp_path, capsys, name):
+    """Metadata made only of allowed classes whose data files point outside dcp/ (a load would read
+    any file the process can): every reader refuses it, and a resume falls back to step 1."""
+    run, checkpoint = run_copy(trained, tmp_path)
+    file = checkpoint / "dcp" / ".metadata"
+    metadata = read_metadata(file)
+    for info in metadata.storage_data.values():
+        info.relative_path = name
+    file.write_bytes(pickle.dumps(metadata))
+    rewrite_manifest(checkpoint)
+    refused = re.escape(f"names the data file {name!r}, which is not a plain file name in {checkpoint / 'dcp'}")
+    mgr = CheckpointManager(run / "checkpoints", keep_last=None, verify=False)
+    with pytest.raises(CheckpointError, match=refused):
+        mgr.check(checkpoint)
+    with pytest.raises(CheckpointError, match=refused):
+        mgr.load_sharded(checkpoint, {"model": {"norm.weight": torch.zeros(64)}})
+    with pytest.raises(CheckpointError, match=refused):
+        load_model(run)  # hlat eval / hlat export: the newest checkpoint, no fallback
+    lines: list[str] = []
+    Trainer(load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "3")), resume="require", out=lines.append)
+    assert any(f"resuming from {checkpoint.parent / 'step_00000001'}" in line for line in lines)
+    assert f"skipping checkpoint {checkpoint}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verify", ["true", "false"], ids=["verify", "no-verify"])
+@pytest.mark.parametrize("file", ["rank_00000.pt", "shared.pt"])
+def test_crafted_pt_files_run_nothing(trained, small_corpus, tmp_path, file, verify):
+    """A rank's state or the shared progress replaced by a pickle that calls os.system: refused
+    at resume and by hlat eval's loader, naming the file, and the marker never appears. It is
+    refused rather than skipped: no accident leaves a file of the right digest that is not plain
+    data, so it is reported as what it is."""
+    run, checkpoint = run_copy(trained, tmp_path)
+    marker = tmp_path / "pt-payload-ran"
+    torch.save({"progress": _System(f"touch {marker}")}, checkpoint / file)
+    rewrite_manifest(checkpoint)
+    cfg = load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "3", "--checkpoint.verify", verify))
+    where = re.escape(f"cannot load {checkpoint / file}")
+    with pytest.raises(CheckpointError, match=f"{where}.*posix.system"):
+        Trainer(cfg, resume="require", out=quiet)
+    if file == "shared.pt":
+        with pytest.raises(CheckpointError, match=where):
+            load_model(run)
+    assert not marker.exists()

@@ -53,7 +53,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from hlat.checkpoint import safe_dcp
-from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.faults import maybe_fail, maybe_kill
 from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.parallel.mesh import collective_timeout
@@ -321,7 +321,7 @@ def _load(file: Path) -> dict[str, Any]:
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or tampered file; never fall back to full unpickling
-        raise CheckpointError(f"cannot load {file}: {err}") from err
+        raise CheckpointError(f"cannot load {file}: {refusal(err)}") from err
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

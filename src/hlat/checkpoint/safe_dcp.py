@@ -6,13 +6,13 @@ non-tensor entry of the state dict (`DefaultLoadPlanner.load_bytes` calls
 eps, ...). `load` reads both safely: the metadata through the exact allow-list of
 safe_metadata.py, the non-tensor entries with `torch.load(weights_only=True)` (plain numbers,
 strings, tuples, lists, dicts). Tensors were already read with `weights_only=True` by DCP. The
-data files the metadata names must be plain file names inside the checkpoint's dcp/ directory.
+data files the metadata names must be plain file names inside the checkpoint's dcp/ directory
+(read_metadata checks that too, so `CheckpointManager.check` skips such a checkpoint).
 """
 
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import traceback
 from pathlib import Path
@@ -25,7 +25,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.safe_metadata import read_metadata
 
 METADATA_FILE = ".metadata"
@@ -41,10 +41,6 @@ class SafeFileSystemReader(dcp.FileSystemReader):
             metadata = read_metadata(file)
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
             raise CheckpointError(f"{file}: {err}") from err
-        for info in metadata.storage_data.values():
-            name = getattr(info, "relative_path", None)
-            if not isinstance(name, str) or not name or name != os.path.basename(name) or name.startswith("."):
-                raise CheckpointError(f"{file} names the data file {name!r}, which is not a plain file name in {self.path}")
         metadata.storage_meta = metadata.storage_meta or StorageMeta()
         metadata.storage_meta.load_id = self.load_id  # as FileSystemReader.read_metadata does
         return metadata
@@ -63,19 +59,12 @@ class SafeLoadPlanner(dcp.DefaultLoadPlanner):
             loaded = torch.load(value, weights_only=True)
         except Exception as err:
             file = self.directory / self.metadata.storage_data[read_item.storage_index].relative_path
-            raise CheckpointError(f"{file}: the non-tensor entry {name!r} is refused: {_reason(err)}") from err
+            raise CheckpointError(f"{file}: the non-tensor entry {name!r} is refused: {refusal(err)}") from err
         # what DefaultLoadPlanner.load_bytes does with the value it unpickled
         if self.flatten_state_dict:
             set_element(self.original_state_dict, self.mappings[name], loaded)
         else:
             self.state_dict[name] = loaded
-
-
-def _reason(err: Exception) -> str:
-    """The line of torch's weights-only refusal that names what was refused (the rest of it
-    suggests loading with weights_only=False, which is exactly what must not happen)."""
-    lines = [line.strip() for line in str(err).splitlines()]
-    return next((line for line in lines if "GLOBAL" in line), str(err))
 
 
 def load(state: dict[str, Any], directory: Path, no_dist: bool) -> None:

@@ -6,11 +6,14 @@ exact (module, qualified name) pairs that DCP's metadata is made of. There are n
 dotted names: pickle protocol 4 resolves a dotted qualified name attribute by attribute, so
 `("torch.distributed.checkpoint.filesystem", "os.system")` would reach os.system through a module
 that imports os. Anything not in the list is refused before it is looked up, so nothing runs.
+The data files the metadata names must be plain file names beside it: a crafted `../x` or
+absolute path would make a load read outside the checkpoint.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -49,8 +52,13 @@ class _AllowListUnpickler(pickle.Unpickler):
 
 
 def read_metadata(path: Path) -> Metadata:
-    """DCP's metadata at `path`; pickle.UnpicklingError if it holds anything else."""
+    """DCP's metadata at `path`; pickle.UnpicklingError if it holds anything else, ValueError if it
+    names a data file that is not a plain file name in its directory."""
     metadata = _AllowListUnpickler(io.BytesIO(Path(path).read_bytes())).load()
     if not isinstance(metadata, Metadata):
         raise pickle.UnpicklingError(f"holds a {type(metadata).__name__}, not DCP metadata")
+    for info in metadata.storage_data.values():
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not name or name != os.path.basename(name) or name.startswith("."):
+            raise ValueError(f"names the data file {name!r}, which is not a plain file name in {Path(path).parent}")
     return metadata
