@@ -3,11 +3,14 @@ same weights with a new optimizer; hlat import HF_DIR RUN_DIR -> a run directory
 transformers' logits, or a refusal naming the config.json field."""
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from hlat.checkpoint.hf_import import ImportRefused
 from hlat.cli import main
 from hlat.config import load_config
 from hlat.eval import load_model
@@ -143,6 +146,7 @@ def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, va
     ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}"),
     ("head_dim", 7, "head_dim=7 is odd"),
     ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("model_type", "mistral", "model_type='mistral': hlat loads LLaMA models only (model_type 'llama')"),
 ])
 def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, value, message):
     _hf_llama(tmp_path / "hf", 2)
@@ -153,6 +157,99 @@ def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, valu
     assert str(config_file) in err and message in err
     assert not (tmp_path / "run").exists()  # nothing written
 
+
+
+@pytest.fixture(scope="module")
+def hf_source(tmp_path_factory) -> Path:
+    """One tiny Hugging Face LLaMA directory (safetensors), which a test copies and alters."""
+    directory = tmp_path_factory.mktemp("hf-source") / "hf"
+    _hf_llama(directory, 2)
+    return directory
+
+
+def _word_level(file: Path, specials: list[str], words: int) -> None:
+    """A WordLevel tokenizer.json: "<unk>", then `specials`, then w0, w1, ... (`words` of them)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(["<unk>", *specials, *(f"w{i}" for i in range(words))])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.add_special_tokens(specials)
+    tk.save(str(file))
+
+
+@pytest.mark.parametrize("specials,words,message", [
+    (["<s>"], 94, "has no end-of-document token: looked for </s>, <|endoftext|>, <|end_of_text|>, <eos>"),
+    (["</s>", "<s>"], 197, "has 200 tokens but config.json vocab_size=96"),
+], ids=["no-eos", "more-tokens-than-vocab_size"])
+def test_import_refuses_a_tokenizer_hlat_cannot_use(hf_source, tmp_path, capsys, specials, words, message):
+    hf = tmp_path / "hf"
+    shutil.copytree(hf_source, hf)
+    _word_level(hf / "tokenizer.json", specials, words)
+    assert main(["import", str(hf), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"tokenizer {hf / 'tokenizer.json'}" in err and message in err and "--tokenizer" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+class _Payload:
+    """Pickles as a call of `function(argument)`: what a crafted pytorch_model.bin runs when unpickled."""
+
+    def __init__(self, function, argument: str):
+        self.function, self.argument = function, argument
+
+    def __reduce__(self):
+        return (self.function, (self.argument,))
+
+
+@pytest.mark.parametrize("layout,function,named", [("single", os.system, f"{os.system.__module__}.system"),
+                                                   ("sharded", exec, "exec")],
+                         ids=["bin-os.system", "sharded-bin-builtins.exec"])
+def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpus, capsys, layout, function, named):
+    """A pytorch_model.bin (or the last shard of a pytorch_model.bin.index.json) whose pickle
+    calls os.system or exec, saved by torch.save like a real checkpoint: hlat import,
+    --checkpoint.init_from hf:DIR and hlat eval's loader refuse it, naming the file, and the
+    payload never runs (it would create a marker file)."""
+    from safetensors.torch import load_file
+
+    hf, marker = tmp_path / "hf", tmp_path / "payload-ran"
+    shutil.copytree(hf_source, hf)
+    weights = load_file(hf / "model.safetensors")
+    (hf / "model.safetensors").unlink()
+    payload = _Payload(function, f"touch {marker}" if function is os.system else f"open({str(marker)!r}, 'w').close()")
+    if layout == "single":
+        crafted = hf / "pytorch_model.bin"
+        torch.save({**weights, "payload": payload}, crafted)
+    else:
+        names = sorted(weights)
+        shards = {"pytorch_model-00001-of-00002.bin": names[:len(names) // 2],
+                  "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+        for shard, members in shards.items():
+            torch.save({name: weights[name] for name in members}, hf / shard)
+        crafted = hf / "pytorch_model-00002-of-00002.bin"
+        torch.save({**{name: weights[name] for name in shards[crafted.name]}, "payload": payload}, crafted)
+        (hf / "pytorch_model.bin.index.json").write_text(json.dumps(
+            {"weight_map": {name: shard for shard, members in shards.items() for name in members}}))
+    refused = f"{crafted}: refused, its pickle asks for {named}, which no weights file needs"
+
+    assert main(["import", str(hf), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert refused in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # nothing written
+    args = ["--data.source", str(small_corpus), "--data.tokenizer", str(hf / "tokenizer.json"),
+            "--model.vocab_size", "96", "--model.d_model", "64", "--model.n_heads", "8", "--model.n_kv_heads", "2",
+            "--model.ffn_dim", "160", "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "2",
+            "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
+            "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
+            "--checkpoint.init_from", f"hf:{hf}"]
+    with pytest.raises(ImportRefused, match=refused):
+        Trainer(load_config("tiny", None, args), out=lambda _: None)
+    with pytest.raises(ImportRefused, match=refused):
+        load_model(hf)  # hlat eval / hlat generate on a Hugging Face directory
+    assert not marker.exists()
+    torch.load(crafted, weights_only=False)  # the control: full unpickling runs the payload
+    assert marker.exists()
 
 def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     _hf_llama(tmp_path / "hf", 2)

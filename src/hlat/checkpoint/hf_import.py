@@ -20,6 +20,8 @@ activation) is refused, naming the config.json field: importing it anyway would 
 from __future__ import annotations
 
 import json
+import pickle
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -77,7 +79,16 @@ def hf_model_config(directory: Path) -> ModelConfig:
 
 
 def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from torch.load(file, map_location="cpu", weights_only=True).items()  # never full unpickling
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)  # never full unpickling
+    except pickle.UnpicklingError as err:
+        # torch's message is a page ending in advice to load the file with weights_only=False or
+        # to allow-list what it asks for, which would run its code: name the file in one line
+        unsafe = re.search(r"GLOBAL (\S+)", str(err))
+        what = unsafe.group(1) if unsafe else "objects other than tensors"
+        raise ImportRefused(f"{file}: refused, its pickle asks for {what}, which no weights file needs "
+                            "(it could run code); use a trusted copy of the model, preferably safetensors") from err
+    yield from state.items()
 
 
 def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -151,8 +162,9 @@ def _find_tokenizer(directory: Path, override: Path | None,
                             "model's tokenizer; pass --tokenizer FILE (a tokenizer.json or SentencePiece .model)")
     try:
         tok = load_tokenizer(file)
-    except (ValueError, OSError, RuntimeError) as err:
-        raise ImportRefused(f"tokenizer {file}: {err}") from err
+    except (ValueError, OSError, RuntimeError) as err:  # e.g. no end-of-document token
+        # the fix is usually the model's own tokenizer, which the source directory may lack
+        raise ImportRefused(f"tokenizer {file}: {err}; or pass the model's own tokenizer with --tokenizer FILE") from err
     if tok.vocab_size > cfg.vocab_size:
         raise ImportRefused(f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
                             f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer")
