@@ -67,6 +67,16 @@ def _settings(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
             "--precision.mode", "mixed", *extra)
 
 
+def _nxd(model: str, nodes: int, preset: str, seq: int, cores: str, layout: LayoutChoice, seq_per_s: float,
+         extra: tuple[str, ...] = (), fit: bool = False) -> Run:
+    """A row of NxD's trn1 table: `cores` its layout over NeuronCores, planned one rank per chip
+    (2 NeuronCores, 16 chips a node) as `layout`."""
+    chips = nodes * 16
+    return Run(f"Neuron SDK {model}, {nodes} trn1.32xlarge", _NEURON,
+               f"{_NXD}, seq {seq}; {cores} NeuronCores = {layout.name} chips; {seq_per_s} seq/s",
+               "trn1", preset, _settings(seq, 1024, 1, *extra), chips, layout, seq_per_s * seq / chips, fit)
+
+
 # torchtitan's per-op SAC saves the matmuls' outputs except every second one per block (its
 # _custom_policy: "Saves output of all compute ops, except every second mm"): hlat's op policy
 # with recompute_every_other_mm, whose recomputed wk, wo and w3 the step time counts.
@@ -97,25 +107,14 @@ RUNS: tuple[Run, ...] = (
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
         "H100 SXM", "llama3.1-8b", _settings(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
-    Run("Neuron SDK Llama 2 7B, 16 trn1.32xlarge", _NEURON, f"{_NXD}, seq 4096; TP 8 x DP 64 NeuronCores = TP 4 x DP 64 chips; 95.14 seq/s",
-        "trn1", "hlat-7b", _settings(4096, 1024, 1), 256, LayoutChoice(4, 1, 64, "zero2", 64, 1, "selective"),
-        95.14 * 4096 / 256, False),
-    Run("Neuron SDK Llama 2 13B, 32 trn1.32xlarge", _NEURON,
-        f"{_NXD}, seq 4096; TP 8 x PP 8 x DP 16 NeuronCores = TP 4 x PP 8 x DP 16 chips; 80.33 seq/s",
-        "trn1", "hlat-7b", _settings(4096, 1024, 1, *_LLAMA2_13B), 512, LayoutChoice(4, 8, 16, "zero2", 16, 1, "selective"),
-        80.33 * 4096 / 512, False),
-    Run("Neuron SDK Llama 2 70B, 32 trn1.32xlarge", _NEURON,
-        f"{_NXD}, seq 4096; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 14.44 seq/s",
-        "trn1", "hlat-70b", _settings(4096, 1024, 1), 512, LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
-        14.44 * 4096 / 512, False),
-    Run("Neuron SDK Llama 3.1 8B, 32 trn1.32xlarge", _NEURON,
-        f"{_NXD}, seq 8192; TP 32 x DP 32 NeuronCores = TP 16 x DP 32 chips; 53.51 seq/s",
-        "trn1", "llama3.1-8b", _settings(8192, 1024, 1), 512, LayoutChoice(16, 1, 32, "zero2", 32, 1, "selective"),
-        53.51 * 8192 / 512, True),
-    Run("Neuron SDK Llama 3.1 70B, 32 trn1.32xlarge", _NEURON,
-        f"{_NXD}, seq 8192; TP 32 x PP 8 x DP 4 NeuronCores = TP 16 x PP 8 x DP 4 chips; 7.97 seq/s",
-        "trn1", "llama3.1-8b", _settings(8192, 1024, 1, *_LLAMA_70B), 512, LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
-        7.97 * 8192 / 512, False),
+    _nxd("Llama 2 7B", 16, "hlat-7b", 4096, "TP 8 x DP 64", LayoutChoice(4, 1, 64, "zero2", 64, 1, "selective"), 95.14),
+    _nxd("Llama 2 13B", 32, "hlat-7b", 4096, "TP 8 x PP 8 x DP 16", LayoutChoice(4, 8, 16, "zero2", 16, 1, "selective"), 80.33,
+         _LLAMA2_13B),
+    _nxd("Llama 2 70B", 32, "hlat-70b", 4096, "TP 32 x PP 8 x DP 4", LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"), 14.44),
+    _nxd("Llama 3.1 8B", 32, "llama3.1-8b", 8192, "TP 32 x DP 32", LayoutChoice(16, 1, 32, "zero2", 32, 1, "selective"), 53.51,
+         fit=True),
+    _nxd("Llama 3.1 70B", 32, "llama3.1-8b", 8192, "TP 32 x PP 8 x DP 4", LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"), 7.97,
+         _LLAMA_70B),
     Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
         "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
