@@ -3,6 +3,7 @@ HLAT_DEBUG=1 (or --debug) adds the traceback. One case per kind of bad input, th
 under torchrun, a bad layout is reported once, by rank 0, before any process group starts."""
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,10 +11,12 @@ import pytest
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
+from hlat.data.tokenizer import Tokenizer
 from hlat.model import Llama, ModelConfig
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
 
+from llama3_tokenizer import write_llama3_tokenizer
 from runs import tiny_args, torchrun
 
 TINY = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
@@ -61,11 +64,43 @@ def missing_file(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     return ["export", str(tmp / "nowhere"), str(tmp / "hf")], f"{tmp / 'nowhere'} is neither an hlat checkpoint"
 
 
+_TRAINED: dict[Path, Path] = {}  # corpus -> a run directory trained 1 step on it, copied by each case
+
+
+def _trained_run(tmp: Path, corpus: Path) -> Path:
+    """tmp/run: `hlat train` 1 step with a checkpoint, on tiny_args' default data settings."""
+    if corpus not in _TRAINED:
+        assert main(["train", *tiny_args(corpus, tmp / "run", "--train.steps", "1", "--checkpoint.every", "1")]) == 0
+        _TRAINED[corpus] = tmp / "trained"
+        shutil.copytree(tmp / "run", _TRAINED[corpus])
+    else:
+        shutil.copytree(_TRAINED[corpus], tmp / "run")
+    return tmp / "run"
+
+
 def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
-    assert main(["train", *tiny_args(corpus, tmp / "run", "--train.steps", "1", "--checkpoint.every", "1")]) == 0
-    args = tiny_args(corpus, tmp / "run", "--train.steps", "2", "--data.seq_len", "16")
-    return ["train", *args], (f"{tmp / 'run' / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+    run = _trained_run(tmp, corpus)
+    args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
+    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
                               "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32")
+
+
+def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The same source, another tokenizer.json (that fits the model's vocabulary)."""
+    run = _trained_run(tmp, corpus)
+    saved, other = Tokenizer.from_file(run / "tokenizer.json"), write_llama3_tokenizer(tmp / "other.json")
+    args = tiny_args(corpus, run, "--train.steps", "2", "--data.tokenizer", str(other))
+    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+                              f"was made with a different tokenizer (saved data.tokenizer fingerprint {saved.fingerprint()}, "
+                              f"now {Tokenizer.from_file(other).fingerprint()}); resume with the data.tokenizer it was made with")
+
+
+def resume_with_other_max_doc_chars(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    run = _trained_run(tmp, corpus)
+    args = tiny_args(corpus, run, "--train.steps", "2", "--data.max_doc_chars", "5000")
+    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+                              "was made with a different data.max_doc_chars (saved data.max_doc_chars=100000, now 5000); "
+                              "resume with data.max_doc_chars=100000")
 
 
 def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
@@ -74,7 +109,7 @@ def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
 
 CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
     bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, resume_with_other_data,
-    invalid_config]
+    resume_with_other_tokenizer, resume_with_other_max_doc_chars, invalid_config]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])

@@ -47,8 +47,15 @@ def test_truncated_and_uncommitted_saves_are_ignored(tmp_path):
     save(mgr, 1)
     newest = save(mgr, 2)
     (newest / "rank_00000.pt").write_bytes((newest / "rank_00000.pt").read_bytes()[:10])
-    (tmp_path / ".tmp-step_00000003").mkdir()  # a save killed before its rename
+    (tmp_path / ".tmp-step_00000003" / "dcp").mkdir(parents=True)  # a save killed before its rename
+    (tmp_path / ".tmp-step_00000003" / "dcp" / "__0_0.distcp").write_bytes(b"torn")
+    (tmp_path / ".tmp-step_00000009").mkdir()  # one of a step the next save does not reuse
+    (tmp_path / ".tmp-step_00000009" / "rank_00000.pt").write_bytes(b"torn")
     assert mgr.latest().name == "step_00000001"
+    # the next save removes every stale temporary directory and commits only its own files
+    committed = save(mgr, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001", "step_00000002", "step_00000003"]
+    assert mgr.latest() == committed and (committed / "dcp" / "__0_0.distcp").read_bytes() != b"torn"
 
 
 class _Evil:

@@ -18,6 +18,7 @@ is in progress; skip counters. Resuming re-tokenizes the document in progress an
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -226,8 +227,10 @@ class PackedLoader:
         ]  # fmt: skip
         for key, what, fix in checks:
             if state.get(key) != mine[key]:
-                raise ResumeError(f"cannot resume the data loader: the checkpoint was made with {what} "
-                                 f"(saved {key}={state.get(key)!r}, now {mine[key]!r}); {fix}")
+                named = _source_change(state.get(key), mine[key]) if key == "sources" else None
+                values = f"saved {key}={state.get(key)!r}, now {mine[key]!r}"
+                what, values, fix = named or (what, values, fix)
+                raise ResumeError(f"cannot resume the data loader: the checkpoint was made with {what} ({values}); {fix}")
         merged = state["dp_rank"] == "all"
         if not merged and (state["dp_size"], state["dp_rank"]) != (self.dp_size, self.dp_rank):
             raise ValueError(f"cannot resume the data loader: the state is rank {state['dp_rank']} of "
@@ -243,6 +246,45 @@ class PackedLoader:
             self.tokens_emitted = list(state["tokens_emitted"])
             self._current = None if state["current"] < 0 else int(state["current"])
             self.empty_skipped, self.bad_skipped = int(state["empty_skipped"]), int(state["bad_skipped"])
+
+
+# A source fingerprint is SOURCE|tok=TOKENIZER|split=MAX_DOC_CHARS (documents.tokens_fingerprint;
+# shards record the one they were made with), then [LABEL:DIGEST] for the training share of a
+# held-out split (loader.DocumentsSubset), then |bos=ID with data.bos (BosDocuments).
+_FINGERPRINT = re.compile(r"^(?P<source>.*)\|tok=(?P<tok>[^|\[]*)\|split=(?P<split>\d+)"
+                          r"(?P<subset>(?:\[[^\]]*\])*)(?:\|bos=(?P<bos>[^|]*))?$")
+
+
+def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
+    """(what changed, its saved and new values, how to resume) for a change of source fingerprints,
+    naming the one setting that changed: the fingerprints alone are opaque to the user. None when
+    they cannot be told apart (the caller's general message then)."""
+    if not isinstance(saved, list) or not all(isinstance(f, str) for f in saved):
+        return None
+    if len(saved) != len(now):
+        return ("a different data.source", f"saved {len(saved)} source(s), now {len(now)}",
+                "resume with the same data.source")
+    for old, new in zip(saved, now):
+        a, b = _FINGERPRINT.match(old), _FINGERPRINT.match(new)
+        if old == new or a is None or b is None:
+            continue
+        if a["source"] != b["source"]:
+            return ("a different data.source", f"saved source {a['source']!r}, now {b['source']!r}",
+                    "resume with the same data.source")
+        if a["tok"] != b["tok"]:
+            return ("a different tokenizer", f"saved data.tokenizer fingerprint {a['tok']}, now {b['tok']}",
+                    "resume with the data.tokenizer it was made with")
+        if a["split"] != b["split"]:
+            return ("a different data.max_doc_chars", f"saved data.max_doc_chars={a['split']}, now {b['split']}",
+                    f"resume with data.max_doc_chars={a['split']}")
+        if a["subset"] != b["subset"]:
+            return ("a different training split", f"saved {a['subset'] or 'all documents'}, now {b['subset'] or 'all documents'}",
+                    "resume with the same data.val_source and data.val_fraction")
+        if a["bos"] != b["bos"]:
+            bos = {True: "true", False: "false"}
+            return ("a different data.bos", f"saved data.bos={bos[a['bos'] is not None]}, now {bos[b['bos'] is not None]}",
+                    f"resume with data.bos={bos[a['bos'] is not None]}")
+    return None
 
 
 def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
