@@ -191,3 +191,25 @@ def _wandb_records(path: Path) -> Iterator:
             record.ParseFromString(pending)
             pending = b""
             yield record
+
+
+def test_a_kill_during_the_metrics_rewrite_leaves_the_previous_file(tmp_path, monkeypatch):
+    """A resume rewrites metrics.jsonl (records up to its step, torn lines dropped); the rewrite
+    failing after part of its output is written leaves the old file whole, and the next resume
+    rewrites it."""
+    metrics = tmp_path / "metrics.jsonl"
+    old = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo'
+    metrics.write_text(old)
+    real_write = Path.write_text
+
+    def torn(self, data, *args, **kwargs):  # half of the new file, then the process dies
+        real_write(self, data[: len(data) // 2], *args, **kwargs)
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    with pytest.raises(KeyboardInterrupt):
+        MetricSinks(tmp_path, 10, 2, tensorboard=False)
+    assert metrics.read_text() == old
+    monkeypatch.undo()
+    MetricSinks(tmp_path, 10, 2, tensorboard=False).close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2] and not metrics.read_text().endswith("lo")

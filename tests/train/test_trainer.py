@@ -1,11 +1,13 @@
 import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from hlat.config import load_config
 from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.hf_export import export_hf
 from hlat.data.packing import Batch
 from hlat.model import Llama, ModelConfig
 from hlat.parallel.config import ParallelConfig
@@ -112,3 +114,73 @@ def test_resume_modes(small_corpus, tmp_path):
     assert done.losses == [] and any("already complete" in m for m in messages)
     fresh = Trainer(tiny_cfg(small_corpus, tmp_path / "r", "--train.steps", "3"), resume="fresh", out=quiet).fit()
     assert len(fresh.losses) == 3
+
+
+def _weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.raw_parts[0].state_dict().items()}
+
+
+def _checkpoint_weights(path, model_cfg) -> dict[str, torch.Tensor]:
+    target = {"model": {k: torch.zeros_like(v) for k, v in Llama(model_cfg).state_dict().items()}}
+    CheckpointManager(path.parent, keep_last=None).load_sharded(path, target)
+    return target["model"]
+
+
+def test_init_from_is_ignored_once_the_run_has_a_checkpoint(small_corpus, tmp_path):
+    """A job restarted with --checkpoint.init_from (an hlat run, or hf:DIR) resumes its own
+    checkpoint: "resuming from", the next step, the checkpoint's weights and optimizer state."""
+    one = ("--train.global_batch", "2", "--checkpoint.every", "1", "--schedule.warmup_steps", "0",  # step 1 at a real LR
+           "--eval.every", "0", "--train.steps")
+    Trainer(tiny_cfg(small_corpus, tmp_path / "source", *one, "1"), out=quiet).fit()
+    hf = export_hf(tmp_path / "source", tmp_path / "hf")
+    source = _checkpoint_weights(tmp_path / "source" / "checkpoints" / "step_00000001", tiny_cfg(small_corpus, tmp_path).model)
+    for name, spec in (("from-hlat", str(tmp_path / "source")), ("from-hf", f"hf:{hf}")):
+        run, init = tmp_path / name, ("--checkpoint.init_from", spec)
+        messages = []
+        first = Trainer(tiny_cfg(small_corpus, run, *init, *one, "1"), out=messages.append)
+        assert any(m.startswith("initialised from") for m in messages), messages
+        assert all(torch.equal(w, source[k]) for k, w in _weights(first).items())
+        first.fit()
+        messages = []
+        again = Trainer(tiny_cfg(small_corpus, run, *init, *one, "2"), out=messages.append)
+        assert any(m.startswith(f"resuming from {run / 'checkpoints' / 'step_00000001'} (step 1,") for m in messages), messages
+        assert not any("initialised from" in m for m in messages), messages
+        assert again.step == 1 and again.optimizers.optimizers[0].state  # the checkpoint's optimizer, not a new one
+        saved, now = _checkpoint_weights(run / "checkpoints" / "step_00000001", again.cfg.model), _weights(again)
+        assert all(torch.equal(now[k], saved[k]) for k in saved)
+        assert any(not torch.equal(now[k], source[k]) for k in source)  # one step away from the init source
+        summary = again.fit()
+        assert summary.step == 2 and len(summary.losses) == 1
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if "loss" in r] == [1, 2]
+
+
+def test_resume_drops_metrics_and_events_written_after_the_checkpoint(small_corpus, tmp_path):
+    """A run with TensorBoard logs steps 1-3 with checkpoints at 2 and 3; losing the one at 3 (as a
+    kill before its commit would) makes the next run resume from 2 and redo step 3: every scalar
+    and every metrics.jsonl record holds each step once, with the resumed run's values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    args = ("--train.global_batch", "2", "--train.steps", "3", "--checkpoint.every", "2", "--train.tensorboard", "true")
+    Trainer(tiny_cfg(small_corpus, run, *args), out=quiet).fit()
+    shutil.rmtree(run / "checkpoints" / "step_00000003")
+    first = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
+    messages = []
+    Trainer(tiny_cfg(small_corpus, run, *args), out=messages.append).fit()
+    assert any(m.startswith(f"resuming from {run / 'checkpoints' / 'step_00000002'}") for m in messages), messages
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "val_loss" in r] == [3]  # the tiny preset validates at the end
+    logged = {r["step"]: r for r in records if "loss" in r}
+    assert logged[3]["tokens_per_s"] != first[3]["tokens_per_s"]  # step 3's record is the resumed run's
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "train/loss" in tags and "val/loss" in tags
+    for tag in tags:
+        steps = [e.step for e in events.Scalars(tag)]
+        assert steps == ([3] if tag == "val/loss" else [1, 2, 3]), (tag, steps)
+    for key in ("loss", "tokens_per_s"):
+        kept = {e.step: e.value for e in events.Scalars(f"train/{key}")}
+        assert kept == {step: pytest.approx(r[key], rel=1e-6) for step, r in logged.items()}, key
