@@ -205,3 +205,34 @@ def test_build_loader_validation_and_tokenizer(tmp_path, corpus_factory, tok):
     x = build_loader(shard_cfg, tk2, seed=2, batch_size=BATCH).next_batch().tokens
     y = build_loader(online_cfg, tk, seed=2, batch_size=BATCH).next_batch().tokens
     assert torch.equal(x, y)
+
+
+def test_prepare_killed_mid_shard_resumes_to_the_same_shards(tmp_path, source, tok):
+    """A prepare killed while writing shard 2 leaves shards 0-1 in the manifest and shard 2 only
+    as a temporary file: readers refuse the directory as incomplete; the rerun rewrites shard 2
+    on, removes the leftover and ends byte-identical to an uninterrupted prepare."""
+    docs = OnlineDocuments(source, tok, max_doc_chars=500)
+    clean = prepare_shards(docs, tmp_path / "clean", docs_per_shard=10, batch_docs=5)
+    killed = OnlineDocuments(source, tok, max_doc_chars=500)
+    calls, real = [0], killed.tokens
+
+    def dies_in_shard_2(indices):
+        calls[0] += 1
+        if calls[0] == 6:  # the second batch of shard 2: its first half is already on disk
+            raise KeyboardInterrupt("killed")
+        return real(indices)
+
+    killed.tokens = dies_in_shard_2
+    out = tmp_path / "shards"
+    with pytest.raises(KeyboardInterrupt):
+        prepare_shards(killed, out, docs_per_shard=10, batch_docs=5)
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == 2
+    leftovers = list(out.glob(".tokens-00002.bin.*"))
+    assert len(leftovers) == 1 and leftovers[0].stat().st_size > 0 and not (out / "tokens-00002.bin").exists()
+    with pytest.raises(ValueError, match="incomplete"):
+        ShardDocuments(out, tok)
+    assert prepare_shards(docs, out, docs_per_shard=10, batch_docs=5)["shards"] == clean["shards"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "clean").iterdir())
+    for name in (s[k] for s in clean["shards"] for k in ("tokens", "offsets")):
+        assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+    assert verify_shards(out) == [] and len(ShardDocuments(out, tok)) == len(source)

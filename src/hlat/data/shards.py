@@ -87,6 +87,10 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                              f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
                              "refusing to mix them: use a new directory or delete this one")
         manifest = old
+    # A prepare killed mid-shard leaves its temporary file (up to a shard's size) behind: a rerun
+    # rewrites that shard, so the leftovers are only garbage.
+    for stale in (*out.glob(".tokens-*.bin.*"), *out.glob(".offsets-*.npy.*"), *out.glob(".manifest.json.*")):
+        stale.unlink(missing_ok=True)
     tok.save(out / tok.FILE_NAME)
     dtype = token_dtype(tok.vocab_size)
     num_shards = -(-len(docs) // docs_per_shard)
