@@ -10,6 +10,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 
 from hlat.eval import TASKS, sandbox
 from hlat.eval import sandbox_isolation as isolation
+from hlat.eval import sandbox_wire as wire
 from hlat.eval.sandbox import Program, SandboxLimits, UnsafeCodeRefused, run_program, run_programs
 
 from deps import under_ci
@@ -69,15 +71,19 @@ def hostile_programs(secret: Path, outside: Path, port: int, victim: int, test_p
     }
 
 
-@pytest.fixture(scope="module")
-def outcome(tmp_path_factory):
-    """Run every hostile program once, in parallel, and collect what the host saw."""
+def _require_namespaces() -> None:
     if sandbox.isolation_mode() != isolation.NAMESPACES:
         message = ("this machine gives the sandbox no namespaces (`unshare` missing or refused); "
                    "the OS-isolation tests need them")
         if under_ci():
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    """Run every hostile program once, in parallel, and collect what the host saw."""
+    _require_namespaces()
     tmp = tmp_path_factory.mktemp("host")
     secret, outside = tmp / "secret.txt", tmp / "escaped.txt"
     secret.write_text(SECRET)
@@ -189,6 +195,174 @@ def test_writes_inside_the_scratch_directory_work() -> None:
                       "    import os\n    return open(os.path.join(os.environ['HOME'], 'scratch.txt')).read()\n",
                       "assert f() == 'ok'\n")
     assert run_program(program, LIMITS).passed
+
+
+ALLOWED_ENV = ["HOME", "LANG", "OMP_NUM_THREADS", "PATH", "PYTHONHASHSEED", "TMPDIR"]
+TOKEN_VAR = "HLAT_TEST_API_TOKEN"
+
+
+def confinement_program(token: str, read_proc: bool) -> Program:
+    """One solution process that tries to read a secret from its environment, raise and exceed
+    its file-size and open-file limits, see a .pth file's effects and keep or mutate the test's
+    arguments; the test passes only if every attempt is contained."""
+    solution = (
+        "import os, resource, sys\n"
+        "def environment():\n"
+        "    return dict(os.environ)\n"
+        "def proc_environments():\n"  # the keeper's and the harness's environment, through /proc
+        "    found = []\n"
+        "    for pid in ('self', '1', str(os.getppid())):\n"
+        "        try:\n"
+        "            found.append(open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return found\n"
+        "def raise_limits():\n"
+        "    raised = []\n"
+        "    for name, value in (('RLIMIT_FSIZE', 1 << 34), ('RLIMIT_NOFILE', 4096)):\n"
+        "        try:\n"
+        "            resource.setrlimit(getattr(resource, name), (value, value))\n"
+        "            raised.append(name)\n"
+        "        except (OSError, ValueError):\n"
+        "            pass\n"
+        "    return raised\n"
+        "def write_file(size):\n"
+        "    error = 0\n"
+        "    try:\n"
+        "        with open('big.bin', 'wb') as handle:\n"
+        "            handle.write(bytes(size))\n"
+        "    except OSError as err:\n"
+        "        error = err.errno\n"
+        "    return error, os.path.getsize('big.bin')\n"
+        "def open_files(n):\n"
+        "    fds, error = [], 0\n"
+        "    try:\n"
+        "        for _ in range(n):\n"
+        "            fds.append(os.open(os.devnull, os.O_RDONLY))\n"
+        "    except OSError as err:\n"
+        "        error = err.errno\n"
+        "    for fd in fds:\n"
+        "        os.close(fd)\n"
+        "    return error, len(fds), max(fds)\n"
+        "def pth_effects():\n"
+        "    import pth_neighbour\n"
+        "    return (pth_neighbour.VALUE, os.environ.get('PTH_RAN'),\n"
+        "            [p for p in sys.path if p.endswith('pth-extra')])\n"
+        "KEPT = []\n"
+        "def mutate(xs, table):\n"
+        "    xs.append(99)\n"
+        "    xs[0] = -1\n"
+        "    table['k'].append(4)\n"
+        "    table['new'] = xs\n"
+        "    KEPT.append(xs)\n"
+        "    return xs\n"
+        "def mutate_kept():\n"
+        "    for kept in KEPT:\n"
+        "        kept.clear()\n"
+        "    return KEPT\n")
+    seen = "repr(env) + repr(proc_environments())" if read_proc else "repr(env)"
+    test = (
+        "import errno\n"
+        "env = environment()\n"
+        f"assert sorted(env) == {ALLOWED_ENV!r}, sorted(env)\n"
+        f"assert {token!r} not in {seen}, 'the secret crossed'\n"
+        "assert raise_limits() == []\n"
+        # a 17 MiB write stops at 16 MiB with EFBIG (Python ignores SIGXFSZ)
+        f"written = write_file({17 << 20})\n"
+        f"assert written == (errno.EFBIG, {16 << 20}), written\n"
+        "error, opened, highest = open_files(300)\n"
+        "assert error == errno.EMFILE and highest == 255, (error, opened, highest)\n"
+        "assert pth_effects() == (7, None, [])\n"
+        "xs, table = [1, 2], {'k': [3]}\n"
+        "returned = mutate(xs, table=table)\n"
+        "assert mutate_kept() == [[]]\n"
+        "assert xs == [1, 2] and table == {'k': [3]}, (xs, table)\n"
+        "assert returned == [-1, 2, 99], returned\n")
+    return Program(solution, test)
+
+
+def _plant_virtual_environment(tmp: Path, marker: Path) -> tuple[Path, Path]:
+    """(interpreter, site-packages) of a virtual environment whose site-packages holds a module
+    and a .pth file that, if the interpreter processed it at startup, would set an environment
+    variable, write `marker` on the host and add a directory to sys.path."""
+    venv = tmp / "venv"
+    site = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    (site / "pth-extra").mkdir(parents=True)
+    (venv / "bin").mkdir()
+    real = os.path.realpath(sys.executable)
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(real)}\n"
+                                     "include-system-site-packages = false\n")
+    (venv / "bin" / "python").symlink_to(real)
+    (site / "pth_neighbour.py").write_text("VALUE = 7\n")
+    (site / "zz_hook.pth").write_text(
+        f"import os; os.environ['PTH_RAN'] = '1'; open({str(marker)!r}, 'w').close()\npth-extra\n")
+    for path in (venv, *venv.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)  # readable by the solution's own uid
+    return venv / "bin" / "python", site
+
+
+@pytest.mark.parametrize("mode", [isolation.NAMESPACES, isolation.NONE])
+def test_solution_sees_no_secret_no_pth_hook_capped_files_and_copies_of_arguments(
+        monkeypatch, tmp_path, mode: str) -> None:
+    if mode == isolation.NAMESPACES:
+        _require_namespaces()
+    else:
+        monkeypatch.setattr(sandbox, "isolation_mode", lambda: isolation.NONE)
+    token = "token-" + secrets.token_hex(16)
+    monkeypatch.setenv(TOKEN_VAR, token)  # e.g. an API token of the user running hlat
+    # both processes start from an interpreter whose own site-packages holds a .pth file
+    marker = tmp_path / "pth-ran"
+    interpreter, site = _plant_virtual_environment(tmp_path, marker)
+    (readable, links), packages = isolation.readable_paths(), isolation.site_packages()
+    monkeypatch.setattr(sys, "executable", str(interpreter))
+    monkeypatch.setattr(isolation, "site_packages", lambda: packages + [str(site)])
+    monkeypatch.setattr(isolation, "readable_paths",
+                        lambda: (readable + [str(interpreter.parent.parent)], links))
+    # without namespaces it may read /proc/<parent>/environ: it has the user's rights, as documented
+    program = confinement_program(token, read_proc=mode == isolation.NAMESPACES)
+    result = run_program(program, ROOMY, allow_unsafe=True)
+    assert result.passed, result.detail
+    assert not marker.exists(), "a .pth file ran"
+
+
+def test_values_over_the_wire_limits_fail_only_that_call() -> None:
+    """A hostile solution answers with values over the limits, or forges frames on the answer
+    pipe: each such call fails with an error naming the limit (no RecursionError, MemoryError or
+    hang in the test process). A value over the limits fails only its call: the next one works."""
+    deep, big = f"nested deeper than {wire.MAX_DEPTH}", f"over the {wire.MAX_FRAME}-byte limit"
+    expect = ("def expect_failure(call, limit):\n"
+              "    try:\n        call()\n"
+              "    except Exception as err:\n"
+              "        assert type(err).__name__ in ('SolutionError', 'WireError'), repr(err)\n"
+              "        assert limit in str(err), repr(err)\n"
+              "    else:\n        raise AssertionError('the value crossed')\n")
+    forge = ("import json, os, sys\n"
+             "ANSWERS = json.loads(sys.argv[1])['answers_fd']\n"
+             "def answer(prefix, body=b''):\n"
+             "    os.write(ANSWERS, prefix + body)\n"
+             "    return 1\n"
+             "def nested(levels):\n"
+             "    body = b'[\"ok\",' + b'[\"l\",[' * levels + b'[\"n\"]' + b']]' * levels + b']'\n"
+             "    return answer(len(body).to_bytes(4, 'big'), body)\n")
+
+    def forged(call: str, limit: str) -> Program:
+        return Program(forge, expect + f"expect_failure(lambda: {call}, {limit!r})\n")
+
+    programs = {
+        "returned": Program(
+            "def deep():\n    x = []\n    for _ in range(10**5):\n        x = [x]\n    return x\n"
+            "def huge():\n    return 'x' * (100 << 20)\n" + ADD,
+            expect + f"expect_failure(deep, {deep!r})\nexpect_failure(huge, {big!r})\n"
+            "assert f(1) == 2\n"),
+        # a length prefix of 4 GiB - 1, then 10**5 and 100 levels of valid nesting in a frame
+        "forged_length": forged("answer(b'\\xff' * 4)", big),
+        "forged_deep_frame": forged("nested(10**5)", deep),
+        "forged_nested_value": forged("nested(100)", deep),
+    }
+    results = run_programs(list(programs.values()), ROOMY, workers=4)
+    failures = {name: r.detail for name, r in zip(programs, results) if not r.passed}
+    assert not failures, "\n\n".join(f"{name}: ...{text[-700:]}" for name, text in failures.items())
 
 
 def test_without_isolation_code_runs_only_by_explicit_opt_in(monkeypatch) -> None:

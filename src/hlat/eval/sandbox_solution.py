@@ -94,7 +94,11 @@ def _serve(calls: int, answers: int) -> None:
             reply = ["ok", wire.encode(value)]
         except BaseException as err:  # noqa: BLE001 - the judge decides what an error means
             reply = ["raise", type(err).__name__, str(err)[-2000:]]
-        wire.send(answers, reply)
+        try:
+            wire.send(answers, reply)
+        except wire.WireError as err:
+            # an answer over MAX_FRAME is refused before any byte is written: fail this call only
+            wire.send(answers, ["raise", "WireError", str(err)])
 
 
 if __name__ == "__main__":

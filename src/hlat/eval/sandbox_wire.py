@@ -104,8 +104,10 @@ def receive(fd: int) -> list[Any]:
         raise WireError(f"frame of {size} bytes is over the {MAX_FRAME}-byte limit")
     try:
         message = json.loads(_read_exactly(fd, size).decode("utf-8", "surrogatepass"))
-    except (ValueError, RecursionError) as err:
+    except ValueError as err:
         raise WireError(f"malformed frame: {err}") from None
+    except RecursionError:  # json gives up at the interpreter's recursion limit, far past MAX_DEPTH
+        raise WireError(f"malformed frame: nested deeper than {MAX_DEPTH}") from None
     if type(message) is not list or not message or type(message[0]) is not str:
         raise WireError("malformed frame: expected a list starting with a string")
     return message
