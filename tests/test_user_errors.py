@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hlat.checkpoint.manager import CheckpointManager
+from hlat import cli
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.data.tokenizer import Tokenizer
 from hlat.model import Llama, ModelConfig
@@ -107,6 +108,10 @@ def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     return ["train", "--train.steps", "0"], "train.steps: must be >= 1"
 
 
+def _files(run: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file()} if run.is_dir() else {}
+
+
 CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
     bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, resume_with_other_data,
     resume_with_other_tokenizer, resume_with_other_max_doc_chars, invalid_config]
@@ -115,11 +120,14 @@ CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_expected_errors_print_one_message_and_exit_2(case, tmp_path, small_corpus, capsys, monkeypatch):
     argv, message = case(tmp_path, small_corpus)
+    before = _files(tmp_path / "run")
     monkeypatch.delenv("HLAT_DEBUG", raising=False)
     assert main(argv) == USER_ERROR_EXIT
     err = capsys.readouterr().err
     assert f"hlat {argv[0]}: " in err and message in err, err
     assert "Traceback" not in err
+    if before:  # a refused command leaves an existing run as it was (a refused resume: its config and tokenizer)
+        assert _files(tmp_path / "run") == before
     # the debug switch: the same message and code, with the traceback
     monkeypatch.setenv("HLAT_DEBUG", "1")
     assert main(argv) == USER_ERROR_EXIT
@@ -137,6 +145,18 @@ def test_debug_flag_and_other_ranks(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     assert main(["config", "--train.steps", "0"]) == USER_ERROR_EXIT
     assert capsys.readouterr().err == ""
+    # once the group has started an error may concern one rank: each rank that meets it says so, then
+    # leaves without interpreter teardown (os._exit, replaced here so that pytest survives it)
+    monkeypatch.setattr(cli, "_process_group_started", lambda: True)
+
+    def leave(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(cli.os, "_exit", leave)
+    with pytest.raises(SystemExit) as left:
+        main(["config", "--train.steps", "0"])
+    assert left.value.code == USER_ERROR_EXIT
+    assert capsys.readouterr().err == "hlat config (rank 1): invalid configuration:\n  train.steps: must be >= 1, got 0\n"
 
 
 def test_a_bad_layout_is_reported_once_under_torchrun(tmp_path):

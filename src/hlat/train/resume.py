@@ -22,6 +22,7 @@ from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config import RunConfig
 from hlat.data import PackedLoader
+from hlat.data.tokenizer import Tokenizer
 from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import ParallelModel
@@ -33,13 +34,19 @@ RESUME_MODES = ("auto", "require", "fresh")
 
 
 def prepare_run_dir(cfg: RunConfig, resume: str) -> None:
-    """Global rank 0, before anything is built: --fresh deletes what an earlier run wrote there;
-    the resolved config is written."""
+    """Global rank 0, before anything is built: --fresh deletes what an earlier run wrote there."""
     if resume == "fresh":
         for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
             path = cfg.run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
+    """Global rank 0, once the run has started or resumed: the resolved config and the tokenizer,
+    which evaluation and export read from the run directory. Not before: a refused resume (other
+    data settings) must leave the files of the run it refused as they were."""
+    tokenizer.save(cfg.run_dir / tokenizer.FILE_NAME)
     (cfg.run_dir / "config.toml").write_text(cfg.to_toml())
 
 

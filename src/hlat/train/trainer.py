@@ -42,7 +42,7 @@ from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
-from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir
+from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir, record_run
 from hlat.train.sinks import MetricSinks, perplexity, plot_loss
 from hlat.train.profiling import StepProfiler
 from hlat.train.sample import end_of_training_sample
@@ -103,6 +103,8 @@ class Trainer:
             if warning:
                 self.out(warning)
         self._set_progress(self.state.start(resume, self.out))
+        if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
+            record_run(cfg, self.tokenizer)
         self.recovery = Recovery(cfg.recovery, int(self.skipped.item()))
         self.slow_ranks = SlowRankReport(self.layout, self.device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows)
 
@@ -124,8 +126,6 @@ class Trainer:
         if lay.world > 1 and lay.is_main:
             dist.barrier()
         self.out(tokenizer_line)
-        if lay.is_main:  # the run directory is self-contained: evaluation and export read it here
-            self.tokenizer.save(self.run_dir / self.tokenizer.FILE_NAME)
         if cfg.train.global_batch % (lay.dp * cfg.train.micro_batch):
             from hlat.errors import ConfigError
 
