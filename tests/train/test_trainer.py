@@ -65,10 +65,26 @@ def test_same_seed_same_losses(small_corpus, tmp_path):
     assert other.losses != first.losses
 
 
-def test_resume_is_exact(small_corpus, tmp_path):
+class Stopped(Exception):
+    """The process ending mid-step (a SIGKILL in a real run; here the step's frame unwinds)."""
+
+
+def test_resume_is_exact(small_corpus, tmp_path, monkeypatch):
+    """A run stopped between the micro-batches of step 4 (after the checkpoint of step 3) resumes
+    from step 3 and redoes step 4 whole: losses, records and weights equal the uninterrupted run's."""
     straight = Trainer(tiny_cfg(small_corpus, tmp_path / "straight"), out=quiet).fit()
-    first_half = Trainer(tiny_cfg(small_corpus, tmp_path / "split", "--train.steps", "3"), out=quiet).fit()
-    assert first_half.losses == straight.losses[:3]
+    split = Trainer(tiny_cfg(small_corpus, tmp_path / "split"), out=quiet)
+    real = split.model.forward_backward
+
+    def stopped_in_step_4(batches, n_targets):
+        if split.step == 3:  # one of the step's two micro-batches forward and backward, then stop
+            real(batches[:1], n_targets)
+            raise Stopped
+        return real(batches, n_targets)
+
+    monkeypatch.setattr(split.model, "forward_backward", stopped_in_step_4)
+    with pytest.raises(Stopped):
+        split.fit()
     # As a run killed during step 5's record would leave metrics.jsonl: step 4 logged after the
     # checkpoint of step 3, then a torn line. The resume drops both and logs steps 4-6 once.
     metrics = tmp_path / "split" / "metrics.jsonl"
@@ -77,7 +93,7 @@ def test_resume_is_exact(small_corpus, tmp_path):
         handle.write(json.dumps({**step_3, "step": 4}) + "\n" + json.dumps({**step_3, "step": 5})[:40])
     messages = []
     second_half = Trainer(tiny_cfg(small_corpus, tmp_path / "split"), resume="require", out=messages.append).fit()
-    assert any("resuming from" in m for m in messages)
+    assert any(f"resuming from {tmp_path / 'split' / 'checkpoints' / 'step_00000003'}" in m for m in messages)
     assert second_half.losses == straight.losses[3:]  # bit-identical, not merely close
     records = [json.loads(line) for line in metrics.read_text().splitlines()]  # every line is JSON again
     assert [(r["step"], r["loss"]) for r in records if "loss" in r] == list(enumerate(straight.losses, start=1))
