@@ -13,6 +13,7 @@ from unittest import mock
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.flop_counter import FlopCounterMode
 
 import hlat.parallel.parallelize as parallelize
 from hlat.data.packing import Batch, labels_for
@@ -73,9 +74,19 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
         full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
     tag = spec.replace(",", "_")
     torch.save({k: v.detach().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
+    kv_flops = _kv_flops(model.parts[0], model_cfg.vocab_size) if layout.tp > model_cfg.n_kv_heads else None
     if layout.rank == 0:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # > 0: the blocks did compile
-        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs}))
+        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops}))
+
+
+def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:
+    """FLOPs of the first block's wk in one forward of a 1 x SEQ batch (KV projections replicated over tp)."""
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        part(torch.randint(0, vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(0)))
+    # keyed by module path from the model's class name (FSDPLlama once FSDP wraps it)
+    (wk,) = [counts for name, counts in counter.get_flop_counts().items() if name.endswith(".layers.0.attention.wk")]
+    return sum(wk.values())
 
 
 def layouts(ctx, specs: list[str], backend: str = "") -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from parallel.parity_worker import SEQ, VARIANTS
 from runs import Scenario, ScenarioResults
 
 # the single-process run of each model variant (a spec's optional 8th field, parity_worker.VARIANTS)
@@ -84,3 +85,11 @@ def check(reference, out: Path, spec: str) -> None:
 def test_layouts_match_single_process(reference, scenarios, world, specs):
     for spec in specs:
         check(reference, scenarios.path(f"parity-{world}"), spec)
+
+
+@pytest.mark.parametrize("world, spec", [(4, "1,1,4,ddp,1f1b,1,none"), (4, "1,1,4,ddp,1f1b,1,none,bias"), (8, "1,2,4,fsdp,1f1b,1,none")])
+def test_replicated_kv_projections_compute_one_head_per_rank(scenarios, world, spec):
+    """tp 4 over 2 KV heads: each rank computes only the KV head its query heads use, not both."""
+    model = VARIANTS[",".join(spec.split(",")[7:])]
+    metrics, _ = results(scenarios.path(f"parity-{world}"), spec)
+    assert metrics["kv_flops"] == 2 * SEQ * model.d_model * model.attn_head_dim, spec
