@@ -14,7 +14,7 @@ from hlat.model import flops_per_token
 from hlat.planning.calibration import RUNS, efficiencies, errors, family_of, format_calibration
 from hlat.planning.forecast import Figures, format_forecast, make_system
 from hlat.planning.layout_search import search
-from hlat.planning.throughput import LayoutChoice, System, step_time
+from hlat.planning.throughput import LayoutChoice, System, executed_flops_per_token, step_time
 
 # 100 TFLOP/s at half efficiency = 50 TFLOP/s of compute; 4 ranks per node.
 SYSTEM = System("test", 100.0, 80.0, 4, 100.0, 10.0, "gpu", 0.5)
@@ -27,6 +27,17 @@ def _tiny() -> RunConfig:
 
 def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> LayoutChoice:
     return LayoutChoice(tp, pp, dp, sharding, dp, micro, recompute)
+
+
+def test_kv_projections_computed_by_several_ranks_count_once_per_copy():
+    """tp 8 over 2 KV heads: each head is computed by 4 ranks (hlat.parallel.tensor_parallel), so
+    the KV projections run 4 times, forward and backward (and forward again under full recompute)."""
+    model = dataclasses.replace(_tiny().model, n_kv_heads=2)
+    kv_forward = 2 * 2 * model.n_layers * model.d_model * model.n_kv_heads * model.attn_head_dim  # wk and wv
+    for policy, passes in (("none", 3), ("full", 4)):
+        base = executed_flops_per_token(model, 256, policy)
+        assert executed_flops_per_token(model, 256, policy, tp=2) == base  # one copy of each head
+        assert executed_flops_per_token(model, 256, policy, tp=8) == pytest.approx(base + passes * kv_forward * 3)
 
 
 def test_compute_is_executed_flops_over_peak_times_efficiency():

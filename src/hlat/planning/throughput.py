@@ -3,7 +3,8 @@
 Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
 - compute: the FLOPs the step executes (executed_flops_per_token: the model's 6N, causal
   attention at half the 12 L d s that MFU counts, since the fused kernels skip the masked half,
-  and what the recompute policy runs again), over world x peak x efficiency. The efficiency is the
+  and what the recompute policy runs again, and the KV projections' copies when tp exceeds
+  the KV heads), over world x peak x efficiency. The efficiency is the
   one constant per device family that hlat.planning.calibration fits on published runs; MFU keeps
   hlat.model.flops_per_token, the convention the trainer and the published MFUs use.
 - tensor parallel: with sequence parallel each block gathers and scatters its activations twice
@@ -121,11 +122,25 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str, eve
     return 0.0
 
 
-def executed_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False) -> float:
+def executed_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False,
+                             tp: int = 1) -> float:
     """Training FLOPs per token the step runs: flops_per_token less the causal half of attention's
-    12 L d s (flash, cuDNN and FlexAttention kernels skip the masked blocks) plus the recompute."""
+    12 L d s (flash, cuDNN and FlexAttention kernels skip the masked blocks) plus the recompute,
+    plus the KV projections' copies when tp exceeds the KV heads."""
     skipped = 3 * _causal_attention_forward(model, seq_len)  # forward and backward of the masked half
-    return flops_per_token(model, seq_len) - skipped + recompute_flops_per_token(model, seq_len, policy, every_other_mm)
+    return (flops_per_token(model, seq_len) - skipped + recompute_flops_per_token(model, seq_len, policy, every_other_mm)
+            + _replicated_kv_flops(model, tp, policy, every_other_mm))
+
+
+def _replicated_kv_flops(model: ModelConfig, tp: int, policy: str, every_other_mm: bool) -> float:
+    """With more tp ranks than KV heads each head is computed by tp / n_kv_heads ranks
+    (hlat.parallel.tensor_parallel.ReplicatedKV): the copies beyond the first, forward and
+    backward, and forward again where the recompute replays wk and wv ("full") or wk ("op" with
+    every other matmul)."""
+    copies = tp // model.n_kv_heads if tp > model.n_kv_heads else 1
+    per_pass = 2.0 * model.n_layers * model.d_model * model.n_kv_heads * model.attn_head_dim  # wk or wv, forward
+    passes = 6 + (2 if policy == "full" else 1 if policy == "op" and every_other_mm else 0)  # of wk and wv together
+    return passes * per_pass * (copies - 1)
 
 
 def _causal_attention_forward(model: ModelConfig, seq_len: int) -> float:
@@ -141,7 +156,7 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     micro = cfg.train.global_batch // lay.dp // lay.micro_batch  # micro-batches per rank and step
     model_flops = flops_per_token(model, seq)
     every_other_mm = lay.recompute == "op" and cfg.parallel.recompute_every_other_mm
-    executed = executed_flops_per_token(model, seq, lay.recompute, every_other_mm)
+    executed = executed_flops_per_token(model, seq, lay.recompute, every_other_mm, lay.tp)
     compute = executed * tokens / world / (system.peak_tflops * 1e12 * system.efficiency)
 
     width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
