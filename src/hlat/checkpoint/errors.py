@@ -1,6 +1,8 @@
 """The error every checkpoint problem is reported with (its own module, so that the safe DCP
 reader can raise it without importing the manager)."""
 
+import re
+
 from hlat.errors import UserError
 
 
@@ -10,8 +12,8 @@ class CheckpointError(UserError, RuntimeError):
 
 
 def refusal(err: Exception) -> str:
-    """The line of torch's weights-only refusal that names what was refused (the rest of it
-    suggests loading with weights_only=False, which is exactly what must not happen); other
+    """A weights-only load's refusal in one line, naming the global the pickle asks for (torch's
+    message goes on to suggest weights_only=False, which is exactly what must not happen); other
     errors whole."""
-    lines = [line.strip() for line in str(err).splitlines()]
-    return next((line for line in lines if "GLOBAL" in line), str(err))
+    asked = re.search(r"GLOBAL (\S+)", str(err))
+    return f"its pickle asks for {asked.group(1)}, which no weights file needs (it could run code)" if asked else str(err)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -31,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
+from hlat.checkpoint.errors import refusal
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.data.config import DataConfig
 from hlat.errors import UserError
@@ -82,12 +82,8 @@ def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)  # never full unpickling
     except pickle.UnpicklingError as err:
-        # torch's message is a page ending in advice to load the file with weights_only=False or
-        # to allow-list what it asks for, which would run its code: name the file in one line
-        unsafe = re.search(r"GLOBAL (\S+)", str(err))
-        what = unsafe.group(1) if unsafe else "objects other than tensors"
-        raise ImportRefused(f"{file}: refused, its pickle asks for {what}, which no weights file needs "
-                            "(it could run code); use a trusted copy of the model, preferably safetensors") from err
+        raise ImportRefused(f"{file}: refused, {refusal(err)}; use a trusted copy of the model, preferably "
+                            "safetensors") from err
     yield from state.items()
 
 

@@ -281,9 +281,8 @@ def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
             return ("a different training split", f"saved {a['subset'] or 'all documents'}, now {b['subset'] or 'all documents'}",
                     "resume with the same data.val_source and data.val_fraction")
         if a["bos"] != b["bos"]:
-            bos = {True: "true", False: "false"}
-            return ("a different data.bos", f"saved data.bos={bos[a['bos'] is not None]}, now {bos[b['bos'] is not None]}",
-                    f"resume with data.bos={bos[a['bos'] is not None]}")
+            saved, now_bos = (str(m["bos"] is not None).lower() for m in (a, b))
+            return ("a different data.bos", f"saved data.bos={saved}, now {now_bos}", f"resume with data.bos={saved}")
     return None
 
 

@@ -19,15 +19,19 @@ from hlat.model.config import ModelConfig
 from hlat.model.kv_cache import KVCache, LayerKV
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear computed in its input's dtype: on CPUs the bf16 storage modes keep bf16 weights and
+    fp32 activations (hlat.precision), and the weight's upcast must be part of the block's own code
+    to reach inside compiled recompute regions, where torch-function modes do not apply. A no-op
+    cast wherever the dtypes already agree (fp32, mixed, bf16 compute on accelerators)."""
+    return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+
 class Linear(nn.Linear):
-    """nn.Linear computing in its input's dtype: on CPUs the bf16 storage modes keep bf16 weights
-    and fp32 activations (hlat.precision), and the weight's upcast must be part of the block's own
-    code to reach inside compiled recompute regions, where torch-function modes do not apply.
-    A no-op cast wherever the dtypes already agree (fp32, mixed, bf16 compute on accelerators)."""
+    """nn.Linear computing in its input's dtype (`linear`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.to(x.dtype), bias)
+        return linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):

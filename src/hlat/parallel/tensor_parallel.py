@@ -19,7 +19,6 @@ over the tp ranks.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
@@ -34,6 +33,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hlat.errors import ConfigError
 from hlat.model.config import ModelConfig
+from hlat.model.llama import linear
 
 
 def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
@@ -73,10 +73,8 @@ class ReplicatedKV(ParallelStyle):
 
         def head_forward(x: DTensor) -> DTensor:
             # the rows of the replicated weight differ by rank, so the "replicated" result does too;
-            # it is only read locally (output_fn) and its gradient declared partial. Computed in
-            # the input's dtype, as hlat.model.llama.Linear does.
-            bias = None if module.bias is None else module.bias[rows].to(x.dtype)
-            return F.linear(x, module.weight[rows].to(x.dtype), bias)
+            # it is only read locally (output_fn) and its gradient declared partial
+            return linear(x, module.weight[rows], None if module.bias is None else module.bias[rows])
 
         distributed = distribute_module(module, device_mesh, input_fn=input_fn, output_fn=output_fn)
         distributed.forward = head_forward

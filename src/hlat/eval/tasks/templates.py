@@ -6,7 +6,8 @@ A task file is input from anywhere, and a plain Jinja environment runs Python fo
 which refuses attributes that reach interpreter internals (underscored names, function globals,
 frames) and methods that mutate; underscored names are also refused when the file is read, so
 the usual attack fails before any model loads. The sandbox also caps range(); repetition (`*`)
-and powers (`**`) are capped here, so a template cannot exhaust memory or time.
+and powers (`**`) are capped here, so a template cannot exhaust memory (nested loops can still
+take long).
 """
 
 from __future__ import annotations
