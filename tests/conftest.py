@@ -15,17 +15,12 @@ os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFL
 import torch._dynamo.config  # noqa: E402  (reads TORCH_COMPILE_DISABLE at import)
 
 import runs  # noqa: E402
+from compiling import compiling  # noqa: E402, F401  (the fixture, for every test module)
 from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
+pytest_plugins = ["pytester"]  # tests/test_compiling.py runs a pytest session of its own
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
-
-
-@pytest.fixture
-def compiling(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.compile on again for one test, in its process and the subprocesses it starts."""
-    monkeypatch.setattr(torch._dynamo.config, "disable", False)
-    monkeypatch.delenv("TORCH_COMPILE_DISABLE")
 
 
 def _waits_for_processes(item: pytest.Item) -> bool:

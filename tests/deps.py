@@ -20,7 +20,7 @@ def require(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as err:
-        message = f"{module} is not installed ({err}); install the test extras: pip install -e '.[test]'"
+        message = f"{module} is not installed ({err}); install the test environment: python -m pip install -c requirements/test.lock torch==2.13.0 -e '.[test]'"
         if under_ci():
             pytest.fail(f"CI=true: {message}", pytrace=False)
         pytest.skip(message, allow_module_level=True)

@@ -36,7 +36,7 @@ SMALL_BATCH = ["--train.global_batch", "2"]  # one process: the preset's micro-b
 
 EXCLUDED = {
     "python -m pip install torch==2.13.0 -e .": "installs packages from the network",
-    "python -m pip install torch==2.13.0 -e .[test]": "installs packages from the network",
+    "python -m pip install -c requirements/test.lock torch==2.13.0 -e .[test]": "installs packages from the network",
     "python -m pytest": "the whole suite, which this test is part of (CI runs it: .ci/run)",
     "hlat prepare ...": "a pointer to docs/data.md, not a command",
     "hlat tokenizer train ...": "a pointer to docs/data.md, not a command",

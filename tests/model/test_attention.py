@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-import torch._dynamo.config
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from hlat.model import Llama, ModelConfig, attention
@@ -59,11 +58,10 @@ def test_native_gqa_copies_no_heads() -> None:
     assert not any("repeat" in op for op in ops.seen), ops.seen
 
 
-def test_flex_equals_dense_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_flex_equals_dense_mask(monkeypatch: pytest.MonkeyPatch, compiling: None) -> None:
     """The BlockMask (the CUDA path) and the dense mask (elsewhere) are one mask: same forward.
     On CPU through eager flex_attention (no grad: torch 2.13 has no CPU flex backward), which
     traces itself with dynamo's eager backend, so dynamo is on here; inductor is not needed."""
-    monkeypatch.setattr(torch._dynamo.config, "disable", False)
     monkeypatch.setattr(attention, "_compiled_flex", lambda: flex_attention)
     ids = doc_ids()
     block = flex_document_mask(ids)

@@ -91,9 +91,5 @@ def optimizer_compiled(on: bool) -> Iterator[None]:
     that bf16-sr uses by default, on the sharded (DTensor) parameters, with eager transformer
     blocks (--parallel.compile false in base()); the others run its eager twin (the same
     arithmetic, tests/optim/test_bf16_adamw.py), sparing a compile per layout (~20 s here)."""
-    before = torch._dynamo.config.disable
-    torch._dynamo.config.disable = not on
-    try:
+    with torch._dynamo.config.patch(disable=not on):
         yield
-    finally:
-        torch._dynamo.config.disable = before

@@ -8,6 +8,7 @@ After a deliberate change of a default, regenerate the file: python tests/train/
 import json
 
 import pytest
+import torch._dynamo.config
 
 from golden import GOLDEN, command, default_run
 
@@ -17,12 +18,8 @@ EAGER_STEPS = 3  # eager steps cost ~1 s each here; the compiled run's first one
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The default path's 8 compiled steps: (losses, printed lines). Compiling costs ~10-25 s cold."""
-    mp = pytest.MonkeyPatch()
-    mp.setattr("torch._dynamo.config.disable", False)
-    try:
+    with torch._dynamo.config.patch(disable=False):
         yield default_run(tmp_path_factory.mktemp("golden") / "compiled")
-    finally:
-        mp.undo()
 
 
 def test_default_path_reproduces_golden_losses(compiled):
