@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from hlat.checkpoint import CheckpointManager
-from hlat.config import load_config
+from hlat.config.load import load_config
+from hlat.config.parallel import ParallelConfig
 from hlat.optim import build_adamw
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers

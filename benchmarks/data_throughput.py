@@ -16,8 +16,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from hlat.data import (DataConfig, OnlineDocuments, PackedLoader, ShardDocuments, StdlibCorpus, open_entry,
-                       prepare_shards, train_bpe)
+from hlat.config.data import DataConfig
+from hlat.data import OnlineDocuments, PackedLoader, ShardDocuments, StdlibCorpus, open_entry, prepare_shards, train_bpe
 
 
 def tokens_per_s(fn) -> tuple[float, int]:

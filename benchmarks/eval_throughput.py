@@ -44,7 +44,7 @@ def export_model(preset: str, texts: list[str], directory: Path) -> int:
     import transformers
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    from hlat.config import load_config
+    from hlat.config.load import load_config
     from hlat.model import Llama
     from hlat.model.hf import hf_config_dict, hlat_to_hf
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.train.cpu_peak import read_cpu_facts
 
 

@@ -41,7 +41,7 @@ def attention(device_name: str, preset: str, overrides: list[str]) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from hlat.config import load_config
+    from hlat.config.load import load_config
     from hlat.model import Llama
     from hlat.precision import autocast
 

@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 
 import hlat.parallel.parallelize as parallelize
-from hlat.config import load_config
+from hlat.config.load import load_config
+from hlat.config.parallel import ParallelConfig
 from hlat.model import count_params
 from hlat.parallel import init
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.init_values import init_values, parameter_key, value_scale
 from hlat.parallel.mesh import make_layout
 

@@ -37,10 +37,10 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
     import torch.distributed as dist
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    from hlat.config import load_config
+    from hlat.config.load import load_config
+    from hlat.config.parallel import ParallelConfig
     from hlat.data.batch import Batch, labels_for
     from hlat.optim import build_adamw, decay_groups
-    from hlat.parallel.config import ParallelConfig
     from hlat.parallel.dtensor import local_tensor
     from hlat.parallel.mesh import setup, teardown
     from hlat.parallel.parallelize import build_parallel_model

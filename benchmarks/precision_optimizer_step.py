@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.model import Llama
 from hlat.optim import build_adamw, decay_groups
 from hlat.precision import cast_parameters

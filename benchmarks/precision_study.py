@@ -41,9 +41,9 @@ import torch
 
 import hlat
 import hlat.parallel.parallelize as parallelize
-from hlat.config import load_config
-from hlat.model import count_params
 from hlat import precision
+from hlat.config.load import load_config
+from hlat.model import count_params
 from hlat.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,10 +25,11 @@ from collections.abc import Callable
 
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
+from hlat.config.optim import OptimConfig
 from hlat.model import Llama, count_params, flops_per_token
 from hlat.model.hf import hf_config_dict
-from hlat.optim import OptimConfig, build_adamw
+from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks, decide_compile
 from hlat.parallel.loss import token_loss_sum
 from hlat.train.cpu_peak import read_cpu_facts

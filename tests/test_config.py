@@ -1,6 +1,6 @@
 import pytest
 
-from hlat.config import load_config, parse_overrides, preset_names
+from hlat.config.load import load_config, parse_overrides, preset_names
 from hlat.errors import ConfigError
 
 

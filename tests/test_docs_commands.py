@@ -23,7 +23,8 @@ import pytest
 from safetensors.torch import save_file
 
 from hlat.cli import main
-from hlat.model import Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 from runs import Scenario, ScenarioResults

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from deps import require
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
 from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama
-from hlat.model.config import ModelConfig
 from hlat.model.llama import Linear
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from hlat.config import RunConfig, load_config
+from hlat.config.load import load_config
+from hlat.config.run import RunConfig
 
 SHARED = {
     "model.vocab_size": 32000, "model.norm_eps": 1e-5, "model.rope_theta": 1e4, "model.max_seq_len": 4096,

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hlat.checkpoint.manager import CheckpointManager
 from hlat import cli
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
+from hlat.config.model import ModelConfig
 from hlat.data.tokenizer import Tokenizer
-from hlat.model import Llama, ModelConfig
+from hlat.model import Llama
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
 

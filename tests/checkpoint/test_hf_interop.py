@@ -12,7 +12,7 @@ import torch
 
 from hlat.checkpoint.hf_import import ImportRefused
 from hlat.cli import main
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 

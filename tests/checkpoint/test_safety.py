@@ -22,7 +22,7 @@ from hlat.checkpoint import CheckpointError, CheckpointManager
 from hlat.checkpoint.loading import load_model
 from hlat.checkpoint.manager import FORMAT_VERSION
 from hlat.checkpoint.safe_metadata import read_metadata
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 
 from runs import tiny_args

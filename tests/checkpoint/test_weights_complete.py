@@ -13,7 +13,8 @@ from hlat.checkpoint.completeness import IncompleteWeights
 from hlat.checkpoint.hf_import import ImportRefused, import_hf
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.checkpoint.restore import init_weights
-from hlat.model import Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 CFG = ModelConfig(vocab_size=96, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=32)

@@ -13,10 +13,10 @@ from test_data_packing import BATCH, SEQ, head_of, reference_docs, roundtrip
 
 import hlat.data.documents as documents
 from hlat.cli import USER_ERROR_EXIT, main
-from hlat.config import load_config, preset_names
+from hlat.config.data import DataConfig
+from hlat.config.load import load_config, preset_names
 from hlat.data import (
     IGNORE_INDEX,
-    DataConfig,
     OnlineDocuments,
     PackedLoader,
     ShardDocuments,

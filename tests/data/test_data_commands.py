@@ -8,7 +8,8 @@ import pytest
 import sentencepiece as spm
 
 from hlat.cli import main
-from hlat.data import DataConfig, PackedLoader, SentencePieceTokenizer, build_tokenizer, load_tokenizer
+from hlat.config.data import DataConfig
+from hlat.data import PackedLoader, SentencePieceTokenizer, build_tokenizer, load_tokenizer
 
 
 def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):

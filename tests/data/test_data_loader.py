@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
+from hlat.config.data import DataConfig
 from hlat.data import (
     IGNORE_INDEX,
-    DataConfig,
     OnlineDocuments,
     PackedLoader,
     ShardDocuments,
@@ -21,8 +21,8 @@ from hlat.data import (
     prepare_shards,
     verify_shards,
 )
+from hlat.config.model import ModelConfig
 from hlat.model import Llama
-from hlat.model.config import ModelConfig
 
 SEQ, BATCH = 32, 2
 

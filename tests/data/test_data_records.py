@@ -13,7 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from hlat.data import BadDocument, DataConfig, PackedLoader, RowSource, entry_kind, open_entry
+from hlat.config.data import DataConfig
+from hlat.config.data_paths import entry_kind
+from hlat.data import BadDocument, PackedLoader, RowSource, open_entry
 
 DOCS = [f"document {i}: " + "héllo wörld 日本 " * (i % 7) + "\nend\n" for i in range(53)] + [""]
 
@@ -210,7 +212,8 @@ def test_arrow_corpus_larger_than_the_memory_allowed(tmp_path):
             w.write_batch(pa.record_batch([pa.array([doc] * 10, pa.large_string())], schema=schema))
     code = f"""
 import resource, sys
-from hlat.data import DataConfig, open_entry
+from hlat.config.data import DataConfig
+from hlat.data import open_entry
 src = open_entry({str(path)!r}, DataConfig())
 peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 total = sum(len(src[i]) for i in range(len(src)))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hlat.data import BadDocument, DataConfig, DocumentSource, StdlibCorpus, TextFiles, open_source
+from hlat.config.data import DataConfig
+from hlat.data import BadDocument, DocumentSource, StdlibCorpus, TextFiles, open_source
 
 
 def test_stdlib_corpus():

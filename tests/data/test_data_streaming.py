@@ -12,8 +12,17 @@ import pytest
 
 import hlat.data.documents as documents
 import hlat.data.shards as shards
-from hlat.data import (BadDocument, DataConfig, OnlineDocuments, PackedLoader, ShardDocuments, TextFiles,
-                       open_entry, prepare_shards, split_document)
+from hlat.config.data import DataConfig
+from hlat.data import (
+    BadDocument,
+    OnlineDocuments,
+    PackedLoader,
+    ShardDocuments,
+    TextFiles,
+    open_entry,
+    prepare_shards,
+    split_document,
+)
 from hlat.data.documents import TokenPieces, split_pieces
 
 SEQ, BATCH, N = 32, 4, 40

@@ -9,7 +9,8 @@ import tokenizers
 from tokenizers import models, pre_tokenizers
 
 import hlat.data.tokenizer as tokmod
-from hlat.data import DataConfig, Tokenizer, build_tokenizer, train_bpe
+from hlat.config.data import DataConfig
+from hlat.data import Tokenizer, build_tokenizer, train_bpe
 
 TEXTS = [
     "def hello(world):\n    return world * 2  # plain ASCII\n",

@@ -9,9 +9,10 @@ import tokenizers
 import torch
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from hlat.config.model import ModelConfig
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval import LanguageModel
-from hlat.model import Llama, ModelConfig
+from hlat.model import Llama
 
 from task_files import TEXT, write_tiny_tasks
 

@@ -14,10 +14,11 @@ from llama3_tokenizer import BOS, EOS, write_llama3_tokenizer
 
 from hlat.checkpoint.hf_export import export_hf
 from hlat.checkpoint.hf_import import import_hf
+from hlat.config.model import ModelConfig
 from hlat.data import Tokenizer
 from hlat.eval import GenerateRequest, LanguageModel, load_model
 from hlat.eval.requests import LoglikelihoodRequest, RollingRequest
-from hlat.model import Llama, ModelConfig
+from hlat.model import Llama
 
 PAIRS = [("Question: what jumps?\nAnswer:", " the fox"), ("", "The quick brown fox"),
          ("def add(a, b): ", "return a + b")]

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hlat.config import load_config
+from hlat.config.eval import EvalConfig
+from hlat.config.load import load_config
+from hlat.config.parallel import ParallelConfig
 from hlat.errors import ConfigError
 from hlat.eval import EvalOptions, LanguageModel, evaluate_task, load_model
 from hlat.eval.in_training import InTrainingTasks
 from hlat.eval.tasks import TASKS, DataMissing
-from hlat.eval.validation import EvalConfig
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.sinks import read_metrics

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from hlat.cli import main
+from hlat.config.eval import EvalConfig
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
 from hlat.data.batch import Batch, labels_for
-from hlat.eval.validation import EvalConfig
-from hlat.model import ModelConfig
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
 

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.model import Llama
 from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.init import canonical_name, init_parameters

@@ -3,7 +3,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from hlat.model import Llama, ModelConfig, attention
+from hlat.config.model import ModelConfig
+from hlat.model import Llama, attention
 from hlat.model.attention import dense_document_mask, document_mask, flex_document_mask, sdpa
 
 B, H, KV, T, D = 2, 8, 2, 40, 16

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from hlat.config import load_config
-from hlat.model import Llama, ModelConfig, count_params
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.model import Llama, count_params
 from hlat.model.hf import hf_config_dict, hf_to_hlat, hlat_to_hf, model_config_from_hf
 
 from deps import require

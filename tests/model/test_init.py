@@ -16,7 +16,8 @@ import math
 import pytest
 import torch
 
-from hlat.model import Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.model import Llama
 
 from runs import Scenario
 

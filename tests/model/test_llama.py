@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from hlat.model import KVCache, Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.model import KVCache, Llama
 
 SMALL = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=128,
                     max_seq_len=32)

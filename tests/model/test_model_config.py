@@ -1,4 +1,4 @@
-from hlat.model import ModelConfig
+from hlat.config.model import ModelConfig
 
 SEVENTY_B = ModelConfig(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672,
                         init_std=0.02)

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from hlat.config import load_config
-from hlat.model import Llama, ModelConfig, count_params, flops_per_token
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.model import Llama, count_params, flops_per_token
 
 SEVENTY_B = ModelConfig(d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672)
 

@@ -1,7 +1,9 @@
 import torch
 
-from hlat.model import Llama, ModelConfig
-from hlat.optim import OptimConfig, build_adamw, decay_groups
+from hlat.config.model import ModelConfig
+from hlat.config.optim import OptimConfig
+from hlat.model import Llama
+from hlat.optim import build_adamw, decay_groups
 
 SMALL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
 

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from hlat.optim import BF16AdamW, OptimConfig, adamw_class
+from hlat.config.optim import OptimConfig
+from hlat.optim import BF16AdamW, adamw_class
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 

@@ -2,7 +2,8 @@ import math
 
 import pytest
 
-from hlat.optim import ScheduleConfig, lr_multiplier
+from hlat.config.optim import ScheduleConfig
+from hlat.optim import lr_multiplier
 
 
 def cfg(name: str, **kw) -> ScheduleConfig:

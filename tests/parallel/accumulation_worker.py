@@ -11,13 +11,14 @@ import torch
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from hlat.config.optim import OptimConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.packing import Batch, labels_for
-from hlat.optim import OptimConfig, build_adamw
-from hlat.parallel.config import ParallelConfig
+from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.precision import bf16_rounding
-from hlat.train.config import PrecisionConfig
 from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
 from parallel.parity_worker import GLOBAL_BATCH, MICRO, MODEL, global_batches

@@ -6,10 +6,11 @@ import json
 
 import torch
 
+from hlat.config.model import ModelConfig
+from hlat.config.optim import OptimConfig
+from hlat.config.parallel import ParallelConfig
 from hlat.data.batch import make_batch
-from hlat.model import ModelConfig
-from hlat.optim import OptimConfig, build_adamw
-from hlat.parallel.config import ParallelConfig
+from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers

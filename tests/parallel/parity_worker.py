@@ -16,11 +16,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.flop_counter import FlopCounterMode
 
 import hlat.parallel.parallelize as parallelize
+from hlat.config.model import ModelConfig
+from hlat.config.optim import OptimConfig
+from hlat.config.parallel import ParallelConfig
 from hlat.data.packing import Batch, labels_for
-from hlat.model import ModelConfig
-from hlat.optim import OptimConfig, build_adamw
+from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers

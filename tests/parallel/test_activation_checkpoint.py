@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hlat.model import Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.model import Llama
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint, checkpoint_block
-from hlat.parallel.config import ParallelConfig
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.saved_activations import block_bytes
 from hlat.precision import autocast, cast_parameters

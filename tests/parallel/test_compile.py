@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
 from hlat.errors import ConfigError, UserError
-from hlat.model import ModelConfig
 from hlat.parallel import compile as compile_mod
 from hlat.parallel.compile import decide_compile
 from hlat.train.trainer import Trainer

@@ -3,7 +3,7 @@
 import pytest
 
 from hlat.cli import main
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.model import count_params
 from hlat.parallel import preflight
 

@@ -10,7 +10,7 @@ import socket
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.errors import ConfigError
 from hlat.parallel.slow_ranks import SlowRankScores
 from hlat.train.sinks import MetricSinks, read_metrics

@@ -5,9 +5,10 @@ import functools
 
 import pytest
 
-from hlat.config import RunConfig, load_config
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
-from hlat.model import ModelConfig
 from hlat.parallel.saved_activations import block_bytes
 from hlat.parallel.tensor_parallel import check_tensor_parallel
 from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory

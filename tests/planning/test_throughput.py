@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from hlat.config import RunConfig, load_config
+from hlat.config.load import load_config
+from hlat.config.run import RunConfig
 from hlat.errors import UserError
 from hlat.model import flops_per_token
 from hlat.planning.calibration import RUNS, efficiencies, errors, family_of, format_calibration

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 
 GOLDEN = Path(__file__).with_name("golden_tiny.json")

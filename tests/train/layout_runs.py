@@ -14,7 +14,7 @@ from unittest import mock
 
 import torch.distributed as dist
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.parallel.dtensor import local_tensor
 from hlat.train.trainer import Trainer
 

@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from hlat.checkpoint import CheckpointManager
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args

@@ -15,12 +15,13 @@ import pytest
 import torch
 
 from deps import require
-from hlat.config import load_config
+from hlat.config import wandb as wandb_config
+from hlat.config.load import load_config
+from hlat.config.wandb import WandbConfig
 from hlat.errors import ConfigError
-from hlat.train import wandb_sink
 from hlat.train.sinks import MetricSinks, read_metrics
 from hlat.train.trainer import Trainer
-from hlat.train.wandb_sink import WandbConfig, WandbSink
+from hlat.train.wandb_sink import WandbSink
 from runs import tiny_args
 
 # Every way a tensor's value reaches Python: on a device, each one waits for the queued work.
@@ -105,7 +106,7 @@ def test_profile_steps_are_checked(steps, problem):
 
 
 def test_wandb_asked_for_but_not_installed_fails_at_start_up(monkeypatch):
-    monkeypatch.setattr(wandb_sink, "wandb_installed", lambda: False)
+    monkeypatch.setattr(wandb_config, "wandb_installed", lambda: False)
     with pytest.raises(ConfigError, match=re.escape("wandb.enabled: the wandb package is not installed; pip install 'hlat[wandb]'")):
         load_config("tiny", None, ["--wandb.enabled", "true"])
 

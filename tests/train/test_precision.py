@@ -1,10 +1,12 @@
 import pytest
 import torch
 
-from hlat.config import load_config
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.config.optim import OptimConfig
 from hlat.errors import ConfigError
-from hlat.model import Llama, ModelConfig
-from hlat.optim import OptimConfig, build_adamw
+from hlat.model import Llama
+from hlat.optim import build_adamw
 from hlat.parallel.loss import token_loss_sum
 from hlat.precision import autocast, bf16_rounding, cast_parameters, compute_dtype, emulated_mixed, state_bytes_per_param
 from hlat.train.trainer import Trainer

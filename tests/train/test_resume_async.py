@@ -2,7 +2,7 @@
 blocking and write times; archives are weights-only and never pruned."""
 
 from hlat.checkpoint import CheckpointManager
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 

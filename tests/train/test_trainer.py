@@ -5,12 +5,13 @@ import shutil
 import pytest
 import torch
 
-from hlat.config import load_config
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.hf_export import export_hf
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
 from hlat.data.packing import Batch
-from hlat.model import Llama, ModelConfig
-from hlat.parallel.config import ParallelConfig
+from hlat.model import Llama
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.optimizers import Optimizers

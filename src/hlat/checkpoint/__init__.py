@@ -1,4 +1,3 @@
-from hlat.checkpoint.config import CheckpointConfig
 from hlat.checkpoint.manager import CheckpointError, CheckpointManager
 
-__all__ = ["CheckpointConfig", "CheckpointError", "CheckpointManager"]
+__all__ = ["CheckpointError", "CheckpointManager"]

@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from hlat.checkpoint.manager import METADATA, CheckpointError
 from hlat.checkpoint.safe_metadata import read_metadata
-from hlat.model import Llama, ModelConfig
+from hlat.config.model import ModelConfig
+from hlat.model import Llama
 from hlat.model.hf import hf_to_hlat
 
 T = TypeVar("T")

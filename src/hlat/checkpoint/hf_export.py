@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hlat.checkpoint.loading import load_model
-from hlat.data.tokenizer import find_tokenizer_file
+from hlat.config.data_paths import find_tokenizer_file
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -32,11 +32,13 @@ from tqdm import tqdm
 from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
 from hlat.checkpoint.errors import refusal
 from hlat.checkpoint.manager import CheckpointManager
-from hlat.data.config import DataConfig
-from hlat.errors import UserError
-from hlat.model import ModelConfig, count_params
+from hlat.config.data import DataConfig
+from hlat.config.data_paths import TOKENIZER_FILES, find_tokenizer_file
+from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import TOKENIZER_FILES, Tokenizer, find_tokenizer_file, hf_adds_bos, load_tokenizer
+from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer
+from hlat.errors import UserError
+from hlat.model import count_params
 from hlat.model.hf import model_config_from_hf
 from hlat.toml_value import toml_value
 

@@ -16,11 +16,12 @@ import torch
 
 from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
-from hlat.data.config import DataConfig
+from hlat.config.data import DataConfig
+from hlat.config.data_paths import find_tokenizer_file
+from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import (Tokenizer, build_tokenizer, find_tokenizer_file, hf_adds_bos,
-                                 load_tokenizer)
-from hlat.model import Llama, ModelConfig
+from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
+from hlat.model import Llama
 from hlat.model.hf import hf_to_hlat, model_config_from_hf
 from hlat.model.llama import rope_tables
 

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config import load_config, preset_names
+    from hlat.config.load import load_config, preset_names
 
     if args.command == "presets":
         print("\n".join(preset_names()))

@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     import torch
 
-    from hlat.config import load_config
+    from hlat.config.load import load_config
     from hlat.parallel import preflight
     from hlat.parallel.mesh import setup, teardown, world_from_env
 

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config import load_config
+    from hlat.config.load import load_config
     from hlat.model import count_params, flops_per_token
 
     cfg = load_config(args.preset, args.config, overrides)

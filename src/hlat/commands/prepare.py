@@ -25,8 +25,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from hlat.config import load_config
-    from hlat.data import OnlineDocuments, build_data_tokenizer, open_entry, prepare_shards, source_entries
+    from hlat.config.data_paths import source_entries
+    from hlat.config.load import load_config
+    from hlat.data import OnlineDocuments, build_data_tokenizer, open_entry, prepare_shards
 
     cfg = load_config(args.preset, args.config, overrides)
     entries = source_entries(cfg.data.source)

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from tqdm import tqdm
 
-    from hlat.data import DataConfig, tokenizer_corpus, train_bpe
+    from hlat.config.data import DataConfig
+    from hlat.data import tokenizer_corpus, train_bpe
     from hlat.errors import ConfigError
 
     if overrides:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config import load_config
+    from hlat.config.load import load_config
     from hlat.parallel.mesh import teardown, world_from_env
     from hlat.train.trainer import Trainer
 

@@ -1,8 +1,7 @@
 """Data pipeline: document sources, tokenizers, HLAT's online packing, offline shards, mixtures."""
 
 from hlat.data.batch import IGNORE_INDEX, Batch, make_batch
-from hlat.data.catalog import check_source_path, entry_kind, open_entry, source_entries
-from hlat.data.config import DataConfig, default_cache_dir
+from hlat.data.catalog import open_entry
 from hlat.data.documents import DocumentTokens, OnlineDocuments, split_document
 from hlat.data.loader import (
     Validation,
@@ -22,11 +21,10 @@ from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, train_bpe
 
 __all__ = [
-    "IGNORE_INDEX", "BadDocument", "Batch", "Concat", "DataConfig", "DocumentSource",
-    "DocumentTokens", "OnlineDocuments", "PackedLoader", "RowSource", "SentencePieceTokenizer",
-    "ShardDocuments", "StdlibCorpus", "TextFiles", "Tokenizer", "Validation", "build_data_tokenizer",
-    "build_loader", "build_tokenizer", "check_source_path", "default_cache_dir", "entry_kind",
-    "epoch_permutation", "holdout_split", "load_tokenizer", "make_batch", "merge_states",
-    "open_documents", "open_entry", "open_source", "prepare_shards", "source_entries", "split_document",
+    "IGNORE_INDEX", "BadDocument", "Batch", "Concat", "DocumentSource", "DocumentTokens",
+    "OnlineDocuments", "PackedLoader", "RowSource", "SentencePieceTokenizer", "ShardDocuments",
+    "StdlibCorpus", "TextFiles", "Tokenizer", "Validation", "build_data_tokenizer", "build_loader",
+    "build_tokenizer", "epoch_permutation", "holdout_split", "load_tokenizer", "make_batch", "merge_states",
+    "open_documents", "open_entry", "open_source", "prepare_shards", "split_document",
     "tokenizer_corpus", "train_bpe", "verify_shards",
 ]

@@ -10,16 +10,12 @@ optionally .gz/.zst); a directory of such files; or a text file / directory of t
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Protocol
 
+from hlat.config.data_paths import check_source_path, entry_kind, file_kind, record_files
 from hlat.data.records import RowSource, convert_to_arrow, file_fingerprint, read_arrow, text_column
-from hlat.data.sources import _SKIP_DIRS, DocumentSource, StdlibCorpus, TextFiles, scan_text_files
-
-ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".feather")
-JSONL_SUFFIXES = tuple(s + c for s in (".jsonl", ".json", ".ndjson") for c in ("", ".gz", ".zst"))
-SHARDS_MANIFEST = "manifest.json"
+from hlat.data.sources import DocumentSource, StdlibCorpus, TextFiles
 
 
 class SourceSettings(Protocol):
@@ -31,59 +27,6 @@ class SourceSettings(Protocol):
     hf_config: str
 
     def resolved_cache_dir(self) -> Path: ...
-
-
-def source_entries(source: str) -> list[str]:
-    return [e.strip() for e in source.split(",")] if source.strip() else [""]
-
-
-def file_kind(path: Path) -> str | None:
-    name = path.name.lower()
-    if name.endswith(ARROW_SUFFIXES):
-        return "arrow"
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    return None
-
-
-def entry_kind(entry: str) -> str:
-    """stdlib | hub | shards | hf_disk | arrow | parquet | jsonl | rows (a directory) | text."""
-    if not entry:
-        return "stdlib"
-    if entry.startswith("hf:"):
-        return "hub"
-    path = Path(entry).expanduser()
-    if path.is_dir():
-        if (path / SHARDS_MANIFEST).is_file() and "hlat_shards" in (path / SHARDS_MANIFEST).read_text()[:200]:
-            return "shards"
-        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-            return "hf_disk"
-        return "rows" if _record_files(path) else "text"
-    return file_kind(path) or "text"
-
-
-def _record_files(root: Path) -> list[Path]:
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        found += [Path(dirpath) / f for f in filenames if not f.startswith(".") and file_kind(Path(f))]
-    return sorted(found)
-
-
-def check_source_path(entry: str) -> str | None:
-    """None if the entry looks readable, else a message naming the fix (cheap: no data is read)."""
-    if entry.startswith("hf:") or not entry:
-        return None if entry != "hf:" else "hf: needs a dataset name, e.g. hf:allenai/c4"
-    path = Path(entry).expanduser()
-    if not path.exists():
-        return (f"no such file or directory: {entry}; give a data file or directory, hf:NAME, or "
-                "leave empty for the embedded corpus")
-    if path.is_dir() and entry_kind(entry) == "text" and not scan_text_files(path):
-        return (f"no data or text files under {entry}; give a directory of .arrow/.parquet/.jsonl "
-                "or text files, or leave empty for the embedded corpus")
-    return None
 
 
 def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
@@ -101,7 +44,7 @@ def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
     if kind in ("hub", "hf_disk"):
         return _open_hf(entry, kind, cfg)
     path = Path(entry).expanduser()
-    files = _record_files(path) if kind == "rows" else [path]
+    files = record_files(path) if kind == "rows" else [path]
     parts: list[tuple[str, object]] = []
     skipped = 0
     fps = []

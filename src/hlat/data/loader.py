@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from hlat.config.data import DataConfig
+from hlat.config.data_paths import entry_kind, source_entries
 from hlat.data.batch import Batch
-from hlat.data.catalog import entry_kind, open_entry, source_entries
-from hlat.data.config import DataConfig
+from hlat.data.catalog import open_entry
 from hlat.data.documents import DocTokens, DocumentTokens, OnlineDocuments
 from hlat.data.packing import PackedLoader
 from hlat.data.shards import ShardDocuments, shard_tokenizer_path

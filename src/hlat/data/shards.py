@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from hlat.config.data_paths import find_tokenizer_file
 from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
 from hlat.data.sources import BadDocument
-from hlat.data.tokenizer import find_tokenizer_file
 
 FORMAT = "hlat_shards"
 VERSION = 1

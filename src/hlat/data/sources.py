@@ -20,18 +20,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from hlat.config.data_paths import SKIP_DIRS, TEXT_SUFFIXES, scan_text_files
 from hlat.errors import UserError
 
-# Files read as plain text documents when they sit in a source directory.
-TEXT_SUFFIXES = frozenset(
-    {
-        ".txt", ".text", ".md", ".markdown", ".rst", ".tex", ".py", ".pyi", ".c", ".h", ".cc",
-        ".cpp", ".hpp", ".java", ".js", ".ts", ".go", ".rs", ".rb", ".sh", ".html", ".css",
-        ".toml", ".yaml", ".yml", ".cfg", ".ini",
-    }
-)  # fmt: skip
-
-_SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
 
 
 class BadDocument(UserError, ValueError):
@@ -76,17 +67,6 @@ def decode_windows(blocks: Iterable[bytes], strict: bool,
         raise bad(e, start - len(decoder.getstate()[0]) + e.start) from None
     if tail:
         yield tail
-
-
-def scan_text_files(root: Path) -> list[str]:
-    """Sorted relative paths of the text files under root (hidden entries and caches skipped)."""
-    texts: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        for fname in filenames:
-            if not fname.startswith(".") and Path(fname).suffix.lower() in TEXT_SUFFIXES:
-                texts.append(os.path.relpath(os.path.join(dirpath, fname), root))
-    return sorted(texts)
 
 
 class _Files:
@@ -155,7 +135,7 @@ class StdlibCorpus(_Files):
         root_path = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
         relpaths: list[str] = []
         for dirpath, dirnames, filenames in os.walk(root_path):
-            dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+            dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
             for fname in filenames:
                 if fname.endswith(".py"):
                     relpaths.append(os.path.relpath(os.path.join(dirpath, fname), root_path))

@@ -132,14 +132,6 @@ class Tokenizer:
         )
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # Tokenizer.FILE_NAME, SentencePieceTokenizer.FILE_NAME
-
-
-def find_tokenizer_file(directory: str | os.PathLike) -> Path | None:
-    """The tokenizer file of a run, shard or model directory (tokenizer.json first), or None."""
-    return next((Path(directory) / n for n in TOKENIZER_FILES if (Path(directory) / n).is_file()), None)
-
-
 def hf_adds_bos(tok: Tokenizer | SentencePieceTokenizer, tokenizer_config: Path) -> bool:
     """Whether Hugging Face's tokenizer puts BOS in front of what it encodes (lm-eval's HF backend
     then starts every context with it): for a tokenizer.json its post-processor decides, as in

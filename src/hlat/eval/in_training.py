@@ -19,12 +19,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from hlat.config.eval import EvalConfig
+from hlat.config.model import ModelConfig
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval.harness import EvalOptions, evaluate_task
 from hlat.eval.lm import LanguageModel
 from hlat.eval.tasks import TASKS, DataMissing, Doc, Task, load_split
-from hlat.eval.validation import EvalConfig
-from hlat.model import Llama, ModelConfig
+from hlat.model import Llama
 from hlat.model.llama import rope_tables
 from hlat.parallel.mesh import Layout
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, TypeVar
 
-from hlat.model.config import ModelConfig
+from hlat.config.model import ModelConfig
 
 T = TypeVar("T")
 

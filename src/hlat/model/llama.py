@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hlat.config.model import ModelConfig
 from hlat.model.attention import AttentionMask, document_mask, sdpa
-from hlat.model.config import ModelConfig
 from hlat.model.kv_cache import KVCache, LayerKV
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hlat.model.config import ModelConfig
+from hlat.config.model import ModelConfig
 
 
 def count_params(cfg: ModelConfig) -> int:

@@ -1,6 +1,5 @@
 from hlat.optim.adamw import adamw_class, build_adamw, decay_groups, skips_exactly
 from hlat.optim.bf16_adamw import BF16AdamW
-from hlat.optim.config import OptimConfig, ScheduleConfig
 from hlat.optim.schedule import lr_multiplier
 
-__all__ = ["BF16AdamW", "OptimConfig", "ScheduleConfig", "adamw_class", "build_adamw", "decay_groups", "lr_multiplier", "skips_exactly"]
+__all__ = ["BF16AdamW", "adamw_class", "build_adamw", "decay_groups", "lr_multiplier", "skips_exactly"]

@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hlat.config.optim import OptimConfig
 from hlat.optim.bf16_adamw import BF16AdamW
-from hlat.optim.config import OptimConfig
 from hlat.parallel.init import canonical_name
 
 

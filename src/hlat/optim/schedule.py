@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from hlat.optim.config import ScheduleConfig
+from hlat.config.optim import ScheduleConfig
 
 
 def lr_multiplier(cfg: ScheduleConfig, step: int) -> float:

@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hlat.config.model import ModelConfig
 from hlat.errors import UserError
 from hlat.model.attention import document_mask
-from hlat.model.config import ModelConfig
 from hlat.model.llama import TransformerBlock, rope_tables
 from hlat.parallel.activation_checkpoint import checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype

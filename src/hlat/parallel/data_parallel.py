@@ -10,9 +10,9 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from hlat.config.precision import PrecisionConfig
 from hlat.errors import ConfigError
 from hlat.parallel.mesh import Layout, fsdp_mesh
-from hlat.train.config import PrecisionConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

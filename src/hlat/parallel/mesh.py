@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hlat.config.parallel import ParallelConfig
 from hlat.errors import ConfigError
-from hlat.parallel.config import ParallelConfig
 
 
 @dataclass

@@ -18,24 +18,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.packing import Batch
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama
-from hlat.model.config import ModelConfig
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.compile import compile_blocks
-from hlat.parallel.config import ParallelConfig
-from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, check_grad_accum, no_gradient_sync
+from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
+from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.mesh import Layout
 from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
 from hlat.precision import autocast, cast_parameters
-from hlat.parallel.loss import token_loss_sum
-from hlat.train.config import PrecisionConfig
 
 
 @dataclass

@@ -15,8 +15,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleInterleaved1F1B, Schedule1F1B
 
+from hlat.config.model import ModelConfig
 from hlat.errors import ConfigError
-from hlat.model.config import ModelConfig
 
 
 def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> list[range]:

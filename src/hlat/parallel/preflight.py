@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hlat.config import RunConfig
+from hlat.config.run import RunConfig
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout, describe_degrees, dp_shard_of, resolve_degrees

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 if TYPE_CHECKING:
-    from hlat.model import ModelConfig
+    from hlat.config.model import ModelConfig
 
 
 class _NewStorages(TorchDispatchMode):

@@ -31,8 +31,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
+from hlat.config.model import ModelConfig
 from hlat.errors import ConfigError
-from hlat.model.config import ModelConfig
 from hlat.model.llama import linear
 
 

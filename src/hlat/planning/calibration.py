@@ -14,7 +14,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from hlat.config import RunConfig, load_config
+from hlat.config.load import load_config
+from hlat.config.run import RunConfig
 from hlat.devices import by_table_name
 from hlat.planning.throughput import LayoutChoice, System, step_time
 

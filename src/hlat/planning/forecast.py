@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hlat.config import RunConfig
+from hlat.config.run import RunConfig
 from hlat.devices import Accelerator, by_table_name
 from hlat.errors import UserError
 from hlat.planning.calibration import efficiencies

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hlat.config import load_config
+from hlat.config.load import load_config
 from hlat.planning.forecast import Figures, days_and_cost, make_system, nodes_of
 from hlat.planning.memory import GIB, plan
 from hlat.planning.throughput import step_time

@@ -15,9 +15,9 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from hlat.config import RunConfig
+from hlat.config.parallel import ACTIVATION_CHECKPOINT
+from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
-from hlat.parallel.config import ACTIVATION_CHECKPOINT
 from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
 from hlat.planning.forecast import days_and_cost
 from hlat.planning.memory import GIB, plan, stage_memory

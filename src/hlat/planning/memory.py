@@ -28,9 +28,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from hlat.config import RunConfig
+from hlat.config.model import ModelConfig
+from hlat.config.run import RunConfig
 from hlat.devices import Accelerator
-from hlat.model import Llama, ModelConfig
+from hlat.model import Llama
 from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
 from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hlat.config import RunConfig
-from hlat.model import ModelConfig, count_params, flops_per_token
+from hlat.config.model import ModelConfig
+from hlat.config.run import RunConfig
+from hlat.model import count_params, flops_per_token
 from hlat.parallel.data_parallel import DTYPES
 from hlat.precision import compute_dtype, param_dtype
 

@@ -3,35 +3,13 @@ CUDA a memory snapshot of the same steps (docs/training.md says how to open them
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-_STEPS = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
-
-
-@dataclass
-class ProfileConfig:
-    steps: str = ""  # "A:B" traces optimizer steps A to B (1-based, inclusive); "" = no profile
-    dir: str = ""  # "" = <run_dir>/profile
-
-    def range(self) -> tuple[int, int] | None:
-        """(A, B), or None when off; assumes validate() passed."""
-        match = _STEPS.fullmatch(self.steps)
-        return (int(match[1]), int(match[2])) if match else None
-
-    def validate(self) -> list[tuple[str, str]]:
-        if not self.steps:
-            return []
-        match = _STEPS.fullmatch(self.steps)
-        if match is None or not 1 <= int(match[1]) <= int(match[2]):
-            return [("steps", f"got {self.steps!r}; write A:B with 1 <= A <= B, the first and last optimizer step to "
-                              "trace (e.g. --profile.steps 5:7), or \"\" for none")]
-        return []
+from hlat.config.profile import ProfileConfig
 
 
 class StepProfiler:

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
-from hlat.config import RunConfig
+from hlat.config.run import RunConfig
 from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.errors import ResumeError

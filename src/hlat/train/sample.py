@@ -12,13 +12,13 @@ import time
 import torch
 from torch import nn
 
-from hlat.data.config import DataConfig
+from hlat.config.data import DataConfig
+from hlat.config.model import ModelConfig
 from hlat.data.loader import open_source
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval.in_training import gather_full_weights, unsharded_model
 from hlat.eval.lm import LanguageModel
 from hlat.eval.requests import GenerateRequest
-from hlat.model import ModelConfig
 from hlat.parallel.mesh import Layout
 
 AUTO = "auto"  # train.sample_prompt: the start of the training data's first document

@@ -19,13 +19,13 @@ import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.checkpoint import CheckpointManager
-from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.faults import maybe_kill, maybe_slow
+from hlat.checkpoint.manager import SaveStats
 from hlat.checkpoint.recovery import Incident, Recovery
-from hlat.config import RunConfig
+from hlat.config.data import default_cache_dir
+from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
-from hlat.data.config import default_cache_dir
 from hlat.devices import resolve_device
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
@@ -36,16 +36,16 @@ from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
+from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
 from hlat.train.cost import cost_fields, node_count
 from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
-from hlat.precision import bf16_rounding, compute_dtype, state_bytes_per_param
-from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir, record_run
-from hlat.train.sinks import MetricSinks, perplexity, plot_loss
 from hlat.train.profiling import StepProfiler
+from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir, record_run
 from hlat.train.sample import end_of_training_sample
+from hlat.train.sinks import MetricSinks, perplexity, plot_loss
 from hlat.train.step import train_step
 from hlat.train.wandb_sink import WandbSink
 

@@ -36,6 +36,9 @@ class ModelConfig:
     rope_low_freq_factor: float = 1.0  # llama3: wavelengths over original_max / this are scaled
     rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_max / this are kept
     rope_original_max_seq_len: int = 8192  # llama3: the context length the model was pre-trained at
+    # The model family (hlat.model.spec): "llama", or "qwen3" (LLaMA with an RMSNorm over each
+    # query and key head before RoPE). Configs written before this field are LLaMA.
+    family: str = "llama"
 
     @property
     def attn_head_dim(self) -> int:
@@ -60,6 +63,8 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 problems.append((name, f"{name}={getattr(self, name)!r} must be true or false"))
         problems += self._rope_scaling_problems()
+        if self.family not in FAMILIES:
+            problems.append(("family", f"family={self.family!r} is not one of {', '.join(FAMILIES)}"))
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
             problems.append(("head_dim", f"head_dim={self.head_dim!r} must be an integer >= 0 "
                              "(0 = d_model // n_heads)"))
@@ -116,3 +121,4 @@ class ModelConfig:
 
 
 ROPE_SCALINGS = ("none", "linear", "llama3")
+FAMILIES = ("llama", "qwen3")  # the keys of hlat.model.spec.SPECS

@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hlat.data.catalog import check_source_path, source_entries
-from hlat.data.tokenizer import find_tokenizer_file
+from hlat.config.data_paths import check_source_path, find_tokenizer_file, source_entries
 
 
 def default_cache_dir() -> Path:

@@ -1,0 +1,42 @@
+"""The precision mode: storage dtypes, compute dtype, gradient sums (docs/precision.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRECISION_MODES = ("fp32", "mixed", "bf16-sr", "bf16")
+REDUCE_DTYPES = ("fp32", "bf16")
+
+
+@dataclass
+class PrecisionConfig:
+    # "fp32": everything fp32. "mixed" (HLAT 70B): compute from a bf16 copy of the weights (bf16
+    # autocast), fp32 weights, gradients and Adam state. "bf16-sr" (HLAT 7B): weights, gradients and Adam moments in bf16, each update
+    # computed in fp32 and stochastically rounded back. "bf16": the same rounded to nearest, the
+    # baseline that loses small updates. The bf16 modes compute in fp32 on CPUs (docs/precision.md).
+    mode: str = "fp32"
+    # bf16 modes: fuse the optimizer's update into one kernel with torch.compile (seconds to build
+    # on the first step); false runs the same arithmetic eagerly, several times slower, for
+    # platforms without a working compiler.
+    compile_optimizer: bool = True
+    # Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
+    # CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype.
+    float8: bool = False
+    # mixed under zero2/fsdp: the dtype FSDP2 reduce-scatters gradients in and accumulates them in
+    # across micro-batches ("bf16" halves that traffic and memory; single-device and DDP mixed
+    # always accumulate in fp32, the dtype of their gradients).
+    reduce_dtype: str = "fp32"
+    # bf16 storage modes: accumulate micro-batch gradients in fp32 and round once per step (+4
+    # bytes/param between micro-batches). false = HLAT's recipe: bf16 gradients summed in bf16.
+    fp32_grad_accum: bool = False
+
+    def validate(self) -> list[tuple[str, str]]:
+        problems = []
+        if self.mode not in PRECISION_MODES:
+            problems.append(("mode", f"got {self.mode!r}; choose one of {', '.join(PRECISION_MODES)}"))
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            problems.append(("reduce_dtype", f"got {self.reduce_dtype!r}; choose one of {', '.join(REDUCE_DTYPES)}"))
+        if self.fp32_grad_accum and self.mode in ("fp32", "mixed"):
+            problems.append(("fp32_grad_accum", f"{self.mode} already accumulates gradients in fp32; "
+                             "the switch is for bf16-sr and bf16, set it to false"))
+        return problems
