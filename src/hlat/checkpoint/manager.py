@@ -34,7 +34,6 @@ DCP's metadata through the exact allow-list of safe_metadata.py, and DCP's non-t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -56,6 +55,7 @@ from hlat.checkpoint import safe_dcp
 from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.faults import maybe_fail, maybe_kill
 from hlat.checkpoint.safe_metadata import read_metadata
+from hlat.digests import sha256_file
 from hlat.parallel.mesh import collective_timeout
 
 MANIFEST = "manifest.json"
@@ -288,7 +288,7 @@ class CheckpointManager:
             raise CheckpointError(f"missing {name}")
         if file.stat().st_size != expected["bytes"]:
             raise CheckpointError(f"{name} has {file.stat().st_size} bytes, manifest says {expected['bytes']}")
-        if self.verify and _sha256(file) != expected["sha256"]:
+        if self.verify and sha256_file(file) != expected["sha256"]:
             raise CheckpointError(f"{name} fails its SHA-256 check (corrupt)")
         if name == METADATA:  # checked even without `verify`: safety is never skipped
             try:
@@ -408,15 +408,7 @@ def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
 
 
 def _describe(file: Path) -> dict[str, Any]:
-    return {"bytes": file.stat().st_size, "sha256": _sha256(file)}
-
-
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
 
 
 def _save_synced(obj: Any, file: Path) -> None:

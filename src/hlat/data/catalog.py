@@ -9,13 +9,13 @@ optionally .gz/.zst); a directory of such files; or a text file / directory of t
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Protocol
 
 from hlat.config.data_paths import check_source_path, entry_kind, file_kind, record_files
 from hlat.data.records import RowSource, convert_to_arrow, file_fingerprint, read_arrow, text_column
 from hlat.data.sources import DocumentSource, StdlibCorpus, TextFiles
+from hlat.digests import short_sha256
 
 
 class SourceSettings(Protocol):
@@ -68,7 +68,7 @@ def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
 
 
 def _fingerprint(kind: str, field: str, parts: list[str]) -> str:
-    return f"{kind}-{len(parts)}-{hashlib.sha256('|'.join([field, *parts]).encode()).hexdigest()[:16]}"
+    return f"{kind}-{len(parts)}-{short_sha256('|'.join([field, *parts]))}"
 
 
 def _open_hf(entry: str, kind: str, cfg: SourceSettings) -> DocumentSource:

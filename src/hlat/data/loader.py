@@ -18,6 +18,7 @@ from hlat.data.packing import PackedLoader
 from hlat.data.shards import ShardDocuments, shard_tokenizer_path
 from hlat.data.sources import Concat, DocumentSource
 from hlat.data.tokenizer import BOS_CANDIDATES, build_tokenizer
+from hlat.digests import short_sha256
 from hlat.errors import ConfigError
 
 VAL_SEED = 0  # validation always reads the same documents in the same order
@@ -30,7 +31,7 @@ class DocumentsSubset:
         self.docs, self.indices = docs, indices
         self.name = f"{label} of {docs.name}"
         self.eos_id = docs.eos_id
-        digest = hashlib.sha256(indices.tobytes()).hexdigest()[:12]
+        digest = short_sha256(indices.tobytes(), 12)
         self._fingerprint = f"{docs.fingerprint()}[{label}:{digest}]"
 
     def __len__(self) -> int:

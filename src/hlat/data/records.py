@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import gzip
-import hashlib
 import io
 import json
 import logging
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from hlat.data.sources import BadDocument, decode_windows
+from hlat.digests import short_sha256
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,12 @@ _BATCH_BYTES = 32 << 20
 def file_fingerprint(path: Path) -> str:
     """Name, size and the first and last MiB: cheap, and stable when the data is copied."""
     size = path.stat().st_size
-    h = hashlib.sha256(f"{path.name}\0{size}".encode())
     with open(path, "rb") as f:
-        h.update(f.read(1 << 20))
+        sampled = f"{path.name}\0{size}".encode() + f.read(1 << 20)
         if size > 2 << 20:
             f.seek(size - (1 << 20))
-            h.update(f.read())
-    return h.hexdigest()[:16]
+            sampled += f.read()
+    return short_sha256(sampled)
 
 
 class RowSource:
@@ -237,7 +236,7 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
 def convert_to_arrow(path: Path, kind: str, field: str, skip: bool, cache_dir: Path) -> tuple[Path, int]:
     """The mapped Arrow copy of a Parquet/JSONL file (made once, atomically); and rows dropped."""
     key = f"{_CONVERT_RECIPE}|{file_fingerprint(path)}|{field}|{skip}"
-    out = cache_dir / "sources" / f"{path.name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.arrow"
+    out = cache_dir / "sources" / f"{path.name}-{short_sha256(key)}.arrow"
     skipped_file = out.with_suffix(".skipped")
     if out.is_file() and skipped_file.is_file():  # the count is written last: the pair is complete
         return out, int(skipped_file.read_text())

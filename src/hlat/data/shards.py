@@ -11,7 +11,6 @@ interrupted ``prepare`` resumes with the first missing shard.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -24,6 +23,7 @@ import numpy as np
 from hlat.config.data_paths import find_tokenizer_file
 from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
 from hlat.data.sources import BadDocument
+from hlat.digests import sha256_file
 
 FORMAT = "hlat_shards"
 VERSION = 1
@@ -56,14 +56,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
 
 
 def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_000, skip_bad: bool = False,
@@ -102,7 +94,6 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
         offsets = np.zeros(last - first + 1, dtype=np.int64)
         tokens_path, offsets_path = out / f"tokens-{k:05d}.bin", out / f"offsets-{k:05d}.npy"
         fd, tmp = tempfile.mkstemp(prefix=f".{tokens_path.name}.", dir=out)
-        h = hashlib.sha256()
         with os.fdopen(fd, "wb") as f:
             for a in range(first, last, batch_docs):
                 b = min(a + batch_docs, last)
@@ -117,10 +108,10 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                     for piece in toks if isinstance(toks, TokenPieces) else [toks]:
                         data = piece.astype(dtype).tobytes()
                         f.write(data)
-                        h.update(data)
                         offsets[j + 1] += len(piece)
                 if progress is not None:
                     progress(b - a, int(offsets[b - first] - offsets[a - first]))
+        tokens_digest = sha256_file(tmp)
         os.replace(tmp, tokens_path)
         buf = tempfile.SpooledTemporaryFile()
         np.save(buf, offsets)
@@ -128,8 +119,8 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
         _write_atomic(offsets_path, buf.read())
         manifest["shards"].append({
             "tokens": tokens_path.name, "offsets": offsets_path.name, "num_docs": last - first,
-            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: h.hexdigest(),
-                                                       offsets_path.name: _sha256(offsets_path)},
+            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: tokens_digest,
+                                                       offsets_path.name: sha256_file(offsets_path)},
         })
         manifest["complete"] = k + 1 == num_shards
         _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
@@ -143,7 +134,7 @@ def verify_shards(root: Path) -> list[str]:
     """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
     manifest = read_manifest(root)
     return [name for s in manifest["shards"] for name, digest in s["sha256"].items()
-            if not (root / name).is_file() or _sha256(root / name) != digest]
+            if not (root / name).is_file() or sha256_file(root / name) != digest]
 
 
 class ShardDocuments:

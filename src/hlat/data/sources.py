@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import codecs
-import hashlib
 import os
 import sys
 import sysconfig
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from hlat.config.data_paths import SKIP_DIRS, TEXT_SUFFIXES, scan_text_files
+from hlat.digests import short_sha256
 from hlat.errors import UserError
 
 
@@ -117,10 +117,9 @@ class _Files:
         # Relative paths and sizes: cheap (one stat per file), and stable when the data is copied to
         # another machine (mtimes are not). An edit that keeps a file's size is not detected.
         if self._fingerprint is None:
-            h = hashlib.sha256(f"{self._kind}\n".encode())
-            for rel in self.relpaths:
-                h.update(f"{rel}\0{(self.root / rel).stat().st_size}\n".encode())
-            self._fingerprint = f"{self._kind}-{len(self.relpaths)}-{h.hexdigest()[:16]}"
+            sizes = "".join(f"{rel}\0{(self.root / rel).stat().st_size}\n" for rel in self.relpaths)
+            listing = f"{self._kind}\n{sizes}"
+            self._fingerprint = f"{self._kind}-{len(self.relpaths)}-{short_sha256(listing)}"
         return self._fingerprint
 
     def __repr__(self) -> str:

@@ -4,11 +4,12 @@ hlat uses from ``Tokenizer``: ``vocab_size``, ``eos_id``, ``eos_token``, ``bos_i
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Sequence
+
+from hlat.digests import short_sha256
 
 
 class SentencePieceTokenizer:
@@ -36,7 +37,7 @@ class SentencePieceTokenizer:
         self.vocab_size: int = self.sp.get_piece_size()
         self.origin = str(self.path)
         self._threads = os.cpu_count() or 1
-        self._fingerprint = hashlib.sha256(self.sp.serialized_model_proto()).hexdigest()[:16]
+        self._fingerprint = short_sha256(self.sp.serialized_model_proto())
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:

@@ -21,6 +21,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from hlat.data.sources import BadDocument, DocumentSource
 from hlat.data.spm import SentencePieceTokenizer
+from hlat.digests import short_sha256
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")  # LLaMA-1/2, GPT-2/NeoX, LLaMA-3, Gemma
 # Not Llama 3's "<|eot_id|>": it ends a chat turn, "<|end_of_text|>" ends a pre-training document.
@@ -106,9 +107,7 @@ class Tokenizer:
     def fingerprint(self) -> str:
         """Identity of the mapping (vocab, merges, normalization, pre-tokenization) and EOS."""
         if self._fingerprint is None:
-            h = hashlib.sha256(self.tk.to_str().encode())
-            h.update(f"|eos={self.eos_id}".encode())
-            self._fingerprint = h.hexdigest()[:16]
+            self._fingerprint = short_sha256(f"{self.tk.to_str()}|eos={self.eos_id}")
         return self._fingerprint
 
     def save(self, path: str | os.PathLike) -> None:
@@ -224,7 +223,7 @@ def bpe_cache_path(
         f"{_BPE_RECIPE}|{source.fingerprint()}|{vocab_size}|{max_chars}"
         f"|tokenizers-{tokenizers.__version__}"
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    digest = short_sha256(key, 12)
     return Path(cache_dir) / "tokenizers" / f"bpe-{vocab_size}-{digest}.json"
 
 

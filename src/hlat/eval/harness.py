@@ -6,13 +6,13 @@ seed (see choose_shots), so a prompt hash in the results identifies exactly what
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hlat.digests import short_sha256
 from hlat.eval.lm import LanguageModel
 from hlat.eval.metrics import loglikelihood_perplexity, mean_stderr, perplexity_metrics
 from hlat.eval.sandbox import SandboxLimits, describe, isolation_mode
@@ -101,7 +101,7 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
         if "perplexity" in metrics:  # of a loglikelihood task: per-example log-likelihoods
             metrics["perplexity"] = {"value": loglikelihood_perplexity([s["perplexity"] for s in scores]),
                                      "stderr": None}
-    digest = hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
+    digest = short_sha256("\x00".join(prompts))
     if task.notes:
         notes.insert(0, task.notes)
     return TaskResult(task.name, task.family, metrics, len(docs), shots, digest,
