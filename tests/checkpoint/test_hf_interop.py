@@ -146,7 +146,7 @@ def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, va
     ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}"),
     ("head_dim", 7, "head_dim=7 is odd"),
     ("hidden_act", "gelu", "hidden_act='gelu'"),
-    ("model_type", "mistral", "model_type='mistral': hlat loads LLaMA models only (model_type 'llama')"),
+    ("model_type", "mistral", "model_type='mistral': hlat loads the model types 'llama' and 'qwen3'"),
 ])
 def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, value, message):
     _hf_llama(tmp_path / "hf", 2)

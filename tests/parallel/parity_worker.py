@@ -32,7 +32,9 @@ VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True), 
             # biases, Llama 3.1's RoPE scaling (wavelengths over 16 scaled here), a head_dim that is not d_model / n_heads
             "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0,
                                         rope_original_max_seq_len=16, head_dim=32),
-            "odd": dataclasses.replace(MODEL, vocab_size=127)}  # a vocabulary tp 2 and 4 shard unevenly
+            "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
+            # Qwen3 dense: QK-norm over head_dim 32 (!= d_model / n_heads), tied embeddings, RoPE theta 1e6
+            "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6)}
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 
 

@@ -16,7 +16,7 @@ from parallel.parity_worker import SEQ, VARIANTS
 from runs import Scenario, ScenarioResults
 
 # the single-process run of each model variant (a spec's optional 8th field, parity_worker.VARIANTS)
-REFERENCES = {variant: "1,1,1,ddp,1f1b,1,none" + (variant and "," + variant) for variant in ("", "tied", "bias", "odd")}
+REFERENCES = {variant: "1,1,1,ddp,1f1b,1,none" + (variant and "," + variant) for variant in ("", "tied", "bias", "odd", "qwen3")}
 
 TWO = [
     "1,2,1,ddp,1f1b,1,none",
@@ -36,6 +36,11 @@ TWO = [
     "1,1,2,ddp,1f1b,1,none,tied",  # one vocab-sharded matrix for the embedding and the output head
     "1,1,2,ddp,1f1b,1,none,bias",  # biases, llama3 RoPE scaling and head_dim 32 (!= d_model / n_heads) over TP head shards
     "1,1,2,ddp,1f1b,1,none,odd",  # vocabulary 127: uneven vocab shards (64 + 63 rows) in TP's embedding, head and loss
+    # Qwen3: the QK-norm weights replicated over data and tensor parallelism, the pipeline split by its spec's costs
+    "1,2,1,ddp,1f1b,1,none,qwen3",
+    "1,2,1,fsdp,1f1b,1,selective,qwen3",
+    "1,1,2,ddp,1f1b,1,none,qwen3",  # each rank normalises its own heads; the norms' gradients summed over tp
+    "2,1,1,ddp,1f1b,1,none,qwen3",
 ]
 FOUR = [
     "1,2,2,fsdp,1f1b,1,none",
@@ -48,6 +53,8 @@ FOUR = [
     "2,2,1,fsdp,1f1b,1,none,tied",  # PP x FSDP: the copies' gradient shards summed between stages
     "2,1,2,ddp,1f1b,1,none,tied",  # PP x TP: the embedding's Replicate gradient resharded, then summed
     "1,2x2,1,fsdp,1f1b,1,none",  # HSDP: 2 replicas x 2 shards (parity_worker.run)
+    "1,1,4,ddp,1f1b,1,none,qwen3",  # tp 4 > 2 KV heads: k_norm over each rank's copy of its one KV head
+    "1,2,2,fsdp,1f1b,1,none,qwen3",  # FSDP2 over TP: the norms' weights sharded over dp, replicated over tp
 ]
 EIGHT = ["2,2,2,zero2,1f1b,1,none", "1,2,4,fsdp,1f1b,1,none",  # the second: FSDP over replicated KV projections
          "1,2x2,2,zero2,1f1b,1,none",  # HSDP 2 x 2 x TP 2

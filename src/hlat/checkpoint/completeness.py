@@ -23,8 +23,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from hlat.checkpoint.manager import METADATA, CheckpointError
 from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.config.model import ModelConfig
-from hlat.model import Llama
-from hlat.model.hf import hf_to_hlat
+from hlat.model import Llama, build_model, model_spec
 
 T = TypeVar("T")
 Shapes = Mapping[str, tuple[int, ...]]
@@ -39,7 +38,7 @@ class IncompleteWeights(CheckpointError):
 def model_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of the full (unsharded, all stages) model, by name, without allocating it."""
     with torch.device("meta"):
-        return {name: tuple(t.shape) for name, t in Llama(cfg).state_dict().items()}
+        return {name: tuple(t.shape) for name, t in build_model(cfg).state_dict().items()}
 
 
 def model_config_of(parts: Iterable[nn.Module]) -> ModelConfig:
@@ -55,13 +54,14 @@ def checkpoint_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
             if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
 
 
-def rename_from_hf(state: Mapping[str, T]) -> tuple[dict[str, T], list[str]]:
-    """(the tensors hlat's LLaMA has, under hlat names; the Hugging Face names it has no place for)."""
+def rename_from_hf(state: Mapping[str, T], cfg: ModelConfig) -> tuple[dict[str, T], list[str]]:
+    """(the tensors the model of `cfg` has, under hlat names; the Hugging Face names it has no place for)."""
+    to_hlat = model_spec(cfg).hf.to_hlat
     ours: dict[str, T] = {}
     unknown = []
     for name, value in state.items():
         try:
-            ours.update(hf_to_hlat({name: value}))
+            ours.update(to_hlat({name: value}))
         except KeyError:
             unknown.append(name)
     return ours, unknown

@@ -1,5 +1,5 @@
-"""Write a Hugging Face LLaMA directory from any hlat checkpoint: safetensors shards (with an index
-when there are several), config.json and the run's tokenizer files.
+"""Write a Hugging Face directory (LLaMA or Qwen3: the run's model.family) from any hlat checkpoint:
+safetensors shards (with an index when there are several), config.json and the run's tokenizer files.
 
 The weights are read through the checkpoint loader (hlat.checkpoint.loading), which reassembles full
 tensors from a checkpoint of any training layout; only the names change (hlat.model.hf).
@@ -15,7 +15,7 @@ import torch
 
 from hlat.checkpoint.loading import load_model
 from hlat.config.data_paths import find_tokenizer_file
-from hlat.model.hf import hf_config_dict, hlat_to_hf
+from hlat.model import model_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,8 +27,10 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     loaded = load_model(source)
+    mapping = model_spec(loaded.model.cfg).hf
+    hf_config = mapping.config_dict(loaded.model.cfg)  # refuses what the family's transformers class cannot hold
     run_dir = Path(source) if (Path(source) / "config.toml").is_file() else Path(source).parent.parent
-    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in hlat_to_hf(loaded.model.state_dict()).items()}
+    weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in mapping.to_hf(loaded.model.state_dict()).items()}
     out.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
@@ -50,7 +52,7 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
         total = sum(t.numel() * t.element_size() for t in weights.values())
         (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     tok = loaded.tokenizer
-    config = {**hf_config_dict(loaded.model.cfg), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    config = {**hf_config, "architectures": [mapping.architecture], "model_type": mapping.model_type,
               "torch_dtype": dtype, "eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id if loaded.bos else None}
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tok_file = find_tokenizer_file(run_dir)

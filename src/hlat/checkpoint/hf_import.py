@@ -1,4 +1,4 @@
-"""Read a local Hugging Face LLaMA directory, and import it as an hlat run directory.
+"""Read a local Hugging Face LLaMA or Qwen3 directory, and import it as an hlat run directory.
 
 A Hugging Face directory holds config.json, the weights (model.safetensors, or shards listed by
 model.safetensors.index.json; pytorch_model.bin[.index.json] also loads, with weights_only=True)
@@ -11,10 +11,11 @@ and a tokenizer (tokenizer.json or a SentencePiece tokenizer.model). `import_hf`
                                       tokenizer_config.json, which names the BOS evaluation uses)
   RUN_DIR/checkpoints/step_00000000/  a weights-only hlat checkpoint (fp32), as archives are
 
-which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. The LLaMA
-variants map to [model] fields (tie_word_embeddings, rope_scaling linear/llama3, head_dim,
-attention_bias, mlp_bias); whatever hlat's LLaMA cannot represent (another RoPE type or
-activation) is refused, naming the config.json field: importing it anyway would give a different model.
+which `hlat eval`, `hlat export` and `--checkpoint.init_from` read like any trained run. config.json's
+model_type picks the family (hlat.model.spec: "llama" or "qwen3", model.family); the variants map
+to [model] fields (tie_word_embeddings, rope_scaling linear/llama3, head_dim, attention_bias,
+mlp_bias); whatever hlat cannot represent (another RoPE type or activation, Qwen3's sliding
+window) is refused, naming the config.json field: importing it anyway would give a different model.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer
 from hlat.errors import UserError
 from hlat.model import count_params
-from hlat.model.hf import model_config_from_hf
+from hlat.model.spec import hf_spec
 from hlat.toml_value import toml_value
 
 HF_CONFIG = "config.json"
@@ -62,14 +63,14 @@ class ImportSummary:
 
 
 def hf_model_config(directory: Path) -> ModelConfig:
-    """The hlat architecture of a Hugging Face LLaMA config.json, or ImportRefused naming the field."""
+    """The hlat architecture of a Hugging Face config.json, or ImportRefused naming the field."""
     file = Path(directory) / HF_CONFIG
     try:
         config = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ImportRefused(f"cannot read {file}: {err}") from err
     try:
-        cfg = model_config_from_hf(config)
+        cfg = hf_spec(config).hf.model_config(config)
     except ValueError as err:
         raise ImportRefused(f"{file}: {err}") from err
     except KeyError as err:
@@ -140,7 +141,7 @@ def hf_weights(directory: Path, dtype: torch.dtype | None = None, progress: bool
 def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
     """The weights under hlat's names in fp32 (the training weights' dtype), exactly the tensors
     of the architecture config.json describes (the completeness check --checkpoint.init_from applies)."""
-    weights, unknown = rename_from_hf(hf_weights(directory, torch.float32, progress))
+    weights, unknown = rename_from_hf(hf_weights(directory, torch.float32, progress), cfg)
     weights = drop_tied_copy(weights, cfg)
     try:
         check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
@@ -187,7 +188,7 @@ def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path,
 
 
 def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progress: bool = False) -> ImportSummary:
-    """Write `run_dir` (new or empty) from the Hugging Face LLaMA directory `source`."""
+    """Write `run_dir` (new or empty) from the Hugging Face LLaMA or Qwen3 directory `source`."""
     source, run_dir = Path(source).expanduser().resolve(), Path(run_dir).expanduser().resolve()
     if not (source / HF_CONFIG).is_file():
         raise ImportRefused(f"{source} has no {HF_CONFIG}: give a Hugging Face model directory (save_pretrained's output)")

@@ -21,8 +21,8 @@ from hlat.config.data_paths import find_tokenizer_file
 from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
-from hlat.model import Llama
-from hlat.model.hf import hf_to_hlat, model_config_from_hf
+from hlat.model import Llama, build_model
+from hlat.model.spec import hf_spec
 from hlat.model.llama import rope_tables
 
 
@@ -138,14 +138,16 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
 
 
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
-    cfg = model_config_from_hf(json.loads((directory / "config.json").read_text()))
+    config = json.loads((directory / "config.json").read_text())
+    mapping = hf_spec(config).hf
+    cfg = mapping.model_config(config)
     tok_file = Path(tokenizer) if tokenizer else find_tokenizer_file(directory)
     if tok_file is None or not tok_file.is_file():
         raise FileNotFoundError(f"{tokenizer or directory / 'tokenizer.json'}: no such file; pass --tokenizer PATH "
                                 "(a Hugging Face tokenizer.json or a SentencePiece .model)")
     tok = load_tokenizer(tok_file)
     model = empty_model(cfg, dtype)
-    model.load_state_dict(hf_to_hlat(hf_weights(directory)), strict=True)
+    model.load_state_dict(mapping.to_hlat(hf_weights(directory)), strict=True)
     return LoadedModel(model.eval(), tok, directory.name, prefix_token(directory, tok),
                        bos=hf_adds_bos(tok, directory / "tokenizer_config.json"))
 
@@ -163,10 +165,10 @@ def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> in
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Llama:
-    """A Llama with uninitialised weights on the CPU, to be filled from a checkpoint: a 7B model
+    """A model of `cfg` with uninitialised weights on the CPU, to be filled from a checkpoint: a 7B model
     is not randomly initialised only to be overwritten."""
     with torch.device("meta"):
-        model = Llama(cfg)
+        model = build_model(cfg)
     model = model.to_empty(device="cpu")
     model.rope_cos, model.rope_sin = rope_tables(cfg)
-    return model.to(dtype)  # Llama keeps its RoPE tables in fp32 through a cast
+    return model.to(dtype)  # the model keeps its RoPE tables in fp32 through a cast

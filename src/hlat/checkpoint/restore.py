@@ -65,7 +65,7 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
         directory = Path(spec.removeprefix(HF_PREFIX)).expanduser()
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint.init_from={spec}: no such directory")
-        full, unknown = rename_from_hf(hf_weights(directory))
+        full, unknown = rename_from_hf(hf_weights(directory), cfg)
         full = drop_tied_copy(full, cfg)
         check_complete(f"init_from {spec}", expected, {k: tuple(v.shape) for k, v in full.items()}, unknown)
         for part in parts:  # every rank holds the full tensors and keeps its own shard of them

@@ -25,7 +25,7 @@ from hlat.data.tokenizer import Tokenizer
 from hlat.eval.harness import EvalOptions, evaluate_task
 from hlat.eval.lm import LanguageModel
 from hlat.eval.tasks import TASKS, DataMissing, Doc, Task, load_split
-from hlat.model import Llama
+from hlat.model import Llama, build_model
 from hlat.model.llama import rope_tables
 from hlat.parallel.mesh import Layout
 
@@ -55,10 +55,10 @@ def gather_full_weights(parts: list[nn.Module], layout: Layout) -> dict[str, tor
 
 
 def unsharded_model(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Llama:
-    """A plain Llama around `weights` (assigned, not copied: a 7B model is not initialised only
+    """A plain model of `cfg` around `weights` (assigned, not copied: a 7B model is not initialised only
     to be overwritten); strict, so a missing or unexpected tensor fails loudly."""
     with torch.device("meta"):
-        model = Llama(cfg)
+        model = build_model(cfg)
     model.load_state_dict(weights, assign=True)
     model.rope_cos, model.rope_sin = rope_tables(cfg)
     return model

@@ -1,4 +1,5 @@
-"""Mapping between hlat and Hugging Face transformers' LlamaForCausalLM (config and weights).
+"""Mapping between hlat and Hugging Face transformers' LlamaForCausalLM (config and weights), and
+the parts other families' mappings are built from (hlat.model.qwen3).
 
 transformers is not imported: it is only a test dependency. Both models use the rotate-half RoPE
 convention (HF's `rotate_half`; hlat's `apply_rope` splits head_dim into halves the same way), so
@@ -9,14 +10,16 @@ checkpoints need.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hlat.config.model import ModelConfig
 
 T = TypeVar("T")
 
-# hlat name pattern -> HF name pattern; {i} is the layer index.
-_LAYER_NAMES: dict[str, str] = {
+# hlat name -> HF name inside a layer
+LAYER_NAMES: dict[str, str] = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
@@ -102,10 +105,15 @@ def _rope_fields(d: dict[str, Any]) -> dict[str, Any]:
 def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
     """ModelConfig from a LlamaConfig dict (`config.to_dict()` or a config.json). Features hlat
     does not implement raise ValueError naming the key, rather than loading a different model."""
+    if d.get("model_type", "llama") != "llama":
+        raise ValueError(f"model_type={d['model_type']!r}: not a LLaMA model (model_type 'llama')")
+    return decoder_config_from_hf(d, "llama")
+
+
+def decoder_config_from_hf(d: dict[str, Any], family: str) -> ModelConfig:
+    """The fields every LLaMA-like config.json shares, as a ModelConfig of `family`."""
     if d.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act={d['hidden_act']!r} is not supported by hlat (needs 'silu': SwiGLU)")
-    if d.get("model_type", "llama") != "llama":
-        raise ValueError(f"model_type={d['model_type']!r}: hlat loads LLaMA models only (model_type 'llama')")
     n_heads = d["num_attention_heads"]
     head_dim = d.get("head_dim") or d["hidden_size"] // n_heads
     rope = _rope_fields(d)
@@ -124,6 +132,7 @@ def model_config_from_hf(d: dict[str, Any]) -> ModelConfig:
         tie_embeddings=bool(d.get("tie_word_embeddings", False)),  # LlamaConfig's default
         attention_bias=bool(d.get("attention_bias", False)),
         mlp_bias=bool(d.get("mlp_bias", False)),
+        family=family,
         **rope,
     )
 
@@ -138,15 +147,41 @@ def _rename(name: str, layer_re: re.Pattern[str], layer_names: dict[str, str],
     raise KeyError(f"unknown parameter name {name!r}")
 
 
+def renamed_to_hlat(state_dict: dict[str, T], layer_names: Mapping[str, str]) -> dict[str, T]:
+    """A Hugging Face state dict under hlat names, `layer_names` (hlat -> HF) inside each layer."""
+    to_ours = {hf: ours for ours, hf in layer_names.items()}
+    top_names = {hf: ours for ours, hf in _TOP_NAMES.items()}
+    return {_rename(k, _HF_LAYER, to_ours, top_names, "layers."): v
+            for k, v in state_dict.items() if not _HF_IGNORED.fullmatch(k)}
+
+
+def renamed_to_hf(state_dict: dict[str, T], layer_names: Mapping[str, str]) -> dict[str, T]:
+    """An hlat state dict under Hugging Face names, `layer_names` (hlat -> HF) inside each layer."""
+    return {_rename(k, _HLAT_LAYER, layer_names, _TOP_NAMES, "model.layers."): v
+            for k, v in state_dict.items()}
+
+
 def hf_to_hlat(state_dict: dict[str, T]) -> dict[str, T]:
     """Rename a LlamaForCausalLM state dict to hlat names (tensors are not copied)."""
-    layer_names = {hf: ours for ours, hf in _LAYER_NAMES.items()}
-    top_names = {hf: ours for ours, hf in _TOP_NAMES.items()}
-    return {_rename(k, _HF_LAYER, layer_names, top_names, "layers."): v
-            for k, v in state_dict.items() if not _HF_IGNORED.fullmatch(k)}
+    return renamed_to_hlat(state_dict, LAYER_NAMES)
 
 
 def hlat_to_hf(state_dict: dict[str, T]) -> dict[str, T]:
     """Rename an hlat state dict to LlamaForCausalLM names (tensors are not copied)."""
-    return {_rename(k, _HLAT_LAYER, _LAYER_NAMES, _TOP_NAMES, "model.layers."): v
-            for k, v in state_dict.items()}
+    return renamed_to_hf(state_dict, LAYER_NAMES)
+
+
+@dataclass(frozen=True)
+class HFMapping:
+    """A family's counterpart in transformers: its model_type and class, and both directions of
+    the config and weight-name mapping (tensors are renamed, never copied)."""
+
+    model_type: str
+    architecture: str  # config.json's architectures entry
+    config_dict: Callable[[ModelConfig], dict[str, Any]]  # keyword arguments of its transformers config
+    model_config: Callable[[dict[str, Any]], ModelConfig]  # from a config.json; ValueError naming the key
+    to_hlat: Callable[[dict[str, Any]], dict[str, Any]]  # KeyError on a name hlat has no place for
+    to_hf: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+LLAMA_HF = HFMapping("llama", "LlamaForCausalLM", hf_config_dict, model_config_from_hf, hf_to_hlat, hlat_to_hf)

@@ -98,16 +98,22 @@ class Attention(nn.Module):
         self.wv = Linear(cfg.d_model, cfg.n_kv_heads * cfg.attn_head_dim, bias=cfg.attention_bias)
         self.wo = Linear(cfg.n_heads * cfg.attn_head_dim, cfg.d_model, bias=cfg.attention_bias)
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, T, heads, head_dim] before RoPE; a family that normalises q and k per head
+        (Qwen3) overrides this. -1 = local head count: under tensor parallelism wq/wk/wv hold a
+        slice of the heads."""
+        B, T, _ = x.shape
+        return (self.wq(x).view(B, T, -1, self.head_dim), self.wk(x).view(B, T, -1, self.head_dim),
+                self.wv(x).view(B, T, -1, self.head_dim))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        # -1 = local head count: under tensor parallelism wq/wk/wv hold a slice of the heads.
         # The tables may cover more positions than x (under sequence parallel the caller sees only
         # its shard of the sequence; x here is the gathered full sequence): keep the first T.
         cos, sin = cos[:, :T], sin[:, :T]
-        q = apply_rope(self.wq(x).view(B, T, -1, self.head_dim), cos, sin)
-        k = apply_rope(self.wk(x).view(B, T, -1, self.head_dim), cos, sin)
-        v = self.wv(x).view(B, T, -1, self.head_dim)
+        q, k, v = self.heads(x)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is not None:  # attend to the cached positions as well (rotated at their own positions)
             k, v = kv.extend(k, v)
         out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask)
@@ -126,10 +132,12 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
+    attention_class: type[Attention] = Attention  # a family's own attention (hlat.model.qwen3)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = self.attention_class(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
@@ -155,13 +163,15 @@ class Llama(nn.Module):
     """Decoder-only LLaMA. Construction initialises the weights; it also works under
     `torch.device("meta")`, after which call `to_empty(device=...)` and `init_weights()`."""
 
+    block_class: type[TransformerBlock] = TransformerBlock  # a family's own block (hlat.model.qwen3)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
         # A dict keyed by the global layer index: a pipeline stage that drops layers keeps the
         # names ("layers.40...") of the full model, so checkpoints reshard across layouts.
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
+        self.layers = nn.ModuleDict({str(i): self.block_class(cfg) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # False on a later pipeline stage (its input is hidden states), which may still hold

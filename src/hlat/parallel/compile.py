@@ -19,7 +19,8 @@ from torch import nn
 from hlat.config.model import ModelConfig
 from hlat.errors import UserError
 from hlat.model.attention import document_mask
-from hlat.model.llama import TransformerBlock, rope_tables
+from hlat.model.llama import rope_tables
+from hlat.model.spec import model_spec
 from hlat.parallel.activation_checkpoint import checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype
 
@@ -98,7 +99,7 @@ def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: st
 def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
            seq_len: int, document_masking: bool, recompute: str, every_other_mm: bool) -> None:
     with torch.device("meta"):
-        block = cast_parameters(TransformerBlock(model_cfg), precision_mode)
+        block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
     block.to_empty(device=device)
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)

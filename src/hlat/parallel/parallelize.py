@@ -23,7 +23,7 @@ from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.packing import Batch
 from hlat.float8 import check_float8, convert_to_float8
-from hlat.model import Llama
+from hlat.model import Llama, build_model, model_spec
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, check_grad_accum, no_gradient_sync
@@ -32,7 +32,7 @@ from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.mesh import Layout
-from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_costs, stage_indices
+from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
 from hlat.precision import autocast, cast_parameters
@@ -204,11 +204,11 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
     if float8:
         check_float8(device, layout.tp)
     with torch.device("meta"):
-        full = cast_parameters(Llama(model_cfg), precision_mode)  # bf16 modes store bf16 weights
+        full = cast_parameters(build_model(model_cfg), precision_mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
     if layout.pp > 1:
         n_stages = layout.pp * par.pp_stages_per_rank
-        bounds = split_layers(model_cfg.n_layers, n_stages, *stage_costs(model_cfg))
+        bounds = split_layers(model_cfg.n_layers, n_stages, *model_spec(model_cfg).stage_costs(model_cfg))
         indices = stage_indices(layout.pp_rank, layout.pp, par.pp_stages_per_rank)
         raw = [cut_stage(copy.deepcopy(full), bounds[i], i == 0, i == n_stages - 1) for i in indices]
     else:

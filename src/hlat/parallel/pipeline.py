@@ -1,9 +1,10 @@
-"""Pipeline parallelism: split a Llama into stages by layers, and build the schedule.
+"""Pipeline parallelism: split a model into stages by layers, and build the schedule.
 
-Stages are contiguous layer ranges chosen to balance compute, with the output head (a d x vocab
-matmul) counted on the last stage; the embedding lookup costs next to nothing. Each rank holds
-`pp_stages_per_rank` stages, assigned round-robin (rank r holds stages r, r + pp, ...), which is
-what the interleaved schedule expects.
+Stages are contiguous layer ranges chosen to balance compute (the per-layer and head costs of
+the family's spec, hlat.model.spec), with the output head (a d x vocab matmul) counted on the last
+stage; the embedding lookup costs next to nothing. Each rank holds `pp_stages_per_rank` stages,
+assigned round-robin (rank r holds stages r, r + pp, ...), which is what the interleaved schedule
+expects.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleInterleaved1F1B, Schedule1F1B
 
-from hlat.config.model import ModelConfig
 from hlat.errors import ConfigError
 
 
@@ -40,13 +40,6 @@ def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: flo
         bounds.append(range(cut[s][i], i))
         i = cut[s][i]
     return bounds[::-1]
-
-
-def stage_costs(cfg: ModelConfig) -> tuple[float, float]:
-    """(per-layer, head) matmul FLOPs per token, the quantities split_layers balances."""
-    kv = cfg.n_kv_heads * cfg.attn_head_dim
-    layer = 2 * cfg.d_model * (2 * cfg.d_model + 2 * kv) + 6 * cfg.d_model * cfg.ffn_dim
-    return float(layer), float(2 * cfg.d_model * cfg.vocab_size)
 
 
 def stage_indices(pp_rank: int, pp: int, per_rank: int) -> list[int]:

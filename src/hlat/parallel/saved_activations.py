@@ -56,10 +56,10 @@ def bytes_saved_for_backward(forward: Callable[[], Any], exclude: Callable[[], A
 def block_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: int, seq: int, dtype: torch.dtype = torch.float32) -> int:
     """Bytes one transformer block of `cfg` keeps for backward under recompute `policy`: what it
     saves, its input included (the previous block's output), measured on CPU."""
-    from hlat.model import Llama
+    from hlat.model import build_model
     from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 
-    one = Llama(dataclasses.replace(cfg, n_layers=1, max_seq_len=max(seq, cfg.max_seq_len))).to(dtype)
+    one = build_model(dataclasses.replace(cfg, n_layers=1, max_seq_len=max(seq, cfg.max_seq_len))).to(dtype)
     apply_activation_checkpoint(one, policy, every_other_mm)
     cos, sin = one.rope_cos[None, :, None], one.rope_sin[None, :, None]
     x = torch.randn(batch, seq, cfg.d_model, dtype=dtype, requires_grad=True)
@@ -68,11 +68,11 @@ def block_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: in
 
 def model_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: int, seq: int) -> int:
     """Bytes a whole fp32 model of `cfg` keeps for backward from its forward and training loss."""
-    from hlat.model import Llama
+    from hlat.model import build_model
     from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
     from hlat.parallel.loss import token_loss_sum
 
-    model = Llama(dataclasses.replace(cfg, max_seq_len=max(seq, cfg.max_seq_len)))
+    model = build_model(dataclasses.replace(cfg, max_seq_len=max(seq, cfg.max_seq_len)))
     apply_activation_checkpoint(model, policy, every_other_mm)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1))
     return bytes_saved_for_backward(lambda: token_loss_sum(model(tokens[:, :-1]), tokens[:, 1:]))

@@ -14,9 +14,19 @@ With more tp ranks than KV heads (HLAT 70B: TP 32, 8 KV heads) the KV projection
 instead of split: every rank holds all KV heads' weights (with GQA a small share of the
 attention's) and computes only the head its query heads attend with; the gradients are summed
 over the tp ranks.
+
+Which module of a block is which comes from the family's spec (hlat.model.spec: its
+tensor_parallel roles). A per-head norm (Qwen3's QK-norm, over head_dim) keeps its weight
+replicated and sees the head-sharded activation as sharded on the heads dim, so its gradient,
+computed by each rank from its own heads, is summed over the tp ranks; each head is normalised
+whole on one rank, so the sharding leaves the norm exact. Over replicated KV projections each
+rank's k holds the one head it computes, and the sum adds each copy's share of that head's
+gradient.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,6 +44,7 @@ from torch.distributed.tensor.parallel.style import ParallelStyle
 from hlat.config.model import ModelConfig
 from hlat.errors import ConfigError
 from hlat.model.llama import linear
+from hlat.model.spec import TPRole, model_spec
 
 
 def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
@@ -81,14 +92,29 @@ class ReplicatedKV(ParallelStyle):
         return distributed
 
 
+def _kv_style(cfg: ModelConfig, tp: int) -> ParallelStyle:
+    return ReplicatedKV(cfg.attn_head_dim, cfg.n_kv_heads) if cfg.n_kv_heads < tp else ColwiseParallel()
+
+
+# each role's DTensor style, from the model config and the tp degree
+_STYLES: dict[TPRole, Callable[[ModelConfig, int], ParallelStyle]] = {
+    "sequence_norm": lambda cfg, tp: SequenceParallel(),
+    # (x, cos, sin, attn_mask): only x is sharded; the RoPE tables and mask are replicated
+    "attention_input": lambda cfg, tp: PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                                          desired_input_layouts=(Replicate(), None, None, None),
+                                                          use_local_output=True),
+    "ffn_input": lambda cfg, tp: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                    use_local_output=True),
+    "column": lambda cfg, tp: ColwiseParallel(),
+    "row": lambda cfg, tp: RowwiseParallel(output_layouts=Shard(1)),
+    "kv": _kv_style,
+    "head_norm": lambda cfg, tp: SequenceParallel(sequence_dim=2, use_local_output=True),  # [B, T, heads, head_dim]
+}
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard `model` (a full Llama or a pipeline stage of one) over `tp_mesh` in place."""
+    """Shard `model` (a full model of any family, or a pipeline stage of one) over `tp_mesh` in place."""
     cfg: ModelConfig = model.cfg
-    if cfg.n_kv_heads < tp_mesh.size():
-        kv: ParallelStyle = ReplicatedKV(cfg.attn_head_dim, cfg.n_kv_heads)
-        kv_styles = {"attention.wk": kv, "attention.wv": kv}
-    else:
-        kv_styles = {"attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel()}
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
@@ -97,21 +123,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, top)
+    plan = model_spec(cfg).tensor_parallel
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {
-            "attention_norm": SequenceParallel(),
-            # (x, cos, sin, attn_mask): only x is sharded; the RoPE tables and mask are replicated.
-            "attention": PrepareModuleInput(
-                input_layouts=(Shard(1), None, None, None),
-                desired_input_layouts=(Replicate(), None, None, None),
-                use_local_output=True,
-            ),
-            "attention.wq": ColwiseParallel(),
-            **kv_styles,
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        parallelize_module(block, tp_mesh, {name: _STYLES[role](cfg, tp_mesh.size()) for name, role in plan.items()})

@@ -31,11 +31,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.devices import Accelerator
-from hlat.model import Llama
+from hlat.model import Llama, build_model, model_spec
 from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
 from hlat.parallel.dtensor import local_tensor
 from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
-from hlat.parallel.pipeline import cut_stage, split_layers, stage_costs
+from hlat.parallel.pipeline import cut_stage, split_layers
 from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
 from hlat.planning.throughput import System
 from hlat.precision import compute_dtype, param_dtype
@@ -96,7 +96,7 @@ def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePl
     local = _local_numels(cfg.model, (pp, dp, tp))
     full = _meta_model(cfg.model)
     n_stages = pp * cfg.parallel.pp_stages_per_rank
-    bounds = split_layers(cfg.model.n_layers, n_stages, *stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
+    bounds = split_layers(cfg.model.n_layers, n_stages, *model_spec(cfg.model).stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
     stages = []
     for index, layers in enumerate(bounds):
         module = _cut(full, layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
@@ -116,7 +116,7 @@ def _meta_model(model: ModelConfig) -> Llama:
     key = repr(model)
     if key not in _MODELS:
         with torch.device("meta"):
-            _MODELS[key] = Llama(model)
+            _MODELS[key] = build_model(model)
     return _MODELS[key]
 
 

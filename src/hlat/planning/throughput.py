@@ -145,8 +145,10 @@ def _replicated_kv_flops(model: ModelConfig, tp: int, policy: str, every_other_m
 
 
 def _causal_attention_forward(model: ModelConfig, seq_len: int) -> float:
-    """QK^T and AV forward over the causal half of the keys: 2 matmuls x 2 FLOPs x L d s / 2."""
-    return 2.0 * model.n_layers * model.d_model * seq_len
+    """QK^T and AV forward over the causal half of the keys: 2 matmuls x 2 FLOPs x L w s / 2, a
+    sixth of flops_per_token's attention term (12 L w s, w the family's attention width: d for
+    LLaMA), the part of it that grows with seq_len."""
+    return (flops_per_token(model, seq_len) - flops_per_token(model, 0)) / 6
 
 
 def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice | None = None) -> StepTime:
