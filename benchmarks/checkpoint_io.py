@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from hlat.checkpoint import CheckpointManager
+from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig
 from hlat.optim import build_adamw
@@ -56,7 +57,7 @@ def main() -> None:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-        model, opt = build(make_layout(1, 2, 1, torch.device("cpu")), "fsdp")
+        model, opt = build(make_layout(Degrees(dp_shard=2), torch.device("cpu")), "fsdp")
         rank, repeats = dist.get_rank(), int(sys.argv[3])
         shared = {} if rank == 0 else None  # as the trainer does: rank 0 alone writes shared.pt
         mgr = CheckpointManager(Path(sys.argv[2]) / "async", keep_last=1)
@@ -76,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    single = Layout(1, 0, 1, 1, 1, None)
+    single = Layout(1, 0, Degrees(), None)
     model, opt = build(single)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 import hlat.parallel.parallelize as parallelize
+from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig
 from hlat.model import count_params
@@ -94,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    layout = make_layout(1, dist.get_world_size(), 1, torch.device("cpu"))
+    layout = make_layout(Degrees(dp_shard=dist.get_world_size()), torch.device("cpu"))
     cfg = load_config("1b")
     before = old_init(args.baseline)
     modes = [("before (host draw, full tensors)", before.init_parameters), ("after (each rank its shard)", init.init_parameters)]

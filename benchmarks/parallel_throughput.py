@@ -40,8 +40,8 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
     from hlat.config.load import load_config
     from hlat.config.parallel import ParallelConfig
     from hlat.data.batch import Batch, labels_for
+    from hlat.dtensor import local_tensor
     from hlat.optim import build_adamw, decay_groups
-    from hlat.parallel.dtensor import local_tensor
     from hlat.parallel.mesh import setup, teardown
     from hlat.parallel.parallelize import build_parallel_model
     from hlat.train.optimizers import Optimizers

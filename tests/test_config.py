@@ -1,5 +1,8 @@
+import re
+
 import pytest
 
+from hlat.config.layout import resolve_degrees
 from hlat.config.load import load_config, parse_overrides, preset_names
 from hlat.errors import ConfigError
 
@@ -125,3 +128,19 @@ def test_layout_problems_name_the_field_before_any_process_group(overrides, worl
         load_config("tiny", None, overrides, world=world)
     assert field in [f for f, _ in info.value.problems], info.value
     assert words in str(info.value)
+
+
+def test_context_parallel_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=re.escape("parallel.cp: got 2; context parallelism is not implemented yet")):
+        load_config("tiny", None, ["--parallel.cp", "2"])
+
+
+@pytest.mark.parametrize("overrides, world, text", [
+    ([], 1, "pp 1 x dp 1 x tp 1"),
+    (["--parallel.tp", "2"], 8, "pp 1 x dp 4 x tp 2"),
+    (["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"], 8, "pp 1 x dp 4 (2 replicas x 2 shards) x tp 2"),
+])
+def test_degrees_are_named_and_logged_as_before(overrides, world, text):
+    degrees = resolve_degrees(load_config("tiny", None, overrides).parallel, world)
+    assert degrees.describe() == text and degrees.world == world
+    assert degrees.dp == degrees.dp_replicate * degrees.dp_shard and degrees.cp == 1

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from deps import require
+from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.errors import ConfigError
@@ -56,7 +57,7 @@ def test_trainer_path_converts_before_recompute_and_initialises_the_same(monkeyp
     import hlat.parallel.parallelize as parallelize
 
     monkeypatch.setattr(parallelize, "check_float8", lambda device, tp=1: None)  # let the CPU through
-    layout, cpu = Layout(1, 0, 1, 1, 1, None), torch.device("cpu")
+    layout, cpu = Layout(1, 0, Degrees(), None), torch.device("cpu")
     plain = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32")
     f8 = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32", float8=True)
     assert sum(type(m).__name__ == "Float8Linear" for m in f8.raw_parts[0].modules()) == 7 * CFG.n_layers
@@ -82,5 +83,5 @@ def test_refused_without_float8_matmuls(monkeypatch):
         check_float8(torch.device("cuda", 0), tp=2)
     # The trainer's path refuses before any model is built.
     with pytest.raises(ConfigError, match=r"precision\.float8"):
-        build_parallel_model(CFG, ParallelConfig(), Layout(1, 0, 1, 1, 1, None), torch.device("cpu"), 0, 1, "fp32",
+        build_parallel_model(CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32",
                              float8=True)

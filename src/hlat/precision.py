@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from hlat.parallel.dtensor import local_tensor
+from hlat.dtensor import local_tensor
 
 _BF16_STORAGE = {"bf16-sr": "stochastic", "bf16": "nearest"}  # modes: hlat.train.config.PRECISION_MODES
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from hlat.cli import main
 from hlat.config.eval import EvalConfig
+from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.data.batch import Batch, labels_for
@@ -23,7 +24,7 @@ from deps import require
 
 def test_validation_loss_is_the_mean_target_loss() -> None:
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
-    model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, 1, 1, 1, None), torch.device("cpu"), 0, 1, "fp32")
+    model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32")
     gen = torch.Generator().manual_seed(0)
     tokens = [torch.randint(0, 64, (2, 16), generator=gen) for _ in range(3)]
     batches = [Batch(t, labels_for(t)) for t in tokens]

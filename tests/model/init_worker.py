@@ -10,8 +10,8 @@ import json
 import torch
 
 from hlat.config.load import load_config
+from hlat.dtensor import full_tensor
 from hlat.model import Llama
-from hlat.parallel.dtensor import full_tensor
 from hlat.parallel.init import canonical_name, init_parameters
 from hlat.precision import cast_parameters
 from hlat.train.trainer import Trainer

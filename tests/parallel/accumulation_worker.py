@@ -11,6 +11,7 @@ import torch
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from hlat.config.layout import Degrees
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
@@ -65,6 +66,6 @@ def specs(ctx, specs: list[str]) -> None:
     """Scenario: each spec in turn over this scenario's processes."""
     for spec in specs:
         kind = spec.split(",")[0]
-        degrees = {"1": (1, 1, 1), "dp2": (1, 2, 1), "tp2": (1, 1, 2), "pp2": (2, 1, 1)}[kind]
-        layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"))
+        degrees = {"1": Degrees(), "dp2": Degrees(dp_shard=2), "tp2": Degrees(tp=2), "pp2": Degrees(pp=2)}[kind]
+        layout = Layout(1, 0, degrees, None) if ctx.world == 1 else make_layout(degrees, torch.device("cpu"))
         run(spec, layout, ctx.out)

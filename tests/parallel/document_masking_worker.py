@@ -6,6 +6,7 @@ import json
 
 import torch
 
+from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
@@ -24,7 +25,7 @@ def losses(ctx, schedules: list[str]) -> None:  # type: ignore[no-untyped-def]
     """Scenario: train under each pipeline schedule (world 1: the single-process reference)."""
     for schedule in schedules:
         pp = ctx.world
-        layout = Layout(1, 0, 1, 1, 1, None) if pp == 1 else make_layout(pp, 1, 1, torch.device("cpu"))
+        layout = Layout(1, 0, Degrees(), None) if pp == 1 else make_layout(Degrees(pp=pp), torch.device("cpu"))
         par = ParallelConfig(pp=pp, pp_schedule=schedule, pp_stages_per_rank=2 if schedule == "interleaved-1f1b" else 1)
         model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7,
                                      n_microbatches=GLOBAL_BATCH // MICRO, precision_mode="fp32")

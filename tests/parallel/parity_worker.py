@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.utils.flop_counter import FlopCounterMode
 
 import hlat.parallel.parallelize as parallelize
+from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
@@ -28,7 +29,7 @@ from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
-VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a spec's optional 8th field
+VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a Case's variant
             # biases, Llama 3.1's RoPE scaling (wavelengths over 16 scaled here), a head_dim that is not d_model / n_heads
             "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0,
                                         rope_original_max_seq_len=16, head_dim=32),
@@ -38,20 +39,49 @@ VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True), 
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 
 
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One layout to train under: its degrees (dp_replicate > 1: HSDP, dp split into that many
+    replicas each sharded over dp / dp_replicate ranks), data-parallel sharding, pipeline schedule,
+    virtual stages per rank, recompute policy and model variant (a VARIANTS key)."""
+
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+    dp_sharding: str = "ddp"
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    recompute: str = "none"
+    variant: str = ""
+    dp_replicate: int = 1
+
+    @property
+    def id(self) -> str:
+        """Readable and unique, e.g. pp2-dp2x2-tp1-fsdp-1f1b-none-tied; names its result files."""
+        dp = f"{self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else str(self.dp)
+        stages = f"x{self.stages_per_rank}" if self.stages_per_rank > 1 else ""
+        return "-".join(filter(None, (f"pp{self.pp}{stages}", f"dp{dp}", f"tp{self.tp}", self.dp_sharding, self.schedule,
+                                      self.recompute, self.variant)))
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp // self.dp_replicate, tp=self.tp)
+
+
 def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1234)
     return [torch.randint(0, vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
 
 
-def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
-    """spec: "pp,dp,tp,sharding,schedule,stages_per_rank,recompute[,variant]" (variant: a VARIANTS key;
-    dp "RxS": HSDP, R replicas sharded over S ranks each). `compiled`: each block torch.compiled."""
-    pp, dp, tp, sharding, schedule, per_rank, recompute, *variant = spec.split(",")
-    model_cfg = VARIANTS[",".join(variant)]
-    par = ParallelConfig(tp=int(tp), pp=int(pp), dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
-                         dp_sharding=sharding, pp_schedule=schedule, pp_stages_per_rank=int(per_rank), activation_checkpoint=recompute)
+def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
+    """Train STEPS steps under `case` and save its results as files named by case.id. `compiled`:
+    each block torch.compiled."""
+    model_cfg, sharding = VARIANTS[case.variant], case.dp_sharding
+    par = ParallelConfig(tp=case.tp, pp=case.pp, dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
+                         dp_sharding=sharding, pp_schedule=case.schedule, pp_stages_per_rank=case.stages_per_rank,
+                         activation_checkpoint=case.recompute)
     per_dp = GLOBAL_BATCH // layout.dp
-    micro = MICRO if per_dp // MICRO >= int(pp) else per_dp // int(pp)  # a pipeline needs >= pp micro-batches
+    micro = MICRO if per_dp // MICRO >= case.pp else per_dp // case.pp  # a pipeline needs >= pp micro-batches
     torch._dynamo.utils.counters.clear()
     model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // micro, precision_mode="fp32",
                                  compiled=compiled)
@@ -75,7 +105,7 @@ def run(spec: str, layout: Layout, out: Path, compiled: bool = False) -> None:
     full = {}
     for part in model.parts:
         full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
-    tag = spec.replace(",", "_")
+    tag = case.id
     torch.save({k: v.detach().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
     kv_flops = _kv_flops(model.parts[0], model_cfg.vocab_size) if layout.tp > model_cfg.n_kv_heads else None
     if layout.rank == 0:
@@ -92,17 +122,14 @@ def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:
     return sum(wk.values())
 
 
-def layouts(ctx, specs: list[str], backend: str = "") -> None:
-    """Scenario: each spec in turn over this scenario's processes (one: the reference). `backend`:
+def layouts(ctx, cases: list[dict], backend: str = "") -> None:
+    """Scenario: each case (a Case as a dict) in turn over this scenario's processes (one: the reference). `backend`:
     "" eager, else every block compiled with that torch.compile backend (the suite runs eager,
     tests/conftest.py, so compilation is switched back on here)."""
     compiled = bool(backend)
     patched = (mock.patch.object(parallelize, "compile_blocks", functools.partial(compile_blocks, backend=backend))
                if compiled else contextlib.nullcontext())
     with torch._dynamo.config.patch(disable=not compiled), patched:
-        for spec in specs:
-            pp, dp, tp = spec.split(",")[:3]
-            replicate, _, shard = dp.rpartition("x")  # "2x2": 2 replicas x 2 shards; "4": plain dp 4
-            degrees = int(pp), int(replicate or 1) * int(shard), int(tp)
-            layout = Layout(1, 0, 1, 1, 1, None) if ctx.world == 1 else make_layout(*degrees, torch.device("cpu"), int(shard))
-            run(spec, layout, ctx.out, compiled)
+        for case in (Case(**fields) for fields in cases):
+            layout = Layout(1, 0, Degrees(), None) if ctx.world == 1 else make_layout(case.degrees, torch.device("cpu"))
+            run(case, layout, ctx.out, compiled)

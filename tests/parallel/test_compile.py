@@ -6,6 +6,7 @@ The suite runs eager (tests/conftest.py sets TORCH_COMPILE_DISABLE=1); the tests
 for the `compiling` fixture.
 """
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from hlat.parallel import compile as compile_mod
 from hlat.parallel.compile import decide_compile
 from hlat.train.trainer import Trainer
 
+from parallel.parity_worker import Case
 from runs import Scenario, tiny_args
 from test_parity import REFERENCES, check, results
 from test_parity import SCENARIOS as PARITY_SCENARIOS
@@ -135,13 +137,13 @@ def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_
 # launch from an empty compiler cache, 7 s with aot_eager; run with inductor it matched too:
 # losses 1e-7 relative, weights 7e-6 apart.) Tensor-parallel layouts run eager
 # (test_tensor_parallel_runs_eager).
-COMPILED = ["1,2,1,fsdp,1f1b,1,selective", "2,1,1,ddp,1f1b,1,op"]
+COMPILED = [Case(dp=2, dp_sharding="fsdp", recompute="selective"), Case(pp=2, recompute="op")]
 SCENARIOS = [next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the eager reference
-             Scenario("parity-compiled-2", "parallel/parity_worker.py:layouts", 2, {"specs": COMPILED, "backend": "aot_eager"})]
+             Scenario("parity-compiled-2", "parallel/parity_worker.py:layouts", 2, {"cases": [dataclasses.asdict(c) for c in COMPILED], "backend": "aot_eager"})]
 
 
 def test_compiled_layouts_match_eager_single_process(scenarios):
     reference = {"": results(scenarios.path("parity-1"), REFERENCES[""])}
-    for spec in COMPILED:
-        assert results(scenarios.path("parity-compiled-2"), spec)[0]["graphs"] > 0, f"{spec}: nothing was compiled"
-        check(reference, scenarios.path("parity-compiled-2"), spec)
+    for case in COMPILED:
+        assert results(scenarios.path("parity-compiled-2"), case)[0]["graphs"] > 0, f"{case.id}: nothing was compiled"
+        check(reference, scenarios.path("parity-compiled-2"), case)

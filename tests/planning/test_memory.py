@@ -5,12 +5,12 @@ import functools
 
 import pytest
 
+from hlat.config.layout import Degrees, check_tensor_parallel
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
 from hlat.parallel.saved_activations import block_bytes
-from hlat.parallel.tensor_parallel import check_tensor_parallel
 from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory
 
 GIB = 1024**3
@@ -18,8 +18,8 @@ GIB = 1024**3
 
 def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
     cfg = load_config("hlat-7b")  # TP 8, zero2, bf16-sr (2-byte state), selective recompute
-    (pp, dp, tp), (stage,) = plan(cfg, world=64 * 16)
-    assert (pp, dp, tp) == (1, 128, 8)
+    degrees, (stage,) = plan(cfg, world=64 * 16)
+    assert degrees == Degrees(pp=1, dp_shard=128, tp=8)
     L, d, f, V = 32, 4096, 11008, 32000
     # Matrices split 8 ways; the 65 RMSNorm weights are replicated on every TP rank.
     local = L * (4 * d * d + 3 * d * f) // 8 + 2 * V * d // 8 + (2 * L + 1) * d
@@ -36,8 +36,8 @@ def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
 
 def test_hlat_70b_pipeline_stages():
     cfg = load_config("hlat-70b")  # TP 8 x PP 8, zero2, fp32 weights (mixed)
-    (pp, dp, tp), stages = plan(cfg, world=4096)
-    assert (pp, dp, tp) == (8, 64, 8) and len(stages) == 8
+    degrees, stages = plan(cfg, world=4096)
+    assert degrees == Degrees(pp=8, dp_shard=64, tp=8) and len(stages) == 8
     assert [len(s.layers) for s in stages] == [10] * 8
     d, kv, f, V = 8192, 1024, 28672, 32000
     layer = (2 * d * d + 2 * d * kv + 3 * d * f) // 8 + 2 * d
@@ -52,8 +52,8 @@ def test_hlat_70b_pipeline_stages():
 
 def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
     """HLAT's own layout: 8 KV heads over TP 32, so every rank holds the whole KV projections."""
-    (pp, dp, tp), stages = plan(load_config("hlat-70b", None, ["--parallel.tp", "32"]), world=4096)
-    assert (pp, dp, tp) == (8, 16, 32)
+    degrees, stages = plan(load_config("hlat-70b", None, ["--parallel.tp", "32"]), world=4096)
+    assert degrees == Degrees(pp=8, dp_shard=16, tp=32)
     d, kv, f = 8192, 1024, 28672
     layer = (2 * d * d + 3 * d * f) // 32 + 2 * d * kv + 2 * d
     assert stages[1].local_params == 10 * layer
@@ -110,7 +110,8 @@ def _state(*overrides: str, dp: int = 128) -> tuple[float, float, float]:
         section, name = key.split(".")
         old = getattr(getattr(cfg, section), name)
         setattr(getattr(cfg, section), name, value == "true" if isinstance(old, bool) else type(old)(value))
-    return state_memory(cfg, LOCAL, pp=1, dp=dp)
+    shard = cfg.parallel.dp_shard or dp
+    return state_memory(cfg, LOCAL, Degrees(dp_replicate=dp // shard, dp_shard=shard))
 
 
 def test_fp32_grad_accum_holds_fp32_unsharded_gradients():

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from hlat.config.load import load_config
-from hlat.parallel.dtensor import local_tensor
+from hlat.dtensor import local_tensor
 from hlat.train.trainer import Trainer
 
 STEPS = 6

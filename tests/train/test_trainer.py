@@ -7,6 +7,7 @@ import torch
 
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.hf_export import export_hf
+from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
@@ -44,7 +45,7 @@ def test_loss_is_independent_of_micro_batch_split():
     labels[0, :5] = -100  # uneven target counts per row: the mean must be over the global batch
     results = []
     for micro in (8, 4, 1):
-        model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, 1, 1, 1, None), torch.device("cpu"), 1, 8 // micro, "fp32")
+        model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 1, 8 // micro, "fp32")
         # SGD with lr 1: the update is the gradient, so weights compare gradients exactly.
         opt = Optimizers(model.parts, lambda part: torch.optim.SGD(part.parameters(), lr=1.0))
         batches = [Batch(tokens[i : i + micro], labels[i : i + micro]) for i in range(0, 8, micro)]

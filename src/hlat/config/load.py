@@ -11,9 +11,10 @@ import difflib
 import tomllib
 from importlib import resources
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from hlat.config.run import RunConfig
+from hlat.config.run import Check, RunConfig
 from hlat.errors import ConfigError
 
 DEFAULT_PRESET = "tiny"
@@ -25,14 +26,15 @@ def preset_names() -> list[str]:
 
 
 def load_config(preset: str | None = None, config_file: str | Path | None = None, overrides: list[str] | None = None,
-                world: int | None = None) -> RunConfig:
+                world: int | None = None, checks: Sequence[Check] = ()) -> RunConfig:
     """Preset <- config file <- command-line overrides, then validate.
 
     The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
     A file without a preset applies over the built-in defaults: the HLAT 7B model shape and
     optimiser, but fp32 on one process with weight decay on matrices only (docs/recipe.md).
     With `world` (the number of processes that will run it), the micro-batch adapts to the layout
-    unless the file or an override set it, and the layout is validated as well.
+    unless the file or an override set it, and the layout is validated as well. `checks` add
+    rules only higher layers know (hlat train passes the task registry's).
     """
     cfg = RunConfig()
     table: dict[str, Any] = {}
@@ -57,7 +59,7 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
         set_field(cfg, key, value, source="command line", user=True)
     if world is not None:
         cfg.fit_micro_batch(world)
-    cfg.validate(world)
+    cfg.validate(world, checks)
     return cfg
 
 

@@ -1,4 +1,4 @@
-"""How a run is laid out over devices: one DeviceMesh with dims (pp, dp, tp), dp split into
+"""How a run is laid out over devices: one DeviceMesh with dims (pp, dp, cp, tp), dp split into
 (dp_replicate, dp_shard) under HSDP."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ class ParallelConfig:
     tp: int = 1  # tensor (+ sequence) parallel degree: the innermost mesh dim
     pp: int = 1  # pipeline stages over ranks: the outermost mesh dim
     dp: int = 0  # data-parallel degree; 0 = the rest of the world size
+    cp: int = 1  # context-parallel degree (a mesh dim of this size); only 1: context parallelism is not implemented yet
     # "ddp": replicated weights, all-reduced grads. "zero1": + optimizer state sharded
     # (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2 without resharding after
     # forward (weights gathered once per step; grads and optimizer state sharded). "fsdp": FSDP2
@@ -46,6 +47,8 @@ class ParallelConfig:
         for name in ("tp", "pp", "pp_stages_per_rank"):
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
+        if self.cp != 1:
+            problems.append(("cp", f"got {self.cp}; context parallelism is not implemented yet, set --parallel.cp 1"))
         if self.dp < 0:
             problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
         if self.dp_shard < 0:

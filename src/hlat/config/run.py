@@ -7,6 +7,7 @@ layout-dependent settings are checked too, before any process group exists.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from hlat.config.checkpoint import CheckpointConfig
 from hlat.config.data import DataConfig
 from hlat.config.eval import EvalConfig
+from hlat.config.layout import check_data_parallel, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig, ScheduleConfig
 from hlat.config.parallel import ParallelConfig
@@ -24,6 +26,8 @@ from hlat.config.train import TrainConfig
 from hlat.config.wandb import WandbConfig
 from hlat.errors import ConfigError
 from hlat.toml_value import toml_value
+
+Check = Callable[["RunConfig"], list[tuple[str, str]]]
 
 
 @dataclass
@@ -49,9 +53,11 @@ class RunConfig:
     def sections(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if dataclasses.is_dataclass(getattr(self, f.name))}
 
-    def validate(self, world: int | None = None) -> None:
-        """Raise ConfigError with every problem; with `world`, also the layout's over that many processes."""
+    def validate(self, world: int | None = None, checks: Sequence[Check] = ()) -> None:
+        """Raise ConfigError with every problem; with `world`, also the layout's over that many
+        processes; `checks` are what only higher layers know (e.g. the task registry's names)."""
         problems = [(f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()]
+        problems += [problem for check in checks for problem in check(self)]
         if self.data.seq_len > self.model.max_seq_len:
             problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
         if self.eval.every and not self.data.val_source:
@@ -66,21 +72,18 @@ class RunConfig:
             raise ConfigError(problems)
 
     def layout_problems(self, world: int) -> list[tuple[str, str]]:
-        """What does not fit pp x dp x tp over `world` processes: the degrees themselves, heads and
+        """What does not fit the degrees over `world` processes: the degrees themselves, heads and
         widths over tp, layers over pipeline stages, the global batch over dp x micro-batch, enough
         micro-batches to fill the pipeline, data shards over dp, and the dp sharding's limits."""
-        from hlat.parallel.data_parallel import check_data_parallel
-        from hlat.parallel.mesh import resolve_degrees
-        from hlat.parallel.tensor_parallel import check_tensor_parallel
-
         try:
-            pp, dp, tp = resolve_degrees(self.parallel, world)
+            degrees = resolve_degrees(self.parallel, world)
         except ConfigError as err:
             return err.problems
+        pp, dp = degrees.pp, degrees.dp
         problems = []
-        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, dp, tp, pp)]
-        if tp > 1:
-            checks.insert(0, lambda: check_tensor_parallel(self.model, tp))
+        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, degrees)]
+        if degrees.tp > 1:
+            checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))
         for check in checks:  # the rules the model builder applies, asked before any process group exists
             try:
                 check()
@@ -108,15 +111,14 @@ class RunConfig:
         """Take the largest micro-batch not above the current one that splits the global batch over
         dp ranks (with at least pp micro-batches per step) when no file or override chose it; say so
         in `notes`. Anything that still does not fit is left for validate to report."""
-        from hlat.parallel.mesh import resolve_degrees
-
         current, batch = self.train.micro_batch, self.train.global_batch
         if "train.micro_batch" in self.user_set or min(current, batch, self.parallel.tp, self.parallel.pp) < 1:
             return
         try:
-            pp, dp, _ = resolve_degrees(self.parallel, world)
+            degrees = resolve_degrees(self.parallel, world)
         except ConfigError:
             return
+        pp, dp = degrees.pp, degrees.dp
         per_rank = batch // dp
         divisors = [m for m in range(min(current, per_rank), 0, -1) if not per_rank % m]
         # too few sequences to fill the pipeline: still split them, so the pipeline rule is what validate reports

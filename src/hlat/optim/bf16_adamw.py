@@ -31,7 +31,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from hlat.parallel.dtensor import local_tensor
+from hlat.dtensor import local_tensor
 from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
 
 ROUNDINGS = ("stochastic", "nearest")

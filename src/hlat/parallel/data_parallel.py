@@ -11,29 +11,9 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from hlat.config.precision import PrecisionConfig
-from hlat.errors import ConfigError
 from hlat.parallel.mesh import Layout, fsdp_mesh
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def check_data_parallel(sharding: str, dp: int, tp: int, pp: int) -> None:
-    if dp == 1:
-        return
-    if sharding == "ddp" and (tp > 1 or pp > 1):
-        # DDP's reducer supports neither DTensor weights nor the pipeline's split backward passes.
-        raise ConfigError([("parallel.dp_sharding", "ddp is 1-D data parallel only; with tp or pp use zero2 (same memory as ddp "
-                            "for weights during the step, sharded gradients and optimizer state) or fsdp")])
-    if sharding == "zero1" and (tp > 1 or pp > 1):
-        raise ConfigError([("parallel.dp_sharding", "zero1 (ZeroRedundancyOptimizer) is 1-D data parallel only; with tp or pp use zero2, "
-                            "which shards the optimizer state as ZeRO-1 does and the gradients too, at the same communication volume")])
-
-
-def check_grad_accum(precision: PrecisionConfig, sharding: str, dp: int) -> None:
-    if precision.fp32_grad_accum and dp > 1 and sharding in ("ddp", "zero1"):
-        # DDP's reducer reads .grad in its own buckets; FSDP2 accumulates in its reduce dtype.
-        raise ConfigError([("precision.fp32_grad_accum", f"not supported with dp_sharding {sharding}; use --parallel.dp_sharding "
-                            "zero2 (weights whole as under ddp, gradients reduced in fp32) or set it to false")])
 
 
 def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hlat.parallel.dtensor import local_tensor
+from hlat.dtensor import local_tensor
 from hlat.parallel.init_values import init_values, parameter_key, value_scale
 
 # Wrappers insert these into parameter names; the state-dict name has none of them.

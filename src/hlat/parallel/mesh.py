@@ -1,8 +1,9 @@
 """Process group and DeviceMesh: the one description of the layout that everything else asks.
 
-The mesh's dims are (pp, dp, tp); under HSDP (parallel.dp_shard < dp) they are (pp, dp_replicate,
-dp_shard, tp) and "dp" is the flattened (dp_replicate, dp_shard) dim, so whatever works on the
-data-parallel group (the data loader's rank, token counts, loss sums) asks for "dp" either way.
+The mesh's dims are (pp, dp, cp, tp); under HSDP (parallel.dp_shard < dp) they are (pp,
+dp_replicate, dp_shard, cp, tp) and "dp" is the flattened (dp_replicate, dp_shard) dim, so whatever
+works on the data-parallel group (the data loader's rank, token counts, loss sums) asks for "dp"
+either way. cp (context parallel) is a dim of size 1 until context parallelism is implemented.
 """
 
 from __future__ import annotations
@@ -15,30 +16,47 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from hlat.config.layout import Degrees, resolve_degrees
 from hlat.config.parallel import ParallelConfig
-from hlat.errors import ConfigError
 
 
 @dataclass
 class Layout:
-    """Sizes and this process's coordinates; `mesh` is None for a single process."""
+    """The degrees and this process's coordinates; `mesh` is None for a single process."""
 
     world: int
     rank: int
-    pp: int
-    dp: int
-    tp: int
+    degrees: Degrees
     mesh: DeviceMesh | None
-    dp_replicate: int = 1  # > 1: HSDP, dp = dp_replicate x dp_shard
     flat_dp: DeviceMesh | None = None  # HSDP's flattened (dp_replicate, dp_shard): what "dp" means then
 
     @property
+    def pp(self) -> int:
+        return self.degrees.pp
+
+    @property
+    def dp(self) -> int:
+        return self.degrees.dp
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.degrees.dp_replicate
+
+    @property
     def dp_shard(self) -> int:
-        return self.dp // self.dp_replicate
+        return self.degrees.dp_shard
+
+    @property
+    def cp(self) -> int:
+        return self.degrees.cp
+
+    @property
+    def tp(self) -> int:
+        return self.degrees.tp
 
     @property
     def describe(self) -> str:
-        return describe_degrees(self.pp, self.dp, self.tp, self.dp_shard)
+        return self.degrees.describe()
 
     def submesh(self, dim: str) -> DeviceMesh:
         # torch asks callers to keep a flattened mesh rather than slice it from the root again
@@ -68,40 +86,12 @@ def world_from_env() -> tuple[int, int, int]:
     return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
 
-def resolve_degrees(cfg: ParallelConfig, world: int) -> tuple[int, int, int]:
-    """(pp, dp, tp) for this world size, or a ConfigError naming the field and the fix
-    (parallel.dp_shard included: see dp_shard_of)."""
-    inner = cfg.tp * cfg.pp
-    if world % inner:
-        raise ConfigError([("parallel.tp", f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes")])
-    dp = cfg.dp or world // inner
-    if dp * inner != world:
-        raise ConfigError([("parallel.dp", f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0")])
-    if cfg.dp_shard and dp % cfg.dp_shard:
-        divisors = [d for d in range(1, dp + 1) if not dp % d]
-        raise ConfigError([("parallel.dp_shard", f"dp_shard={cfg.dp_shard} does not divide dp={dp} (pp={cfg.pp} x tp={cfg.tp} over {world} "
-                            f"processes); choose one of {', '.join(map(str, divisors))} (0 = all of dp)")])
-    return cfg.pp, dp, cfg.tp
-
-
-def dp_shard_of(cfg: ParallelConfig, dp: int) -> int:
-    """Ranks each weight is sharded over: parallel.dp_shard, or all of dp (0; resolve_degrees checked it divides dp)."""
-    return cfg.dp_shard or dp
-
-
-def describe_degrees(pp: int, dp: int, tp: int, dp_shard: int) -> str:
-    """The degrees as the logs print them: pp 1 x dp 4 x tp 2, or under HSDP pp 1 x dp 4 (2 replicas x 2 shards) x tp 2."""
-    hsdp = f" ({dp // dp_shard} replicas x {dp_shard} shards)" if dp_shard < dp else ""
-    return f"pp {pp} x dp {dp}{hsdp} x tp {tp}"
-
-
 def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
-    """Join the process group torchrun prepared (if any) and build the (pp, dp, tp) mesh."""
+    """Join the process group torchrun prepared (if any) and build the (pp, dp, cp, tp) mesh."""
     world, _, local_rank = world_from_env()
-    pp, dp, tp = resolve_degrees(cfg, world)
-    dp_shard = dp_shard_of(cfg, dp)
+    degrees = resolve_degrees(cfg, world)
     if world == 1:
-        return Layout(1, 0, 1, 1, 1, None)
+        return Layout(1, 0, degrees, None)
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
@@ -112,7 +102,7 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
             dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
-    return make_layout(pp, dp, tp, device, dp_shard)
+    return make_layout(degrees, device)
 
 
 def collective_timeout() -> datetime.timedelta:
@@ -146,18 +136,18 @@ def restart_store(timeout: datetime.timedelta) -> dist.Store | None:
     return dist.PrefixStore(f"hlat/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def make_layout(pp: int, dp: int, tp: int, device: torch.device, dp_shard: int = 0) -> Layout:
+def make_layout(degrees: Degrees, device: torch.device) -> Layout:
     """A layout over the already-initialised process group (several may coexist, e.g. in tests);
-    `dp_shard` below dp (0 = dp) splits dp into (dp_replicate, dp_shard) for HSDP."""
-    replicate = dp // (dp_shard or dp)
-    if replicate > 1:
-        names = ("pp", "dp_replicate", "dp_shard", "tp")
-        mesh = init_device_mesh(device.type, (pp, replicate, dp // replicate, tp), mesh_dim_names=names)
+    dp_replicate > 1 splits dp into (dp_replicate, dp_shard) for HSDP."""
+    d = degrees
+    if d.dp_replicate > 1:
+        names = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+        mesh = init_device_mesh(device.type, (d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp), mesh_dim_names=names)
         flat = mesh["dp_replicate", "dp_shard"]._flatten("dp")  # dp rank = replica x dp_shard + shard
     else:
-        names, flat = ("pp", "dp", "tp"), None
-        mesh = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=names)
-    layout = Layout(dist.get_world_size(), dist.get_rank(), pp, dp, tp, mesh, replicate, flat)
+        names, flat = ("pp", "dp", "cp", "tp"), None
+        mesh = init_device_mesh(device.type, (d.pp, d.dp, d.cp, d.tp), mesh_dim_names=names)
+    layout = Layout(dist.get_world_size(), dist.get_rank(), degrees, mesh, flat)
     timeout = collective_timeout()
     for dim in {*names, "dp"}:  # sub-groups are created with torch's default timeout, not the world's
         dist.distributed_c10d._set_pg_timeout(timeout, layout.group(dim))

@@ -18,22 +18,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
+from hlat.config.layout import check_data_parallel, check_grad_accum, check_tensor_parallel
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.packing import Batch
+from hlat.dtensor import full_tensor
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.compile import compile_blocks
-from hlat.parallel.data_parallel import apply_data_parallel, check_data_parallel, check_grad_accum, no_gradient_sync
-from hlat.parallel.dtensor import full_tensor
+from hlat.parallel.data_parallel import apply_data_parallel, no_gradient_sync
 from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.mesh import Layout
 from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_indices
-from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.parallel.tensor_parallel import apply_tensor_parallel
 from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
 from hlat.precision import autocast, cast_parameters
 
@@ -188,7 +189,7 @@ def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tenso
 def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) -> None:
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
-    check_data_parallel(par.dp_sharding, layout.dp, layout.tp, layout.pp)
+    check_data_parallel(par.dp_sharding, layout.degrees)
 
 
 def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,

@@ -15,10 +15,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from hlat.config.layout import resolve_degrees
 from hlat.config.run import RunConfig
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
-from hlat.parallel.mesh import Layout, describe_degrees, dp_shard_of, resolve_degrees
+from hlat.parallel.mesh import Layout
 from hlat.precision import param_dtype
 
 GB = 1e9
@@ -62,8 +63,7 @@ def check_layout(cfg: RunConfig, world: int) -> Check:
     problems = cfg.layout_problems(world)
     if problems:
         return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in problems))
-    pp, dp, tp = resolve_degrees(cfg.parallel, world)
-    degrees = describe_degrees(pp, dp, tp, dp_shard_of(cfg.parallel, dp))
+    degrees = resolve_degrees(cfg.parallel, world).describe()
     return Check("layout", None, "ok", f"{degrees} = {world} process{'es' if world > 1 else ''}")
 
 

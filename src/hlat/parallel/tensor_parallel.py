@@ -42,22 +42,8 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hlat.config.model import ModelConfig
-from hlat.errors import ConfigError
 from hlat.model.llama import linear
 from hlat.model.spec import TPRole, model_spec
-
-
-def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
-    problems = []
-    if cfg.n_heads % tp:
-        problems.append(("parallel.tp", f"tp={tp} does not divide model.n_heads={cfg.n_heads}"))
-    if cfg.n_kv_heads % tp and tp % cfg.n_kv_heads:
-        problems.append(("parallel.tp", f"tp={tp} and model.n_kv_heads={cfg.n_kv_heads}: one must divide the other "
-                         "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)"))
-    if cfg.ffn_dim % tp:
-        problems.append(("model.ffn_dim", f"{cfg.ffn_dim} is not divisible by parallel.tp={tp}"))
-    if problems:
-        raise ConfigError(problems)
 
 
 class ReplicatedKV(ParallelStyle):

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from hlat.parallel.dtensor import local_tensor
+from hlat.dtensor import local_tensor
 from hlat.parallel.mesh import Layout, collective_timeout
 
 

@@ -33,7 +33,7 @@ def format_hlat_runs(overrides: list[str]) -> str:
              f"{'days/1T':>8} {'cost/1T':>11} {'days':>6} {'cost':>12}"]
     for preset in PRESETS:
         cfg = load_config(preset, None, overrides, world=HLAT_WORLD)
-        (pp, dp, tp), stages = plan(cfg, HLAT_WORLD)
+        degrees, stages = plan(cfg, HLAT_WORLD)
         need = max(s.total for s in stages) / GIB
         for cluster in HLAT_CLUSTERS:
             system = make_system(cluster.device, Figures(), cfg, HLAT_WORLD)
@@ -42,7 +42,7 @@ def format_hlat_runs(overrides: list[str]) -> str:
             days, cost = days_and_cost(step.tokens_per_s, 1e12, nodes, cluster.price_per_node_hour)
             where = f"{nodes} x {cluster.instance} at ${cluster.price_per_node_hour:.2f}/h"
             fits = "" if need <= system.memory_gib else " (does NOT fit)"
-            lines.append(f"{preset:<9} {where:<34} {f'pp {pp} x dp {dp} x tp {tp}':<20} {need:>8.1f} "
+            lines.append(f"{preset:<9} {where:<34} {f'pp {degrees.pp} x dp {degrees.dp} x tp {degrees.tp}':<20} {need:>8.1f} "
                          f"{step.tokens_per_s:>11,.0f} {step.mfu:>6.1%} {days:>8.1f} {cost:>11,.0f} "
                          f"{days * HLAT_TOKENS / 1e12:>6.1f} {cost * HLAT_TOKENS / 1e12:>12,.0f}{fits}")
     lines.append("predicted with the calibrated efficiencies (hlat plan --calibration); hourly prices as quoted for HLAT's comparison")

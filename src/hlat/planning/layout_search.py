@@ -15,10 +15,10 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+from hlat.config.layout import check_data_parallel, check_grad_accum, resolve_degrees
 from hlat.config.parallel import ACTIVATION_CHECKPOINT
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
-from hlat.parallel.data_parallel import check_data_parallel, check_grad_accum
 from hlat.planning.forecast import days_and_cost
 from hlat.planning.memory import GIB, plan, stage_memory
 from hlat.planning.throughput import LayoutChoice, StepTime, System, step_time
@@ -66,11 +66,12 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                                 dp_shard=shard if sharding == "hsdp" else 0, activation_checkpoint=recompute,
                                 recompute_every_other_mm=False)
                 try:
-                    check_data_parallel(variant.parallel.dp_sharding, dp, tp, pp)
+                    degrees = resolve_degrees(variant.parallel, world)
+                    check_data_parallel(variant.parallel.dp_sharding, degrees)
                     check_grad_accum(variant.precision, variant.parallel.dp_sharding, dp)
                 except ConfigError:
                     continue
-                need = max(stage_memory(variant, s.stage, s.layers, s.local_params, pp, dp, tp, len(stages)).total
+                need = max(stage_memory(variant, s.stage, s.layers, s.local_params, degrees, len(stages)).total
                            for s in stages) / GIB
                 if need <= system.memory_gib:
                     layout = LayoutChoice(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)

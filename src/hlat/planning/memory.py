@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -28,15 +27,15 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from hlat.config.layout import Degrees, check_data_parallel, check_grad_accum, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.devices import Accelerator
+from hlat.dtensor import local_tensor
 from hlat.model import Llama, build_model, model_spec
-from hlat.parallel.data_parallel import DTYPES, check_data_parallel, check_grad_accum
-from hlat.parallel.dtensor import local_tensor
-from hlat.parallel.mesh import describe_degrees, dp_shard_of, resolve_degrees
+from hlat.parallel.data_parallel import DTYPES
 from hlat.parallel.pipeline import cut_stage, split_layers
-from hlat.parallel.tensor_parallel import apply_tensor_parallel, check_tensor_parallel
+from hlat.parallel.tensor_parallel import apply_tensor_parallel
 from hlat.planning.throughput import System
 from hlat.precision import compute_dtype, param_dtype
 
@@ -86,23 +85,23 @@ def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
     return cfg.data.seq_len * cfg.train.micro_batch * per / tp * width
 
 
-def plan(cfg: RunConfig, world: int) -> tuple[tuple[int, int, int], list[StagePlan]]:
-    """((pp, dp, tp), one StagePlan per pipeline stage) for `cfg` on `world` ranks."""
-    pp, dp, tp = resolve_degrees(cfg.parallel, world)
-    if tp > 1:
-        check_tensor_parallel(cfg.model, tp)
-    check_data_parallel(cfg.parallel.dp_sharding, dp, tp, pp)
-    check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, dp)
-    local = _local_numels(cfg.model, (pp, dp, tp))
+def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
+    """(the degrees, one StagePlan per pipeline stage) for `cfg` on `world` ranks."""
+    degrees = resolve_degrees(cfg.parallel, world)
+    if degrees.tp > 1:
+        check_tensor_parallel(cfg.model, degrees.tp)
+    check_data_parallel(cfg.parallel.dp_sharding, degrees)
+    check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, degrees.dp)
+    local = _local_numels(cfg.model, degrees)
     full = _meta_model(cfg.model)
-    n_stages = pp * cfg.parallel.pp_stages_per_rank
+    n_stages = degrees.pp * cfg.parallel.pp_stages_per_rank
     bounds = split_layers(cfg.model.n_layers, n_stages, *model_spec(cfg.model).stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
     stages = []
     for index, layers in enumerate(bounds):
         module = _cut(full, layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
         params = sum(local[name] for name, _ in module.named_parameters())
-        stages.append(stage_memory(cfg, index, layers, params, pp, dp, tp, n_stages))
-    return (pp, dp, tp), stages
+        stages.append(stage_memory(cfg, index, layers, params, degrees, n_stages))
+    return degrees, stages
 
 
 # Meta models and their per-rank parameter sizes, by model shape (and tp): a search plans one
@@ -120,12 +119,12 @@ def _meta_model(model: ModelConfig) -> Llama:
     return _MODELS[key]
 
 
-def _local_numels(model: ModelConfig, degrees: tuple[int, int, int]) -> dict[str, int]:
+def _local_numels(model: ModelConfig, degrees: Degrees) -> dict[str, int]:
     """Elements on a rank of each parameter of the whole model, tensor-parallel over the tp of
-    `degrees` (pp, dp, tp) under a fake process group of that many ranks."""
+    `degrees` under a fake process group of that many ranks."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
-    tp = degrees[2]
+    tp = degrees.tp
     key = (repr(model), tp)
     if key in _LOCAL_NUMELS:
         return _LOCAL_NUMELS[key]
@@ -133,10 +132,10 @@ def _local_numels(model: ModelConfig, degrees: tuple[int, int, int]) -> dict[str
     if tp > 1:
         owns_group = not dist.is_initialized()
         if owns_group:
-            dist.init_process_group("fake", rank=0, world_size=math.prod(degrees), store=FakeStore())
+            dist.init_process_group("fake", rank=0, world_size=degrees.world, store=FakeStore())
         try:
             module = copy.deepcopy(module)
-            apply_tensor_parallel(module, init_device_mesh("cpu", degrees, mesh_dim_names=("pp", "dp", "tp"))["tp"])
+            apply_tensor_parallel(module, init_device_mesh("cpu", (degrees.pp, degrees.dp, degrees.cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))["tp"])
         finally:
             if owns_group:
                 dist.destroy_process_group()
@@ -153,13 +152,14 @@ def _cut(full: Llama, layers: range, first: bool, last: bool) -> nn.Module:
     return cut_stage(copy.deepcopy(full, shared), layers, first, last)
 
 
-def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, float, float]:
+def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes on a rank holding `local` parameters, at the
     step's peak: the last micro-batch's backward (docs/parallelism.md, docs/precision.md)."""
     prec, sharding = cfg.precision, cfg.parallel.dp_sharding
     elem = param_dtype(prec.mode).itemsize
+    pp, dp = degrees.pp, degrees.dp
     accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
-    shards = dp_shard_of(cfg.parallel, dp)  # HSDP shards within a replica; zero1 and plain FSDP over all of dp
+    shards = degrees.dp_shard  # HSDP shards within a replica; zero1 and plain FSDP over all of dp
     optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
     if sharding in ("zero2", "fsdp") and dp > 1:
         gathered_elem = 2 if prec.mode == "mixed" else elem  # MixedPrecisionPolicy gathers mixed's weights in bf16
@@ -181,9 +181,10 @@ def state_memory(cfg: RunConfig, local: int, pp: int, dp: int) -> tuple[float, f
     return weights, grads, optimizer
 
 
-def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int, dp: int, tp: int, n_stages: int) -> StagePlan:
+def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees: Degrees, n_stages: int) -> StagePlan:
     """Stage `index`'s memory per rank for `local` parameters (the search re-prices it per layout)."""
-    weights, grads, optimizer = state_memory(cfg, local, pp, dp)
+    pp, dp, tp = degrees.pp, degrees.dp, degrees.tp
+    weights, grads, optimizer = state_memory(cfg, local, degrees)
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
@@ -195,10 +196,9 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, pp: int,
     return StagePlan(index, layers, local, weights, grads, optimizer, acts)
 
 
-def format_plan(cfg: RunConfig, world: int, degrees: tuple[int, int, int], stages: list[StagePlan]) -> str:
-    pp, dp, tp = degrees
+def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[StagePlan]) -> str:
     lines = [
-        f"{cfg.name} on {world} ranks: {describe_degrees(pp, dp, tp, dp_shard_of(cfg.parallel, dp))}, {cfg.parallel.dp_sharding}, "
+        f"{cfg.name} on {world} ranks: {degrees.describe()}, {cfg.parallel.dp_sharding}, "
         f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}",
         f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",
     ]

@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from hlat.dtensor import local_tensor
 from hlat.optim import skips_exactly
-from hlat.parallel.dtensor import local_tensor
 
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 

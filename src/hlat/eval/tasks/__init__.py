@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hlat.config.run import RunConfig
 from hlat.eval.tasks import code, generation, multiple_choice, perplexity
 from hlat.eval.tasks.base import Dataset, Doc, Task, choose_shots
 from hlat.eval.tasks.data import DataMissing, load_split
@@ -19,6 +20,13 @@ SUITES: dict[str, tuple[str, ...]] = {
     "commonsense": COMMONSENSE,
     "code": ("humaneval", "mbpp"),
 }
+
+
+def task_name_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """eval.tasks names no unknown task: a check load_config runs for `hlat train` (the registry
+    imports the scoring stack, which the configuration package does not)."""
+    unknown = [name for name in cfg.eval.task_names() if name not in TASKS]
+    return [("eval.tasks", f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")] if unknown else []
 
 
 def resolve_tasks(tasks: str | None = None, suite: str | None = None,
