@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from hlat.checkpoint import CheckpointError, CheckpointManager
-from hlat.checkpoint import manager
+from hlat import atomic_files
 from hlat.checkpoint.manager import own_files
 
 from runs import ScenarioContext
@@ -40,8 +40,8 @@ def saves_and_shared_verification(ctx: ScenarioContext) -> None:
     mgr.wait()
     own = {path.name: [p.name for p in own_files(path, rank)] for path in mgr.checkpoints()}
     hashed: list[str] = []
-    sha256 = manager.sha256_file
-    manager.sha256_file = lambda file: hashed.append(str(file)) or sha256(file)
+    sha256 = atomic_files.sha256_file
+    atomic_files.sha256_file = lambda file: hashed.append(str(file)) or sha256(file)
     try:
         clean = mgr.latest()
         hashed_clean = [str(Path(f).relative_to(clean)) for f in hashed]
@@ -60,7 +60,7 @@ def saves_and_shared_verification(ctx: ScenarioContext) -> None:
         if rank == 0:
             shard.write_bytes(original)
     finally:
-        manager.sha256_file = sha256
+        atomic_files.sha256_file = sha256
     record = {"own": own, "clean": clean.name, "hashed": hashed_clean, "fallback": fallback.name, "printed": printed.getvalue()}
     (ctx.out / f"result.rank{rank}.json").write_text(json.dumps(record))
 

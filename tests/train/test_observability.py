@@ -201,13 +201,13 @@ def test_a_kill_during_the_metrics_rewrite_leaves_the_previous_file(tmp_path, mo
     metrics = tmp_path / "metrics.jsonl"
     old = "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in (1, 2, 3, 4)) + '{"step": 5, "lo'
     metrics.write_text(old)
-    real_write = Path.write_text
+    real_write = Path.write_bytes
 
-    def torn(self, data, *args, **kwargs):  # half of the new file, then the process dies
-        real_write(self, data[: len(data) // 2], *args, **kwargs)
+    def torn(self, data):  # half of the new file, then the process dies
+        real_write(self, data[: len(data) // 2])
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(Path, "write_text", torn)
+    monkeypatch.setattr(Path, "write_bytes", torn)
     with pytest.raises(KeyboardInterrupt):
         MetricSinks(tmp_path, 10, 2, tensorboard=False)
     assert metrics.read_text() == old

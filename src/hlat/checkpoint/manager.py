@@ -34,7 +34,6 @@ DCP's metadata through the exact allow-list of safe_metadata.py, and DCP's non-t
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import pickle
 import re
@@ -51,11 +50,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from hlat import atomic_files
+from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, write_manifest
 from hlat.checkpoint import safe_dcp
 from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.faults import maybe_fail, maybe_kill
 from hlat.checkpoint.safe_metadata import read_metadata
-from hlat.digests import sha256_file
 from hlat.parallel.mesh import collective_timeout
 
 MANIFEST = "manifest.json"
@@ -226,14 +226,14 @@ class CheckpointManager:
         for path in tmp.rglob("*"):
             name = str(path.relative_to(tmp))
             if path.is_file() and name not in files:  # shared.pt, DCP's .metadata
-                files[name] = _describe(path)
+                files[name] = file_entry(path)
         files = dict(sorted(files.items()))
         manifest = {"format": FORMAT_VERSION, "step": step, "world": _world(), "time": time.time(), "files": files}
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_manifest(tmp / MANIFEST, manifest)
         if final.exists():  # a re-save of the same step replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._prune()
 
     def checkpoints(self) -> list[Path]:
@@ -283,14 +283,11 @@ class CheckpointManager:
         return manifest
 
     def _check_file(self, path: Path, name: str, expected: dict[str, Any]) -> None:
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"missing {name}")
-        if file.stat().st_size != expected["bytes"]:
-            raise CheckpointError(f"{name} has {file.stat().st_size} bytes, manifest says {expected['bytes']}")
-        if self.verify and sha256_file(file) != expected["sha256"]:
-            raise CheckpointError(f"{name} fails its SHA-256 check (corrupt)")
+        problem = file_problem(path, name, expected, digest=self.verify)
+        if problem is not None:
+            raise CheckpointError(problem)
         if name == METADATA:  # checked even without `verify`: safety is never skipped
+            file = path / name
             try:
                 read_metadata(file)
             except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
@@ -329,8 +326,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     of this hlat's format, and lists DCP's metadata."""
     file = path / MANIFEST
     try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        manifest = atomic_files.read_manifest(file)
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8 or not JSON
         raise CheckpointError(f"unreadable {file}: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         found = manifest.get("format") if isinstance(manifest, dict) else None
@@ -396,7 +393,7 @@ def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
     if failure is None:
         try:
             maybe_fail("hash", step, rank)
-            files = {str(p.relative_to(tmp)): _describe(p) for p in own_files(tmp, rank) if p.is_file()}
+            files = {str(p.relative_to(tmp)): file_entry(p) for p in own_files(tmp, rank) if p.is_file()}
         except OSError as err:
             failure = f"failed to hash its files in {tmp}: {err!r}"
     gathered: list[Any] = [(files, failure)]
@@ -407,27 +404,7 @@ def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
     return {name: entry for part, _ in gathered for name, entry in part.items()}
 
 
-def _describe(file: Path) -> dict[str, Any]:
-    return {"bytes": file.stat().st_size, "sha256": sha256_file(file)}
-
-
 def _save_synced(obj: Any, file: Path) -> None:
-    with open(file, "wb") as handle:
+    # through a handle: given a path, torch.save would name the archive inside after the file
+    with atomic_path(file) as temporary, open(temporary, "wb") as handle:
         torch.save(obj, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _write_synced(file: Path, data: bytes) -> None:
-    with open(file, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

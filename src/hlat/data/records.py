@@ -16,8 +16,6 @@ import gzip
 import io
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -26,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from hlat.atomic_files import atomic_path
 from hlat.data.sources import BadDocument, decode_windows
 from hlat.digests import short_sha256
 
@@ -244,24 +243,17 @@ def convert_to_arrow(path: Path, kind: str, field: str, skip: bool, cache_dir: P
     bad: list[str] = []
     rows = (_parquet_rows if kind == "parquet" else _jsonl_rows)(path, field, skip, bad)
     schema = pa.schema([(field, pa.large_string())])
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        with ipc.new_file(tmp, schema) as writer:
-            batch: list[str] = []
-            size, written = 0, False
-            for text in rows:
-                batch.append(text)
-                size += len(text)
-                if len(batch) >= _BATCH_ROWS or size >= _BATCH_BYTES:
-                    writer.write_batch(pa.record_batch([pa.array(batch, pa.large_string())], schema=schema))
-                    batch, size, written = [], 0, True
-            if batch or not written:
+    with atomic_path(out) as tmp, ipc.new_file(str(tmp), schema) as writer:
+        batch: list[str] = []
+        size, written = 0, False
+        for text in rows:
+            batch.append(text)
+            size += len(text)
+            if len(batch) >= _BATCH_ROWS or size >= _BATCH_BYTES:
                 writer.write_batch(pa.record_batch([pa.array(batch, pa.large_string())], schema=schema))
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+                batch, size, written = [], 0, True
+        if batch or not written:
+            writer.write_batch(pa.record_batch([pa.array(batch, pa.large_string())], schema=schema))
     skipped_file.write_text(str(len(bad)))
     if bad:
         log.warning("%s: skipped %d bad rows (data.bad_documents=skip), e.g. %s",

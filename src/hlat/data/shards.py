@@ -11,15 +11,14 @@ interrupted ``prepare`` resumes with the first missing shard.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hlat import atomic_files
+from hlat.atomic_files import atomic_path, file_problem, write_manifest
 from hlat.config.data_paths import find_tokenizer_file
 from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
 from hlat.data.sources import BadDocument
@@ -43,19 +42,12 @@ def shard_tokenizer_path(root: Path) -> Path:
 
 def read_manifest(root: Path) -> dict[str, Any]:
     try:
-        manifest = json.loads((root / "manifest.json").read_text())
+        manifest = atomic_files.read_manifest(root / "manifest.json")
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read {root / 'manifest.json'}: {e}; run `hlat prepare` again") from e
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
         raise ValueError(f"{root} is not a version-{VERSION} hlat shard directory; run `hlat prepare` again")
     return manifest
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_000, skip_bad: bool = False,
@@ -93,14 +85,12 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
         first, last = k * docs_per_shard, min((k + 1) * docs_per_shard, len(docs))
         offsets = np.zeros(last - first + 1, dtype=np.int64)
         tokens_path, offsets_path = out / f"tokens-{k:05d}.bin", out / f"offsets-{k:05d}.npy"
-        fd, tmp = tempfile.mkstemp(prefix=f".{tokens_path.name}.", dir=out)
-        with os.fdopen(fd, "wb") as f:
+        with atomic_path(tokens_path) as tmp, open(tmp, "wb") as f:
             for a in range(first, last, batch_docs):
                 b = min(a + batch_docs, last)
                 for j, toks in enumerate(docs.tokens(list(range(a, b))), start=a - first):
                     if isinstance(toks, BadDocument):
                         if not skip_bad:
-                            os.unlink(tmp)
                             raise toks
                         manifest["bad"][str(first + j)] = str(toks)
                         toks = np.empty(0, dtype=np.int64)
@@ -111,22 +101,18 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                         offsets[j + 1] += len(piece)
                 if progress is not None:
                     progress(b - a, int(offsets[b - first] - offsets[a - first]))
-        tokens_digest = sha256_file(tmp)
-        os.replace(tmp, tokens_path)
-        buf = tempfile.SpooledTemporaryFile()
-        np.save(buf, offsets)
-        buf.seek(0)
-        _write_atomic(offsets_path, buf.read())
+        with atomic_path(offsets_path) as tmp, open(tmp, "wb") as f:
+            np.save(f, offsets)
         manifest["shards"].append({
             "tokens": tokens_path.name, "offsets": offsets_path.name, "num_docs": last - first,
-            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: tokens_digest,
+            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: sha256_file(tokens_path),
                                                        offsets_path.name: sha256_file(offsets_path)},
         })
         manifest["complete"] = k + 1 == num_shards
-        _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+        write_manifest(out / "manifest.json", manifest)
     if num_shards == 0 or done == num_shards:
         manifest["complete"] = True
-        _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1).encode())
+        write_manifest(out / "manifest.json", manifest)
     return manifest
 
 
@@ -134,7 +120,7 @@ def verify_shards(root: Path) -> list[str]:
     """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
     manifest = read_manifest(root)
     return [name for s in manifest["shards"] for name, digest in s["sha256"].items()
-            if not (root / name).is_file() or sha256_file(root / name) != digest]
+            if file_problem(root, name, {"sha256": digest}) is not None]
 
 
 class ShardDocuments:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
+from hlat.atomic_files import atomic_path
 from hlat.digests import short_sha256
 
 
@@ -59,7 +60,8 @@ class SentencePieceTokenizer:
         return self._fingerprint
 
     def save(self, path: str | os.PathLike) -> None:
-        shutil.copyfile(self.path, path)
+        with atomic_path(path) as temporary:
+            shutil.copyfile(self.path, temporary)
 
     def __repr__(self) -> str:
         return (f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "

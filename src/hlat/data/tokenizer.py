@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
@@ -19,6 +18,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from hlat.atomic_files import atomic_path
 from hlat.data.sources import BadDocument, DocumentSource
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.digests import short_sha256
@@ -114,15 +114,8 @@ class Tokenizer:
         """Write tokenizer.json atomically (a temp file in the same folder, then rename)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            self.tk.save(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_path(path) as temporary:
+            self.tk.save(str(temporary))
 
     def __repr__(self) -> str:
         return (

@@ -11,12 +11,13 @@ the threads in use, the torch version, the dtype and the shapes.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from hlat.atomic_files import write_atomic
 
 CACHE_FILE = "gemm_ceiling.json"
 Shape = tuple[int, int, int, bool, bool]  # m, k, n, A transposed, B transposed
@@ -77,8 +78,6 @@ def _store(path: Path, cache: dict[str, float]) -> None:
     """Atomic: a concurrent reader sees the old file or the new one, never half of one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        os.replace(temporary, path)
+        write_atomic(path, json.dumps(cache, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only cache costs a measurement next time, nothing else

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from hlat.atomic_files import write_atomic
 from hlat.train.wandb_sink import WandbSink
 
 METRICS_FILE = "metrics.jsonl"
@@ -171,7 +171,5 @@ def _truncate_after(path: Path, step: int) -> int:
     if not path.is_file():
         return 0
     records, broken = _read_lines(path)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(line + "\n" for line, record in records if record["step"] <= step))
-    os.replace(temporary, path)
+    write_atomic(path, "".join(line + "\n" for line, record in records if record["step"] <= step))
     return broken
