@@ -1,12 +1,13 @@
 """The `hlat` command. Each subcommand lives in hlat.commands.<module>; this file only dispatches
 and turns expected failures into one line.
 
-An expected failure (hlat.errors.UserError: an invalid configuration, a bad data row, a corrupt or
-incomplete checkpoint, a refused Hugging Face directory; or a missing file) prints
-`hlat COMMAND: MESSAGE` on stderr and exits with code 2. HLAT_DEBUG=1 (or --debug) prints the
-traceback too. Under torchrun, an error raised before the process group started is the same on
-every rank, so rank 0 alone prints it; one raised later may be a single rank's, so each rank
-that meets it prints it, naming itself.
+An expected failure (hlat.errors.UserError: a bad argument, an invalid configuration, a bad data
+row, a corrupt or incomplete checkpoint, a refused Hugging Face directory; or a missing file),
+raised anywhere, prints `hlat COMMAND: MESSAGE` on stderr and exits with code 2; so does an
+argument argparse refuses, and an unknown `--x` given to a command that takes no config overrides.
+HLAT_DEBUG=1 (or --debug) prints the traceback too. Under torchrun, an error raised before the
+process group started is the same on every rank, so rank 0 alone prints it; one raised later may
+be a single rank's, so each rank that meets it prints it, naming itself.
 """
 
 from __future__ import annotations
@@ -23,14 +24,32 @@ from hlat.errors import UserError
 
 # subcommand name -> module in hlat.commands (one module may register several names)
 COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor", "generate": "generate"}
+# the commands whose unknown `--x` arguments are config overrides; the others refuse them
+TAKES_OVERRIDES = {"train", "config", "params", "plan", "prepare", "doctor"}
 EXPECTED = (UserError, FileNotFoundError)  # what the user can fix from the message alone
 USER_ERROR_EXIT = 2
 DEBUG_ENV = "HLAT_DEBUG"
 QUIET_RANK_DELAY_S = 1.0  # see _report
 
 
+class ArgumentsRefused(UserError):
+    """A command line argparse refuses; `prog` is the command it concerns ("hlat train", "hlat")."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as ArgumentsRefused (subcommands' parsers are of this class too), so that
+    they are reported like every other expected error rather than by argparse's usage + exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsRefused(self.prog, f"{message}; see {self.prog} --help")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hlat", allow_abbrev=False,
         description="Pre-train LLaMA models with the HLAT recipe. `hlat train` alone trains the tiny preset "
         "on the embedded corpus (Python's standard library) on this machine's CPU, with no download.",
@@ -46,24 +65,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, overrides = build_parser().parse_known_args(argv)
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
+        args, overrides = build_parser().parse_known_args(argv)
+    except ArgumentsRefused as err:
+        return _report(err.prog, err, debug)
+    prog = f"hlat {args.command}"
+    try:
+        if overrides and args.command not in TAKES_OVERRIDES:
+            raise ArgumentsRefused(prog, f"unrecognized arguments: {' '.join(overrides)}; see {prog} --help")
         return importlib.import_module(f"hlat.commands.{COMMANDS[args.command]}").run(args, overrides)
     except EXPECTED as err:
-        return _report(args.command, err, debug=args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"))
+        return _report(prog, err, debug=args.debug or debug)
     except KeyboardInterrupt:
         print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return 130
 
 
-def _report(command: str, err: BaseException, debug: bool) -> int:
+def _report(prog: str, err: BaseException, debug: bool) -> int:
     rank = int(os.environ.get("RANK", "0"))
     group_started = _process_group_started()
     if rank == 0 or group_started:
         if debug:
             traceback.print_exc()
         where = f" (rank {rank})" if rank and group_started else ""
-        print(f"hlat {command}{where}: {err}", file=sys.stderr, flush=True)
+        print(f"{prog}{where}: {err}", file=sys.stderr, flush=True)
     if group_started:
         # Leave without interpreter teardown, as a finished multi-process run does: gloo's
         # threads can race it and turn this exit code into SIGABRT.

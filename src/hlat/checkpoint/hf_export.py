@@ -15,6 +15,7 @@ import torch
 
 from hlat.checkpoint.loading import load_model
 from hlat.config.data_paths import find_tokenizer_file
+from hlat.errors import UserError
 from hlat.model import model_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,7 +26,7 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+        raise UserError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     loaded = load_model(source)
     mapping = model_spec(loaded.model.cfg).hf
     hf_config = mapping.config_dict(loaded.model.cfg)  # refuses what the family's transformers class cannot hold

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from hlat.errors import UserError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,9 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.eval import TASKS, SUITES
 
-    if overrides:
-        print(f"hlat eval: unknown arguments {' '.join(overrides)}", file=sys.stderr)
-        return 2
     if args.list:
         for task in TASKS.values():
             print(f"{task.name:14s} {task.family:18s} {task.kind:16s} {task.num_fewshot}-shot  "
@@ -60,9 +58,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         return 0
     try:
         return _evaluate(args)
-    except (ValueError, FileNotFoundError, ImportError) as err:
-        print(f"hlat eval: {err}", file=sys.stderr)
-        return 2
+    except UserError:
+        raise
+    except (ValueError, ImportError) as err:  # bad task names, task data or model files; a missing package
+        raise UserError(str(err)) from err
 
 
 def _evaluate(args: argparse.Namespace) -> int:

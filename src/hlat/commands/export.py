@@ -23,8 +23,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.checkpoint.hf_export import export_hf
 
-    if overrides:
-        raise SystemExit(f"hlat export: unexpected arguments {' '.join(overrides)}")
     out = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype)
     print(f"exported {args.source} to {out} (Hugging Face LLaMA)")
     return 0

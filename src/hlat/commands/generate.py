@@ -33,8 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    if overrides:
-        raise UserError(f"unknown arguments {' '.join(overrides)}; see hlat generate --help")
     _check(args)
 
     from hlat.devices import resolve_device

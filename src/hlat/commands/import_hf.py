@@ -25,9 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.checkpoint.hf_import import import_hf
 
-    if overrides:
-        print(f"hlat import: unexpected arguments {' '.join(overrides)}", file=sys.stderr)
-        return 2
     done = import_hf(args.source, args.run_dir, args.tokenizer, progress=sys.stderr.isatty())  # refusals: hlat.cli
     cfg, run_dir = done.model, done.run_dir
     print(f"imported {args.source} into {run_dir}\n"

@@ -28,12 +28,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.config.data_paths import source_entries
     from hlat.config.load import load_config
     from hlat.data import OnlineDocuments, build_data_tokenizer, open_entry, prepare_shards
+    from hlat.errors import UserError
 
     cfg = load_config(args.preset, args.config, overrides)
     entries = source_entries(cfg.data.source)
     if len(entries) != 1:
-        print("hlat prepare: give one data.source (prepare each source of a mixture into its own directory)")
-        return 2
+        raise UserError("give one data.source (prepare each source of a mixture into its own directory)")
     tokenizer, line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
     print(line)
     docs = OnlineDocuments(open_entry(entries[0], cfg.data), tokenizer, cfg.data.max_doc_chars)

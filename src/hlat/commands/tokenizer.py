@@ -32,8 +32,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.data import tokenizer_corpus, train_bpe
     from hlat.errors import ConfigError
 
-    if overrides:
-        raise ConfigError([(overrides[0], "unknown argument for hlat tokenizer train")])
     cfg = DataConfig(source=args.source, text_field=args.text_field, bad_documents=args.bad_documents)
     problems = [(field, m) for field, m in cfg.validate() if field == "source"]
     if problems:
