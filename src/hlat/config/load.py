@@ -112,6 +112,11 @@ def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str, user: bool)
 
 def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
     """Convert TOML values and command-line strings to the field's type, or say what was wrong."""
+    if expected is list:  # of strings: a TOML array, or comma-separated on the command line
+        items = [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise ConfigError([(key, f"expected a list of strings, got {type(value).__name__} {value!r} (from {source})")])
+        return items
     if isinstance(value, str) and expected is not str:
         text = value.strip().lower()
         if expected is bool:

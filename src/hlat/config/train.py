@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -28,6 +28,9 @@ class TrainConfig:
     # rank's (a rolling score) for slow_rank_windows log windows in a row (docs/operations.md).
     slow_rank_threshold: float = 0.1
     slow_rank_windows: int = 3
+    # Your own callbacks, each "package.module:ClassName" naming a subclass of
+    # hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts.
+    callbacks: list[str] = field(default_factory=list)
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

@@ -1,2 +1,3 @@
-"""The training loop (trainer), where a run starts and what its checkpoints hold (resume), one
-optimizer step, its optimizers and its metrics."""
+"""The training loop (trainer), the model with its optimizers and step (train_module), what the
+loop does besides stepping (callbacks), where a run starts and what its checkpoints hold (resume)
+and its metrics (sinks)."""

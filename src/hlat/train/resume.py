@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.manager import SaveStats
@@ -25,10 +24,9 @@ from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
-from hlat.parallel.parallelize import ParallelModel
-from hlat.train.optimizers import Optimizers
 from hlat.train.rng import load_rng_state, rng_state
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE
+from hlat.train.train_module import TrainModule
 
 RESUME_MODES = ("auto", "require", "fresh")
 
@@ -62,10 +60,9 @@ class Progress:
 class RunState:
     """The state of a run that its checkpoints hold; every method is collective."""
 
-    def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel,
-                 optimizers: Optimizers, loader: PackedLoader):
+    def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, module: TrainModule, loader: PackedLoader):
         self.cfg, self.layout, self.device = cfg, layout, device
-        self.model, self.optimizers, self.loader = model, optimizers, loader
+        self.module, self.loader = module, loader
         self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
         self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
 
@@ -79,9 +76,9 @@ class RunState:
             raise FileNotFoundError(f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
                                     f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
         if path is not None:  # e.g. what hlat import wrote: its weights start this run
-            out(f"initialised from {init_weights(str(path), self.model.parts)} (weights only: new optimizer, step 0)")
+            out(f"initialised from {init_weights(str(path), self.module.model.parts)} (weights only: new optimizer, step 0)")
         elif self.cfg.checkpoint.init_from:
-            out(f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.model.parts)} (new optimizer)")
+            out(f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)} (new optimizer)")
         return Progress()
 
     def latest_resumable(self) -> Path | None:
@@ -90,10 +87,6 @@ class RunState:
         self.checkpoints.wait()
         path = self.checkpoints.latest()
         return path if path is not None and holds_training_state(path) else None
-
-    def sharded(self) -> dict[str, Any]:
-        model = {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
-        return {"model": model, "optim": self.optimizers.sharded_state_dict()}
 
     def layout_record(self) -> dict[str, Any]:
         lay = self.layout
@@ -104,22 +97,20 @@ class RunState:
         """Under checkpoint.async_save it returns once the state is staged."""
         shared = {"progress": vars(progress).copy(), "layout": self.layout_record()}
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
-        return self.checkpoints.save(progress.step, self.sharded(), rank_state,
+        return self.checkpoints.save(progress.step, self.module.state_dict(), rank_state,
                                      shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
 
     def archive_weights(self, progress: Progress) -> SaveStats:
         """A weights-only checkpoint under archive/, never pruned."""
         shared = {"progress": {"step": progress.step, "tokens": progress.tokens}}
-        return self.archive.save(progress.step, {"model": self.sharded()["model"]}, None, shared if self.layout.is_main else None)
+        return self.archive.save(progress.step, {"model": self.module.model_state_dict()}, None, shared if self.layout.is_main else None)
 
     def restore(self, path: Path, out: Callable[[str], None]) -> Progress:
         """Load everything from checkpoint `path`, whatever layout saved it."""
         shared = self.checkpoints.load_shared(path)
-        state = self.sharded()
+        state = self.module.state_dict()
         self.checkpoints.load_sharded(path, state)
-        for part in self.model.parts:
-            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-        self.optimizers.load_sharded_state_dict(state["optim"])
+        self.module.load_state_dict(state)
         same = shared.get("layout") == self.layout_record()
         lay = self.layout
         loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same)

@@ -1,5 +1,6 @@
-"""Where metrics go: a console progress bar, TensorBoard events, a JSONL file, a loss plot and,
-optionally, Weights & Biases."""
+"""Where metrics go: metrics.jsonl, TensorBoard events, the console (a line per record and a
+progress bar) and, optionally, Weights & Biases, each a Sink; and the loss plot drawn from
+metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from hlat.atomic_files import write_atomic
+from hlat.train.sink import Sink
 from hlat.train.wandb_sink import WandbSink
 
 METRICS_FILE = "metrics.jsonl"
@@ -23,52 +25,115 @@ class MetricSinks:
     a rollback, first drops the records past the step it restarts from (see `rewind`)."""
 
     def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None):
-        self.run_dir = run_dir
-        self.metrics_path = run_dir / METRICS_FILE
-        self.tensorboard = tensorboard
-        self.writer = None
-        self.wandb = wandb
-        # A live bar on terminals; plain lines (below) carry the history in logs and CI.
-        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+        self.sinks: list[Sink] = [JsonlSink(run_dir / METRICS_FILE)]
+        if wandb is not None:
+            self.sinks.append(wandb)
+        if tensorboard:
+            self.sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+        self.sinks.append(ConsoleSink(total_steps, start_step))
         self.rewind(start_step)
 
     def rewind(self, step: int) -> None:
         """Forget what was logged after `step`, where the run continues from (resume or rollback)."""
-        broken = _truncate_after(self.metrics_path, step)
-        if broken:
-            self.bar.write(f"{self.metrics_path}: dropped {broken} line(s) that were not JSON (a record cut short "
-                           "when the run was killed mid-write)", file=sys.stdout)
-        if self.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when wanted
+        for sink in self.sinks:
+            sink.rewind(step)
 
-            if self.writer is not None:
-                self.writer.close()
-            # purge_step makes TensorBoard hide the events of steps >= it written before this point.
-            self.writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=step + 1)
-        if self.wandb is not None:
-            self.wandb.start(step)  # W&B cannot hide points: a new W&B run continues after `step`
+    def advance(self) -> None:
+        for sink in self.sinks:
+            sink.advance()
+
+    def log(self, record: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log(record)
+
+    def log_validation(self, step: int, tokens: int, loss: float) -> None:
+        record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
+        for sink in self.sinks:
+            sink.log_validation(record)
+
+    def log_tasks(self, step: int, tokens: int, scores: dict[str, float], seconds: float) -> None:
+        """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
+        record = {"step": step, "tokens": tokens, **{f"eval/{name}": value for name, value in scores.items()},
+                  "eval_seconds": seconds}
+        for sink in self.sinks:
+            sink.log_tasks(record)
+
+    def close(self) -> None:
+        for sink in reversed(self.sinks):  # the console's bar first, as it was opened last
+            sink.close()
+
+
+class JsonlSink(Sink):
+    """metrics.jsonl: one record per line, each written whole in one write."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def rewind(self, step: int) -> None:
+        broken = _truncate_after(self.path, step)
+        if broken:
+            tqdm.write(f"{self.path}: dropped {broken} line(s) that were not JSON (a record cut short "
+                       "when the run was killed mid-write)", file=sys.stdout)
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    log_validation = log_tasks = log
+
+
+class TensorBoardSink(Sink):
+    """Training values as train/<key> (a dict value, e.g. tokens per source, as <key>/<name>),
+    validation as val/loss, tasks as eval/<task>/<metric>."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.writer: Any = None
+
+    def rewind(self, step: int) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when wanted
+
+        if self.writer is not None:
+            self.writer.close()
+        # purge_step makes TensorBoard hide the events of steps >= it written before this point.
+        self.writer = SummaryWriter(str(self.directory), purge_step=step + 1)
+
+    def log(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.writer.add_scalar(f"train/{key}", value, record["step"])
+            elif isinstance(value, dict):
+                for name, sub in value.items():
+                    self.writer.add_scalar(f"{key}/{name}", sub, record["step"])
+
+    def log_validation(self, record: dict[str, Any]) -> None:
+        self.writer.add_scalar("val/loss", record["val_loss"], record["step"])
+
+    def log_tasks(self, record: dict[str, Any]) -> None:
+        for key, value in record.items():
+            if key.startswith("eval/"):
+                self.writer.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class ConsoleSink(Sink):
+    """One line per record on stdout; on terminals also a live progress bar (the lines carry the
+    history in logs and CI)."""
+
+    def __init__(self, total_steps: int, start_step: int):
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+
+    def rewind(self, step: int) -> None:
         self.bar.n = step
         self.bar.refresh()
 
     def advance(self) -> None:
         self.bar.update(1)
 
-    def _append(self, record: dict[str, Any]) -> None:
-        """One record to metrics.jsonl (one line, one write) and W&B."""
-        with open(self.metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-        if self.wandb is not None:
-            self.wandb.log(record)
-
     def log(self, record: dict[str, Any]) -> None:
-        self._append(record)
-        if self.writer is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"train/{key}", value, record["step"])
-                elif isinstance(value, dict):  # e.g. tokens per data source
-                    for name, sub in value.items():
-                        self.writer.add_scalar(f"{key}/{name}", sub, record["step"])
         self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=_percent(record["mfu"]))
         line = (
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
@@ -82,30 +147,16 @@ class MetricSinks:
             line += f" | cost {record['cost']:,.2f} so far, {record['cost_per_mtok']:,.4g} per M tokens"
         self.bar.write(line, file=sys.stdout)
 
-    def log_validation(self, step: int, tokens: int, loss: float) -> None:
-        record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
-        self._append(record)
-        if self.writer is not None:
-            self.writer.add_scalar("val/loss", loss, step)
-        self.bar.write(f"step {step:>7} | validation loss {loss:.4f} | ppl {record['val_ppl']:.1f}", file=sys.stdout)
+    def log_validation(self, record: dict[str, Any]) -> None:
+        self.bar.write(f"step {record['step']:>7} | validation loss {record['val_loss']:.4f} | ppl {record['val_ppl']:.1f}",
+                       file=sys.stdout)
 
-    def log_tasks(self, step: int, tokens: int, scores: dict[str, float], seconds: float) -> None:
-        """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
-        values = {f"eval/{name}": value for name, value in scores.items()}
-        record = {"step": step, "tokens": tokens, **values, "eval_seconds": seconds}
-        self._append(record)
-        if self.writer is not None:
-            for key, value in values.items():
-                self.writer.add_scalar(key, value, step)
-        shown = " | ".join(f"{name} {value:.4f}" for name, value in scores.items())
-        self.bar.write(f"step {step:>7} | {shown} | tasks took {seconds:.1f} s", file=sys.stdout)
+    def log_tasks(self, record: dict[str, Any]) -> None:
+        shown = " | ".join(f"{key.removeprefix('eval/')} {value:.4f}" for key, value in record.items() if key.startswith("eval/"))
+        self.bar.write(f"step {record['step']:>7} | {shown} | tasks took {record['eval_seconds']:.1f} s", file=sys.stdout)
 
     def close(self) -> None:
         self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-        if self.wandb is not None:
-            self.wandb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

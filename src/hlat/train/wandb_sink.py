@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from hlat.config.wandb import WandbConfig
+from hlat.train.sink import Sink
 
 
-class WandbSink:
+class WandbSink(Sink):
     """W&B cannot delete logged points, and ignores a step below one it has logged. So one W&B run
-    holds one unbroken stretch of steps: `start(step)` finishes the current run and opens a new
+    holds one unbroken stretch of steps: `rewind(step)` finishes the current run and opens a new
     one, in the same group, whose history begins after `step`. MetricSinks calls it wherever the
     run continues from a step: at start-up (each resume is a new run) and on each rollback."""
 
@@ -25,7 +26,7 @@ class WandbSink:
         self.dir = os.environ.get("WANDB_DIR") or str(run_dir)
         self.run: Any = None
 
-    def start(self, step: int) -> None:
+    def rewind(self, step: int) -> None:
         self.close()
         Path(self.dir).mkdir(parents=True, exist_ok=True)
         self.run = self.wandb.init(project=self.cfg.project, name=self.name if step == 0 else f"{self.name} from step {step}",
@@ -34,6 +35,8 @@ class WandbSink:
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    log_validation = log_tasks = log
 
     def close(self) -> None:
         if self.run is not None:

@@ -1,0 +1,104 @@
+"""The model being trained as one object: the parallelized model, its optimizers and the optimizer
+step, with what a step leaves behind (this rank's loss shares, the skipped-step counter) kept on
+device inside it until a logging step reads them in one host sync.
+
+The trainer asks it to step, to read its losses, and for its state; it never touches the loss
+shares or the counter itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from hlat.config.optim import OptimConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.data.batch import Batch
+from hlat.optim import adamw_class, build_adamw, decay_groups
+from hlat.parallel.parallelize import ParallelModel
+from hlat.precision import bf16_rounding
+from hlat.train.optimizers import Optimizers
+from hlat.train.step import train_step
+
+
+@dataclass
+class StepOutput:
+    lr: float
+    grad_norm: torch.Tensor  # pre-clip global norm, on device (read on logging steps only)
+
+
+class TrainModule:
+    """`max_grad_norm` > 0 also skips steps whose pre-clip norm exceeds it (recovery.max_grad_norm);
+    non-finite steps are always skipped."""
+
+    def __init__(self, model: ParallelModel, optim: OptimConfig, precision: PrecisionConfig, dp_sharding: str,
+                 seed: int, max_grad_norm: float):
+        self.model, self.grad_clip, self.max_grad_norm = model, optim.grad_clip, max_grad_norm
+        rounding, compile = bf16_rounding(precision.mode), precision.compile_optimizer
+        zero1 = dp_sharding == "zero1" and model.layout.dp > 1  # ZeRO-1 is an optimizer: one shard per dp rank
+
+        def build(part: nn.Module) -> torch.optim.Optimizer:
+            if zero1:
+                cls, kwargs = adamw_class(optim, rounding, seed, compile, model=part)
+                return ZeroRedundancyOptimizer(decay_groups(part, optim), optimizer_class=cls,
+                                               process_group=model.layout.group("dp"), **kwargs)
+            return build_adamw(part, optim, rounding, seed, compile)
+
+        self.optimizers = Optimizers(model.parts, build)
+        device = next(iter(model.parameters())).device
+        self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self._shares: list[torch.Tensor] = []  # this rank's share of each step's loss since the last read
+
+    def train(self) -> None:
+        self.model.train()
+
+    def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
+        """One optimizer step at learning rate `lr`; no host sync."""
+        self.optimizers.set_lr(lr)
+        share, grad_norm = train_step(self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped,
+                                      self.max_grad_norm)
+        self._shares.append(share)
+        return StepOutput(lr, grad_norm)
+
+    def read_losses(self) -> tuple[list[float], int]:
+        """The global mean loss of each step since the last read, and the skipped-step counter:
+        one collective and one host sync, for logging steps."""
+        *losses, skipped = torch.cat([self.model.reduce_loss(torch.stack(self._shares)),
+                                      self._skipped.reshape(1).to(torch.float32)]).tolist()
+        self._shares.clear()
+        return losses, int(skipped)
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps the optimizers skipped so far (reads the device counter: a host sync)."""
+        return int(self._skipped.item())
+
+    @skipped_steps.setter
+    def skipped_steps(self, count: int) -> None:
+        self._skipped.fill_(count)
+
+    def validation_loss(self, batches: Sequence[Batch]) -> float:
+        """Collective; one host sync."""
+        return self.model.validation_loss(batches)
+
+    def param_norm(self) -> torch.Tensor:
+        return self.model.param_norm()
+
+    def model_state_dict(self) -> dict[str, Any]:
+        return {k: v for part in self.model.parts for k, v in get_model_state_dict(part).items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Sharded, name-keyed state for torch.distributed.checkpoint (the checkpoint's "model" and
+        "optim" entries)."""
+        return {"model": self.model_state_dict(), "optim": self.optimizers.sharded_state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part in self.model.parts:
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+        self.optimizers.load_sharded_state_dict(state["optim"])
