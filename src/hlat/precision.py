@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from hlat.dtensor import local_tensor
 
-_BF16_STORAGE = {"bf16-sr": "stochastic", "bf16": "nearest"}  # modes: hlat.train.config.PRECISION_MODES
+_BF16_STORAGE = {"bf16-sr": "stochastic", "bf16": "nearest"}  # modes: PrecisionConfig.mode's Literal
 
 
 def param_dtype(mode: str) -> torch.dtype:

@@ -6,8 +6,9 @@ import dataclasses
 import pytest
 import torch
 
+from hlat.config.fields import choices
 from hlat.config.load import load_config
-from hlat.config.model import FAMILIES, ModelConfig
+from hlat.config.model import ModelConfig
 from hlat.model import KVCache, build_model, count_params, flops_per_token
 from hlat.model.qwen3 import Qwen3
 from hlat.model.spec import QWEN3, SPECS, hf_spec
@@ -95,6 +96,6 @@ def test_flops_count_the_query_heads_width() -> None:
 
 
 def test_family_is_looked_up_and_checked() -> None:
-    assert tuple(SPECS) == FAMILIES
+    assert tuple(SPECS) == choices(ModelConfig, "family")
     assert ModelConfig().family == "llama" and type(build_model(dataclasses.replace(BASE, family="llama"))).__name__ == "Llama"
     assert [field for field, _ in dataclasses.replace(BASE, family="qwen2").validate()] == ["family"]

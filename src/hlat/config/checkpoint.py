@@ -7,19 +7,24 @@ from dataclasses import dataclass
 
 @dataclass
 class CheckpointConfig:
-    every: int = 1000  # optimizer steps between checkpoints; the last step is always saved
-    keep_last: int = 5  # older checkpoints are deleted once a newer one is complete
-    verify: bool = True  # check SHA-256 checksums against the manifest when loading (sizes and safety: always)
-    # Write in a background thread (torch.distributed.checkpoint.async_save): the step that saves
-    # blocks only while the state is copied; the checkpoint is committed when the write completes.
+    """`[checkpoint]`: when checkpoints are written, how, how many are kept, and what a run starts from."""
+
+    every: int = 1000
+    """Optimizer steps between checkpoints; the last step is always saved."""
+    keep_last: int = 5
+    """Checkpoints kept: older ones are deleted once a newer one is complete."""
+    verify: bool = True
+    """Check SHA-256 checksums against the manifest when loading (sizes and safety: always)."""
     async_save: bool = False
-    # Archival weights-only checkpoints (archive/step_N/) every this many tokens; never pruned.
-    # 0 = none. HLAT 7B kept one every ~100B tokens.
+    """Write in a background thread (torch.distributed.checkpoint.async_save): the step that saves
+    blocks only while the state is copied; the checkpoint is committed when the write completes."""
     archive_every_tokens: int = 0
-    # Start from these weights with a new optimizer ("resume model states only"): an hlat
-    # checkpoint or run directory, or hf:PATH for a Hugging Face LLaMA directory. Ignored when
-    # the run directory already has a checkpoint to resume from.
+    """Archival weights-only checkpoints (archive/step_N/) every this many tokens, never pruned;
+    0 = none. HLAT 7B kept one every ~100B tokens."""
     init_from: str = ""
+    """Start from these weights with a new optimizer ("resume model states only"): an hlat
+    checkpoint or run directory, or hf:PATH for a Hugging Face model directory. Ignored when the
+    run directory already has a checkpoint to resume from."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

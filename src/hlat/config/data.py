@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from hlat.config.data_paths import check_source_path, find_tokenizer_file, source_entries
+from hlat.config.fields import choices
 
 
 def default_cache_dir() -> Path:
@@ -21,46 +23,52 @@ def default_cache_dir() -> Path:
 
 @dataclass
 class DataConfig:
-    # "" = the embedded corpus (the Python standard library's source). Otherwise a data file or
-    # directory (Arrow, Parquet, JSONL[.gz|.zst], text, a datasets.save_to_disk directory, token
-    # shards from `hlat prepare`) or hf:NAME; several, comma-separated, make a mixture.
+    """`[data]`: where documents come from, how they are tokenized and packed into rows."""
+
     source: str = ""
-    # Mixture weights, comma-separated, one per source entry ("" = equal weights).
+    """Where the training documents come from; "" = the embedded corpus (the Python standard
+    library's source). Otherwise a data file or directory (Arrow, Parquet, JSONL[.gz|.zst], text, a
+    datasets.save_to_disk directory, token shards from `hlat prepare`) or hf:NAME; several,
+    comma-separated, make a mixture."""
     weights: str = ""
-    # The column / JSON field holding each document's text.
+    """Mixture weights, comma-separated, one per source entry ("" = equal weights)."""
     text_field: str = "text"
-    # The split of a Hugging Face dataset (hf:NAME or a saved DatasetDict), and hf:NAME's config.
+    """The column / JSON field holding each document's text."""
     split: str = "train"
+    """The split of a Hugging Face dataset (hf:NAME or a saved DatasetDict)."""
     hf_config: str = ""
-    # A document that cannot be read (bad UTF-8, missing text field, bad JSON): "error" stops
-    # with its file and row; "skip" counts it, logs it, and goes on.
-    bad_documents: str = "error"
-    # "" = train a byte-level BPE on the source with the model's vocab size (cached); otherwise a
-    # Hugging Face tokenizer.json or a SentencePiece .model.
+    """The configuration (subset) name of an hf:NAME dataset; "" = its default."""
+    bad_documents: Literal["error", "skip"] = "error"
+    """What to do with a document that cannot be read (bad UTF-8, missing text field, bad JSON).
+    "error" stops with its file and row; "skip" counts it, logs it, and goes on."""
     tokenizer: str = ""
-    # Every training row is exactly seq_len tokens (the HLAT reference hard-coded 4096).
+    """The tokenizer: "" = train a byte-level BPE on the source with the model's vocab size
+    (cached); otherwise a Hugging Face tokenizer.json or a SentencePiece .model."""
     seq_len: int = 4096
-    # Documents longer than this many characters are split (at newlines if possible) before
-    # tokenization; they still get a single EOS at their end.
+    """Tokens per training row: every row is exactly this long (the HLAT reference hard-coded 4096)."""
     max_doc_chars: int = 100_000
-    # Beyond HLAT: attention stays inside each document and positions restart at its start.
+    """Documents longer than this many characters are split (at newlines if possible) before
+    tokenization; they still get a single EOS at their end."""
     document_masking: bool = False
-    # With document_masking, do not train EOS -> first token of the next (unrelated) document.
+    """Beyond HLAT: attention stays inside each document and positions restart at its start."""
     mask_eos_target: bool = True
-    # Begin each document with the tokenizer's BOS (BOS + tokens + EOS), as Llama 3 was trained.
-    # Off: HLAT packed with EOS only. Needs a tokenizer with a BOS token (not the trained BPE).
+    """With document_masking, do not train EOS -> first token of the next (unrelated) document."""
     bos: bool = False
-    # Each source's documents are dealt into this many virtual shards, owned round-robin by the
-    # data-parallel ranks; it bounds the data-parallel size and makes resharding exact.
+    """Begin each document with the tokenizer's BOS (BOS + tokens + EOS), as Llama 3 was trained.
+    Off: HLAT packed with EOS only. Needs a tokenizer with a BOS token (not the trained BPE)."""
     virtual_shards: int = 512
-    # Validation: "" = none; "holdout" = a fraction of the (first) source's documents, never
-    # trained on; otherwise a separate source entry.
+    """Each source's documents are dealt into this many virtual shards, owned round-robin by the
+    data-parallel ranks; it bounds the data-parallel size and makes resharding exact."""
     val_source: str = ""
+    """Validation data: "" = none; "holdout" = a fraction of the (first) source's documents, never
+    trained on; otherwise a separate source entry."""
     val_fraction: float = 0.001
-    # Cap on the characters used to train the BPE tokenizer, to keep training fast.
+    """With val_source "holdout": the fraction of the source's documents held out."""
     tokenizer_train_chars: int = 8_000_000
-    # "" = $HLAT_CACHE or ~/.cache/hlat (tokenizers, and Arrow copies of Parquet/JSONL files).
+    """Cap on the characters used to train the BPE tokenizer, to keep training fast."""
     cache_dir: str = ""
+    """Where tokenizers and Arrow copies of Parquet/JSONL files are cached; "" = $HLAT_CACHE or
+    ~/.cache/hlat."""
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
@@ -93,8 +101,8 @@ class DataConfig:
                     "(default 8000000)",
                 )
             )
-        if self.bad_documents not in ("error", "skip"):
-            problems.append(("bad_documents", f"{self.bad_documents!r}: use error or skip"))
+        if self.bad_documents not in choices(DataConfig, "bad_documents"):
+            problems.append(("bad_documents", f"{self.bad_documents!r}: use {' or '.join(choices(DataConfig, 'bad_documents'))}"))
         if self.virtual_shards < 1:
             problems.append(("virtual_shards", f"{self.virtual_shards} must be positive (default 512)"))
         if not 0 < self.val_fraction < 1:

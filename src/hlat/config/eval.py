@@ -16,13 +16,22 @@ from pathlib import Path
 
 @dataclass
 class EvalConfig:
-    every: int = 0  # validation loss every N optimizer steps; 0 = never
-    batches: int = 8  # held-out micro-batches per validation (fixed: the same tokens every time)
-    tasks: str = ""  # comma-separated task names (hlat eval --list); empty = no downstream tasks
-    tasks_every: int = 0  # downstream tasks every N optimizer steps (and at the last); 0 = never
-    tasks_limit: int = 100  # documents per task: the first N of its evaluation split
-    tasks_shots: int = -1  # few-shot examples per prompt; -1 = each task's default (the paper's)
-    data_dir: str = ""  # local task files (<dir>/<task>/<split>.jsonl); empty = the hub
+    """`[eval]`: validation loss and downstream tasks during training."""
+
+    every: int = 0
+    """Validation loss every N optimizer steps; 0 = never."""
+    batches: int = 8
+    """Held-out micro-batches per validation (fixed: the same tokens every time)."""
+    tasks: str = ""
+    """Comma-separated task names (hlat eval --list); empty = no downstream tasks."""
+    tasks_every: int = 0
+    """Downstream tasks every N optimizer steps (and at the last); 0 = never."""
+    tasks_limit: int = 100
+    """Documents per task: the first N of its evaluation split."""
+    tasks_shots: int = -1
+    """Few-shot examples per prompt; -1 = each task's default (the paper's)."""
+    data_dir: str = ""
+    """Local task files (<dir>/<task>/<split>.jsonl); empty = the hub."""
 
     def task_names(self) -> list[str]:
         return [name.strip() for name in self.tasks.split(",") if name.strip()]

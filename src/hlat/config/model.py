@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
+
+from hlat.config.fields import choices
 
 
 def _nearest_divisor(n: int, near: int) -> int:
@@ -14,31 +17,52 @@ def _nearest_divisor(n: int, near: int) -> int:
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 32000  # tokenizer vocabulary (LLaMA-2 SentencePiece: 32000)
-    d_model: int = 4096  # hidden size
-    n_layers: int = 32  # transformer blocks
-    n_heads: int = 32  # query heads
-    n_kv_heads: int = 32  # key/value heads; < n_heads means grouped-query attention (70B: 8)
-    ffn_dim: int = 11008  # SwiGLU hidden size
-    norm_eps: float = 1e-5  # RMSNorm epsilon
-    rope_theta: float = 10000.0  # RoPE base frequency
-    max_seq_len: int = 4096  # longest sequence (length of the RoPE tables)
-    init_std: float = 0.021  # N(0, init_std) init; wo and w2 get init_std / sqrt(2 * n_layers)
-    head_dim: int = 0  # width of one attention head; 0 = d_model // n_heads (the LLaMA rule)
-    tie_embeddings: bool = False  # the output head is the embedding matrix (SmolLM2, Llama 3.2 1B/3B)
-    attention_bias: bool = False  # biases on wq, wk, wv and wo (HF attention_bias)
-    mlp_bias: bool = False  # biases on w1, w2 and w3 (HF mlp_bias)
-    # RoPE frequency scaling, as transformers' rope_type: "none", "linear" (every frequency divided
-    # by rope_factor) or "llama3" (Llama 3.1: low frequencies divided by rope_factor, high ones
-    # kept, a smooth blend between; the rope_*_freq_factor and rope_original_max_seq_len below).
-    rope_scaling: str = "none"
+    """`[model]`: the architecture (a LLaMA-style decoder; `family` picks the variant)."""
+
+    vocab_size: int = 32000
+    """Tokenizer vocabulary size (LLaMA-2's SentencePiece: 32000)."""
+    d_model: int = 4096
+    """Hidden size."""
+    n_layers: int = 32
+    """Transformer blocks."""
+    n_heads: int = 32
+    """Query heads."""
+    n_kv_heads: int = 32
+    """Key/value heads; fewer than n_heads means grouped-query attention (70B: 8)."""
+    ffn_dim: int = 11008
+    """SwiGLU hidden size."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    max_seq_len: int = 4096
+    """The longest sequence (the length of the RoPE tables)."""
+    init_std: float = 0.021
+    """Weights are initialised from N(0, init_std); wo and w2 get init_std / sqrt(2 * n_layers)."""
+    head_dim: int = 0
+    """Width of one attention head; 0 = d_model // n_heads (the LLaMA rule)."""
+    tie_embeddings: bool = False
+    """The output head is the embedding matrix (SmolLM2, Llama 3.2 1B/3B)."""
+    attention_bias: bool = False
+    """Biases on wq, wk, wv and wo (HF attention_bias)."""
+    mlp_bias: bool = False
+    """Biases on w1, w2 and w3 (HF mlp_bias)."""
+    rope_scaling: Literal["none", "linear", "llama3"] = "none"
+    """RoPE frequency scaling, as transformers' rope_type. "none"; "linear": every frequency divided
+    by rope_factor; "llama3" (Llama 3.1): low frequencies divided by rope_factor, high ones kept, a
+    smooth blend between (the rope_*_freq_factor and rope_original_max_seq_len fields)."""
     rope_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0  # llama3: wavelengths over original_max / this are scaled
-    rope_high_freq_factor: float = 4.0  # llama3: wavelengths under original_max / this are kept
-    rope_original_max_seq_len: int = 8192  # llama3: the context length the model was pre-trained at
-    # The model family (hlat.model.spec): "llama", or "qwen3" (LLaMA with an RMSNorm over each
-    # query and key head before RoPE). Configs written before this field are LLaMA.
-    family: str = "llama"
+    """linear and llama3 scaling: the factor frequencies are divided by (Llama 3.1: 8.0)."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 scaling: wavelengths over rope_original_max_seq_len / this are scaled."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 scaling: wavelengths under rope_original_max_seq_len / this are kept."""
+    rope_original_max_seq_len: int = 8192
+    """llama3 scaling: the context length the model was pre-trained at."""
+    family: Literal["llama", "qwen3"] = "llama"
+    """The model family (hlat.model.spec; its SPECS have these keys): "llama", or "qwen3" (LLaMA
+    with an RMSNorm over each query and key head before RoPE). Configs written before this field
+    are LLaMA."""
 
     @property
     def attn_head_dim(self) -> int:
@@ -63,8 +87,8 @@ class ModelConfig:
             if not isinstance(getattr(self, name), bool):
                 problems.append((name, f"{name}={getattr(self, name)!r} must be true or false"))
         problems += self._rope_scaling_problems()
-        if self.family not in FAMILIES:
-            problems.append(("family", f"family={self.family!r} is not one of {', '.join(FAMILIES)}"))
+        if self.family not in choices(ModelConfig, "family"):
+            problems.append(("family", f"family={self.family!r} is not one of {', '.join(choices(ModelConfig, 'family'))}"))
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
             problems.append(("head_dim", f"head_dim={self.head_dim!r} must be an integer >= 0 "
                              "(0 = d_model // n_heads)"))
@@ -96,9 +120,9 @@ class ModelConfig:
         return problems
 
     def _rope_scaling_problems(self) -> list[tuple[str, str]]:
-        if self.rope_scaling not in ROPE_SCALINGS:
+        if self.rope_scaling not in choices(ModelConfig, "rope_scaling"):
             return [("rope_scaling", f"rope_scaling={self.rope_scaling!r} is not one of "
-                     f"{', '.join(ROPE_SCALINGS)} (transformers' rope_type names)")]
+                     f"{', '.join(choices(ModelConfig, 'rope_scaling'))} (transformers' rope_type names)")]
         if self.rope_scaling == "none":
             return []
         problems = []
@@ -119,6 +143,3 @@ class ModelConfig:
                                  "must be a positive integer (Llama 3.1 uses 8192)"))
         return problems
 
-
-ROPE_SCALINGS = ("none", "linear", "llama3")
-FAMILIES = ("llama", "qwen3")  # the keys of hlat.model.spec.SPECS

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-WEIGHT_DECAY_SCOPES = ("matrices", "all")
-SCHEDULES = ("hlat-cosine", "cosine", "wsd", "constant")
+from hlat.config.fields import choice_problems
 
 
 @dataclass
 class OptimConfig:
+    """`[optim]`: AdamW's settings and gradient clipping."""
+
     lr: float = 3e-4
+    """The peak learning rate, reached at the end of warmup (the schedule scales it)."""
     beta1: float = 0.9
+    """AdamW's decay rate of the gradient's running mean."""
     beta2: float = 0.95
+    """AdamW's decay rate of the squared gradient's running mean."""
     eps: float = 1e-8
+    """AdamW's epsilon, added to the denominator's square root."""
     weight_decay: float = 0.1
-    # "matrices": the usual exclusion of norms and embeddings; "all": decay every parameter, which
-    # is what the HLAT reference scripts effectively did (their exclusion list matched no name).
-    weight_decay_scope: str = "matrices"
-    grad_clip: float = 1.0  # global L2 norm; 0 disables clipping
+    """AdamW's decoupled weight decay (multiplied by the learning rate)."""
+    weight_decay_scope: Literal["matrices", "all"] = "matrices"
+    """Which parameters decay. "matrices": the usual exclusion of norms and embeddings; "all": decay
+    every parameter, which is what the HLAT reference scripts effectively did (their exclusion list
+    matched no name)."""
+    grad_clip: float = 1.0
+    """Clip the gradients' global L2 norm to this; 0 disables clipping."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -32,8 +41,7 @@ class OptimConfig:
             problems.append(("eps", f"must be > 0, got {self.eps}"))
         if self.weight_decay < 0:
             problems.append(("weight_decay", f"must be >= 0, got {self.weight_decay}"))
-        if self.weight_decay_scope not in WEIGHT_DECAY_SCOPES:
-            problems.append(("weight_decay_scope", f"got {self.weight_decay_scope!r}; choose one of {', '.join(WEIGHT_DECAY_SCOPES)}"))
+        problems += choice_problems(self, "weight_decay_scope")
         if self.grad_clip < 0:
             problems.append(("grad_clip", f"must be >= 0 (0 disables clipping), got {self.grad_clip}"))
         return problems
@@ -41,19 +49,23 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    # "hlat-cosine": HLAT's exact multiplier, a cosine clamped at the floor (not rescaled);
-    # "cosine": cosine rescaled to end at the floor; "wsd": warmup-stable-decay (linear decay);
-    # "constant": warmup then flat.
-    name: str = "hlat-cosine"
+    """`[schedule]`: the learning-rate schedule, a multiplier of optim.lr per step."""
+
+    name: Literal["hlat-cosine", "cosine", "wsd", "constant"] = "hlat-cosine"
+    """The schedule's shape after warmup. "hlat-cosine": HLAT's exact multiplier, a cosine clamped
+    at the floor (not rescaled); "cosine": cosine rescaled to end at the floor; "wsd":
+    warmup-stable-decay (linear decay); "constant": warmup then flat."""
     warmup_steps: int = 2000
-    decay_steps: int = 500_000  # step at which the cosine reaches its floor
-    min_lr_ratio: float = 0.1  # floor as a fraction of the peak LR
-    wsd_decay_fraction: float = 0.2  # wsd: share of decay_steps spent in the final linear decay
+    """Steps of linear warmup from 0 to the peak learning rate."""
+    decay_steps: int = 500_000
+    """The step at which the cosine reaches its floor."""
+    min_lr_ratio: float = 0.1
+    """The floor as a fraction of the peak learning rate."""
+    wsd_decay_fraction: float = 0.2
+    """wsd only: the share of decay_steps spent in the final linear decay."""
 
     def validate(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.name not in SCHEDULES:
-            problems.append(("name", f"got {self.name!r}; choose one of {', '.join(SCHEDULES)}"))
+        problems = choice_problems(self, "name")
         if self.warmup_steps < 0:
             problems.append(("warmup_steps", f"must be >= 0, got {self.warmup_steps}"))
         if self.decay_steps <= self.warmup_steps and self.name != "constant":

@@ -4,43 +4,53 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-DP_SHARDING = ("ddp", "zero1", "zero2", "fsdp")
-PP_SCHEDULES = ("1f1b", "interleaved-1f1b", "gpipe")
-ACTIVATION_CHECKPOINT = ("none", "selective", "op", "full")
-COMPILE = ("auto", "true", "false")
+from hlat.config.fields import choice_problems
 
 
 @dataclass
 class ParallelConfig:
-    tp: int = 1  # tensor (+ sequence) parallel degree: the innermost mesh dim
-    pp: int = 1  # pipeline stages over ranks: the outermost mesh dim
-    dp: int = 0  # data-parallel degree; 0 = the rest of the world size
-    cp: int = 1  # context-parallel degree (a mesh dim of this size); only 1: context parallelism is not implemented yet
-    # "ddp": replicated weights, all-reduced grads. "zero1": + optimizer state sharded
-    # (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2 without resharding after
-    # forward (weights gathered once per step; grads and optimizer state sharded). "fsdp": FSDP2
-    # (ZeRO-3), weights re-gathered for backward.
-    dp_sharding: str = "ddp"
-    # zero2/fsdp only: ranks each weight is sharded over; 0 = all of dp (plain FSDP). A divisor
-    # of dp (e.g. the GPUs of a node) gives HSDP: dp / dp_shard replicas, each sharded over
-    # dp_shard ranks, gradients all-reduced across replicas (docs/parallelism.md).
+    """`[parallel]`: the degrees of tensor, pipeline, data and context parallelism, and how data
+    parallelism shards, recomputes and compiles."""
+
+    tp: int = 1
+    """Tensor (+ sequence) parallel degree: the innermost mesh dim."""
+    pp: int = 1
+    """Pipeline stages over ranks: the outermost mesh dim."""
+    dp: int = 0
+    """Data-parallel degree; 0 = the rest of the world size."""
+    cp: int = 1
+    """Context-parallel degree (a mesh dim of this size). Only 1: context parallelism is not
+    implemented yet."""
+    dp_sharding: Literal["ddp", "zero1", "zero2", "fsdp"] = "ddp"
+    """How data parallelism shards. "ddp": replicated weights, all-reduced grads. "zero1": +
+    optimizer state sharded (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2
+    without resharding after forward (weights gathered once per step; grads and optimizer state
+    sharded). "fsdp": FSDP2 (ZeRO-3), weights re-gathered for backward."""
     dp_shard: int = 0
-    # zero2/fsdp with gradient accumulation: true = reshard (free) the gathered weights after each
-    # micro-batch's backward and gather them again for the next (least memory); false = keep them
-    # gathered until the step's last backward (one gather per step under zero2; costs the
-    # unsharded weights between micro-batches). Pipeline schedules always keep them (torch's).
+    """zero2/fsdp only: ranks each weight is sharded over; 0 = all of dp (plain FSDP). A divisor
+    of dp (the GPUs of a node, say) gives HSDP: dp / dp_shard replicas, each sharded over dp_shard
+    ranks, gradients all-reduced across replicas (docs/parallelism.md)."""
     reshard_after_backward: bool = True
-    pp_schedule: str = "1f1b"
-    pp_stages_per_rank: int = 1  # virtual stages per rank; > 1 for interleaved 1F1B
-    # Recompute policy (docs/parallelism.md): "selective" = HLAT's core attention + SwiGLU
-    # recompute; "op" = save matmul and attention outputs, recompute the pointwise rest (GPUs);
-    # "full" = each block from its input.
-    activation_checkpoint: str = "none"
-    recompute_every_other_mm: bool = False  # "op" only: save every other matmul's output, recompute the rest
-    # torch.compile each transformer block: "auto" = wherever inductor works (CPU, CUDA), checked
-    # by a start-up probe that falls back to eager; true/false (TOML or command-line booleans too).
-    compile: str = field(default="auto", metadata={"accepts_bool": True})
+    """zero2/fsdp with gradient accumulation: true = reshard (free) the gathered weights after each
+    micro-batch's backward and gather them again for the next (least memory); false = keep them
+    gathered until the step's last backward (one gather per step under zero2; costs the unsharded
+    weights between micro-batches). Pipeline schedules always keep them (torch's)."""
+    pp_schedule: Literal["1f1b", "interleaved-1f1b", "gpipe"] = "1f1b"
+    """The pipeline schedule (torch.distributed.pipelining): 1F1B, its interleaved form over
+    pp_stages_per_rank virtual stages, or GPipe (all forwards, then all backwards)."""
+    pp_stages_per_rank: int = 1
+    """Virtual pipeline stages per rank; > 1 for interleaved 1F1B."""
+    activation_checkpoint: Literal["none", "selective", "op", "full"] = "none"
+    """The recompute policy (docs/parallelism.md). "selective" = HLAT's core attention + SwiGLU
+    recompute; "op" = save matmul and attention outputs, recompute the pointwise rest (GPUs);
+    "full" = each block from its input."""
+    recompute_every_other_mm: bool = False
+    """With activation_checkpoint "op" only: save every other matmul's output, recompute the rest."""
+    compile: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
+    """torch.compile each transformer block. "auto" = wherever inductor works (CPU, CUDA), checked
+    by a start-up probe that falls back to eager; true/false (TOML or command-line booleans too)."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -56,9 +66,7 @@ class ParallelConfig:
         elif self.dp_shard and self.dp_sharding in ("ddp", "zero1"):
             problems.append(("dp_shard", f"applies to dp_sharding zero2 or fsdp (sharded weights), not {self.dp_sharding}; "
                              "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0"))
-        for name, choices in (("compile", COMPILE), ("dp_sharding", DP_SHARDING), ("pp_schedule", PP_SCHEDULES), ("activation_checkpoint", ACTIVATION_CHECKPOINT)):
-            if getattr(self, name) not in choices:
-                problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(choices)}"))
+        problems += choice_problems(self, "compile", "dp_sharding", "pp_schedule", "activation_checkpoint")
         if self.recompute_every_other_mm and self.activation_checkpoint != "op":
             problems.append(("recompute_every_other_mm", f"applies to activation_checkpoint = 'op' only, got {self.activation_checkpoint!r}; "
                              "set --parallel.activation_checkpoint op or --parallel.recompute_every_other_mm false"))

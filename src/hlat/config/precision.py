@@ -3,39 +3,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-PRECISION_MODES = ("fp32", "mixed", "bf16-sr", "bf16")
-REDUCE_DTYPES = ("fp32", "bf16")
+from hlat.config.fields import choice_problems
 
 
 @dataclass
 class PrecisionConfig:
-    # "fp32": everything fp32. "mixed" (HLAT 70B): compute from a bf16 copy of the weights (bf16
-    # autocast), fp32 weights, gradients and Adam state. "bf16-sr" (HLAT 7B): weights, gradients and Adam moments in bf16, each update
-    # computed in fp32 and stochastically rounded back. "bf16": the same rounded to nearest, the
-    # baseline that loses small updates. The bf16 modes compute in fp32 on CPUs (docs/precision.md).
-    mode: str = "fp32"
-    # bf16 modes: fuse the optimizer's update into one kernel with torch.compile (seconds to build
-    # on the first step); false runs the same arithmetic eagerly, several times slower, for
-    # platforms without a working compiler.
+    """`[precision]`: the dtypes weights, gradients and optimizer state are stored and computed in."""
+
+    mode: Literal["fp32", "mixed", "bf16-sr", "bf16"] = "fp32"
+    """The precision mode. "fp32": everything fp32. "mixed" (HLAT 70B): compute from a bf16 copy
+    of the weights (bf16 autocast), fp32 weights, gradients and Adam state. "bf16-sr" (HLAT 7B):
+    weights, gradients and Adam moments in bf16, each update computed in fp32 and stochastically
+    rounded back. "bf16": the same rounded to nearest, the baseline that loses small updates. The
+    bf16 modes compute in fp32 on CPUs (docs/precision.md)."""
     compile_optimizer: bool = True
-    # Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
-    # CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype.
+    """Fuse the bf16 modes' optimizer update into one kernel with torch.compile (seconds to build
+    on the first step). false runs the same arithmetic eagerly, several times slower, for
+    platforms without a working compiler."""
     float8: bool = False
-    # mixed under zero2/fsdp: the dtype FSDP2 reduce-scatters gradients in and accumulates them in
-    # across micro-batches ("bf16" halves that traffic and memory; single-device and DDP mixed
-    # always accumulate in fp32, the dtype of their gradients).
-    reduce_dtype: str = "fp32"
-    # bf16 storage modes: accumulate micro-batch gradients in fp32 and round once per step (+4
-    # bytes/param between micro-batches). false = HLAT's recipe: bf16 gradients summed in bf16.
+    """Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
+    CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype."""
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Mixed under zero2/fsdp: the dtype FSDP2 reduce-scatters gradients in and accumulates them in
+    across micro-batches ("bf16" halves that traffic and memory). Single-device and DDP mixed
+    always accumulate in fp32, the dtype of their gradients."""
     fp32_grad_accum: bool = False
+    """bf16 storage modes: accumulate micro-batch gradients in fp32 and round once per step (+4
+    bytes/param between micro-batches). false = HLAT's recipe: bf16 gradients summed in bf16."""
 
     def validate(self) -> list[tuple[str, str]]:
-        problems = []
-        if self.mode not in PRECISION_MODES:
-            problems.append(("mode", f"got {self.mode!r}; choose one of {', '.join(PRECISION_MODES)}"))
-        if self.reduce_dtype not in REDUCE_DTYPES:
-            problems.append(("reduce_dtype", f"got {self.reduce_dtype!r}; choose one of {', '.join(REDUCE_DTYPES)}"))
+        problems = choice_problems(self, "mode", "reduce_dtype")
         if self.fp32_grad_accum and self.mode in ("fp32", "mixed"):
             problems.append(("fp32_grad_accum", f"{self.mode} already accumulates gradients in fp32; "
                              "the switch is for bf16-sr and bf16, set it to false"))

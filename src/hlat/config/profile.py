@@ -10,8 +10,12 @@ _STEPS = re.compile(r"\s*(\d+)\s*:\s*(\d+)\s*")
 
 @dataclass
 class ProfileConfig:
-    steps: str = ""  # "A:B" traces optimizer steps A to B (1-based, inclusive); "" = no profile
-    dir: str = ""  # "" = <run_dir>/profile
+    """`[profile]`: which training steps torch.profiler traces."""
+
+    steps: str = ""
+    """The optimizer steps to trace: "A:B" traces steps A to B (1-based, inclusive); "" = no profile."""
+    dir: str = ""
+    """Where the traces go; "" = <run_dir>/profile."""
 
     def range(self) -> tuple[int, int] | None:
         """(A, B), or None when off; assumes validate() passed."""

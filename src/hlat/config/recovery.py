@@ -3,30 +3,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-ACTIONS = ("skip", "rollback", "error")
+from hlat.config.fields import choice_problems
+
+Action = Literal["skip", "rollback", "error"]
 
 
 @dataclass
 class RecoveryConfig:
-    # A step whose gradient is NaN/Inf: "skip" leaves weights and optimizer state as they were
-    # (counted, logged as skipped_steps); "rollback" also rolls back to the last checkpoint and skips the data read
-    # since; "error" stops the run, as HLAT did.
-    nonfinite: str = "skip"
-    max_grad_norm: float = 0.0  # > 0: steps whose pre-clip global grad norm exceeds it are skipped too
-    spike_sigmas: float = 0.0  # > 0: loss spike detection on (e.g. 6)
-    spike_window: int = 50  # good steps the mean and standard deviation are taken over
-    # On a loss spike: "rollback" restores the last checkpoint and skips the data read since it,
-    # up to the logging step that found the spike (the PaLM/OLMo remedy); "skip" only reports
-    # it; "error" stops the run.
-    spike_action: str = "rollback"
-    max_rollbacks: int = 3  # a run that keeps diverging stops instead of looping
+    """`[recovery]`: what a run does about non-finite gradients and loss spikes."""
+
+    nonfinite: Action = "skip"
+    """A step whose gradient is NaN/Inf: "skip" leaves weights and optimizer state as they were
+    (counted, logged as skipped_steps); "rollback" also rolls back to the last checkpoint and skips
+    the data read since; "error" stops the run, as HLAT did."""
+    max_grad_norm: float = 0.0
+    """> 0: steps whose pre-clip global grad norm exceeds it are skipped too."""
+    spike_sigmas: float = 0.0
+    """> 0: loss spike detection on, at this many standard deviations above the mean (e.g. 6)."""
+    spike_window: int = 50
+    """Good steps the mean and standard deviation are taken over."""
+    spike_action: Action = "rollback"
+    """On a loss spike: "rollback" restores the last checkpoint and skips the data read since it, up
+    to the logging step that found the spike (the PaLM/OLMo remedy); "skip" only reports it;
+    "error" stops the run."""
+    max_rollbacks: int = 3
+    """A run that keeps diverging stops after this many rollbacks instead of looping."""
 
     def validate(self) -> list[tuple[str, str]]:
-        problems = []
-        for name in ("nonfinite", "spike_action"):
-            if getattr(self, name) not in ACTIONS:
-                problems.append((name, f"got {getattr(self, name)!r}; choose one of {', '.join(ACTIONS)}"))
+        problems = choice_problems(self, "nonfinite", "spike_action")
         if self.max_grad_norm < 0 or self.spike_sigmas < 0:
             problems.append(("spike_sigmas" if self.spike_sigmas < 0 else "max_grad_norm", "must be >= 0 (0 = off)"))
         if self.spike_window < 2:

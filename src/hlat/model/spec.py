@@ -50,7 +50,7 @@ class ModelSpec:
 LLAMA = ModelSpec("llama", Llama, LLAMA_TP_PLAN, llama_stage_costs, LLAMA_HF, llama_params, llama_flops_per_token)
 QWEN3 = ModelSpec("qwen3", Qwen3, {**LLAMA_TP_PLAN, "attention.q_norm": "head_norm", "attention.k_norm": "head_norm"},
                   qwen3_stage_costs, QWEN3_HF, qwen3_params, qwen3_flops_per_token)
-SPECS: dict[str, ModelSpec] = {spec.family: spec for spec in (LLAMA, QWEN3)}  # hlat.config.model.FAMILIES names these
+SPECS: dict[str, ModelSpec] = {spec.family: spec for spec in (LLAMA, QWEN3)}  # ModelConfig.family's Literal names these
 
 
 def model_spec(cfg: ModelConfig) -> ModelSpec:

@@ -15,8 +15,9 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+from hlat.config.fields import choices
 from hlat.config.layout import check_data_parallel, check_grad_accum, resolve_degrees
-from hlat.config.parallel import ACTIVATION_CHECKPOINT
+from hlat.config.parallel import ParallelConfig
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
 from hlat.planning.forecast import days_and_cost
@@ -61,7 +62,7 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
         if shard is None:
             continue
         for micro in (m for m in (1, 2, 4, 8, 16, 32) if not per_rank % m):
-            for recompute in ACTIVATION_CHECKPOINT:
+            for recompute in choices(ParallelConfig, "activation_checkpoint"):
                 variant = _with(cfg, micro_batch=micro, tp=tp, pp=pp, dp_sharding="fsdp" if sharding == "hsdp" else sharding,
                                 dp_shard=shard if sharding == "hsdp" else 0, activation_checkpoint=recompute,
                                 recompute_every_other_mm=False)
