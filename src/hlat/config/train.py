@@ -3,34 +3,51 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-DEVICES = ("auto", "cpu", "cuda")
+from hlat.config.fields import choice_problems
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 430_000  # optimizer steps (HLAT 7B: ~430k steps = 1.8T tokens)
-    global_batch: int = 1024  # sequences per optimizer step; gradient accumulation fills it
-    micro_batch: int = 1  # sequences per forward/backward pass
+    """`[train]`: the training loop: steps, batch sizes, device, run directory, logging, sample and
+    slow-rank report."""
+
+    steps: int = 430_000
+    """Optimizer steps (HLAT 7B: ~430k steps = 1.8T tokens)."""
+    global_batch: int = 1024
+    """Sequences per optimizer step; gradient accumulation fills it."""
+    micro_batch: int = 1
+    """Sequences per forward/backward pass."""
     seed: int = 0
-    device: str = "auto"  # "auto" takes CUDA when present, else the CPU
-    run_dir: str = ""  # "" = runs/<preset or config name>
+    """Seeds the weight initialisation and the data order."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """The device to train on: "auto" takes CUDA when present, else the CPU."""
+    run_dir: str = ""
+    """Where the run writes its config, metrics and checkpoints; "" = runs/<preset or config name>."""
     log_every: int = 10
-    peak_tflops: float = 0.0  # MFU denominator per device; 0 = the accelerator table, or the CPU formula (docs/training.md)
-    price_per_node_hour: float = 0.0  # > 0: each record carries the cost so far and per million tokens (nodes = world / ranks per node)
+    """Optimizer steps per log record (console, metrics.jsonl, TensorBoard, W&B)."""
+    peak_tflops: float = 0.0
+    """The MFU denominator per device; 0 = the accelerator table, or the CPU formula (docs/training.md)."""
+    price_per_node_hour: float = 0.0
+    """> 0: each record carries the cost so far and per million tokens (nodes = world / ranks per node)."""
     tensorboard: bool = True
-    plot: bool = True  # loss.png at the end of a run (matplotlib; about a second)
-    # The run ends by printing the model's greedy continuation of this prompt (sample_tokens
-    # tokens): "auto" = the first line of the training data's first document; "" = no sample.
+    """Write the metrics as TensorBoard events under <run_dir>/tensorboard."""
+    plot: bool = True
+    """Draw loss.png at the end of a run (matplotlib; about a second)."""
     sample_prompt: str = "auto"
+    """The run ends by printing the model's greedy continuation of this prompt: "auto" = the first
+    line of the training data's first document; "" = no sample."""
     sample_tokens: int = 32
-    # Multi-process CPU runs: name a rank whose compute per step stays this fraction above the median
-    # rank's (a rolling score) for slow_rank_windows log windows in a row (docs/operations.md).
+    """Tokens the end-of-run sample generates."""
     slow_rank_threshold: float = 0.1
+    """Multi-process CPU runs: name a rank whose compute per step stays this fraction above the
+    median rank's (a rolling score) for slow_rank_windows log windows in a row (docs/operations.md)."""
     slow_rank_windows: int = 3
-    # Your own callbacks, each "package.module:ClassName" naming a subclass of
-    # hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts.
+    """Log windows in a row a rank must stay over slow_rank_threshold to be named."""
     callbacks: list[str] = field(default_factory=list)
+    """Your own callbacks, each "package.module:ClassName" naming a subclass of
+    hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -39,8 +56,7 @@ class TrainConfig:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.micro_batch >= 1 and self.global_batch % self.micro_batch:
             problems.append(("global_batch", f"{self.global_batch} is not divisible by train.micro_batch={self.micro_batch}; make the global batch a multiple of the micro batch"))
-        if self.device not in DEVICES:
-            problems.append(("device", f"got {self.device!r}; choose one of {', '.join(DEVICES)}"))
+        problems += choice_problems(self, "device")
         if self.slow_rank_threshold <= 0:
             problems.append(("slow_rank_threshold", f"must be > 0 (a fraction of the median rank's compute time, e.g. 0.1), "
                              f"got {self.slow_rank_threshold}"))
