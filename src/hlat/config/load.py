@@ -50,7 +50,7 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     base = preset or table.pop("preset", None) or (None if config_file else DEFAULT_PRESET)
     if base is not None:
         if base not in preset_names():
-            raise ConfigError([("preset", f"unknown preset{_did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}")])
+            raise ConfigError([("preset", f"unknown preset{did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}")])
         _apply_table(cfg, tomllib.loads(resources.files(PRESETS).joinpath(f"{base}.toml").read_text()),
                      source=f"preset {base}", user=False)
         cfg.name = base if config_file is None else cfg.name
@@ -86,11 +86,11 @@ def set_field(cfg: RunConfig, key: str, value: Any, source: str, user: bool) -> 
     section_name, _, field_name = key.partition(".")
     sections = cfg.sections()
     if section_name not in sections or not field_name:
-        raise ConfigError([(key, f"unknown section{_did_you_mean(section_name, list(sections))} (from {source}); sections: {', '.join(sections)}")])
+        raise ConfigError([(key, f"unknown section{did_you_mean(section_name, list(sections))} (from {source}); sections: {', '.join(sections)}")])
     section = sections[section_name]
     fields = {f.name: f for f in dataclasses.fields(section)}
     if field_name not in fields:
-        raise ConfigError([(key, f"unknown field{_did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
+        raise ConfigError([(key, f"unknown field{did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
     if fields[field_name].metadata.get("accepts_bool"):  # a choice of words that include true/false
         value = _bool_word(value) if isinstance(value, (bool, str)) else value
     expected = type(getattr(type(section)(), field_name))
@@ -149,7 +149,9 @@ def _bool_word(value: bool | str) -> str:
     return text
 
 
-def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
+def did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
+    """The tail of an unknown-name message: " 'word'; did you mean 'PREFIXclosest'?", or " 'word'"
+    when no choice is close."""
     close = difflib.get_close_matches(word, choices, n=1)
     return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"
 
