@@ -15,7 +15,7 @@ from hlat.config.layout import Degrees
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
-from hlat.data.packing import Batch, labels_for
+from hlat.data.batch import Batch, labels_for
 from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model

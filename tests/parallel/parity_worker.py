@@ -20,7 +20,7 @@ from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
-from hlat.data.packing import Batch, labels_for
+from hlat.data.batch import Batch, labels_for
 from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.mesh import Layout, make_layout

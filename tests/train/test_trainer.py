@@ -11,7 +11,7 @@ from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
-from hlat.data.packing import Batch
+from hlat.data.batch import Batch
 from hlat.model import Llama
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model

@@ -1,6 +1,6 @@
 """Data pipeline: document sources, tokenizers, HLAT's online packing, offline shards, mixtures."""
 
-from hlat.data.batch import IGNORE_INDEX, Batch, make_batch
+from hlat.data.batch import IGNORE_INDEX, make_batch
 from hlat.data.catalog import open_entry
 from hlat.data.documents import DocumentTokens, OnlineDocuments, split_document
 from hlat.data.loader import (
@@ -21,7 +21,7 @@ from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, train_bpe
 
 __all__ = [
-    "IGNORE_INDEX", "BadDocument", "Batch", "Concat", "DocumentSource", "DocumentTokens",
+    "IGNORE_INDEX", "BadDocument", "Concat", "DocumentSource", "DocumentTokens",
     "OnlineDocuments", "PackedLoader", "RowSource", "SentencePieceTokenizer", "ShardDocuments",
     "StdlibCorpus", "TextFiles", "Tokenizer", "Validation", "build_data_tokenizer", "build_loader",
     "build_tokenizer", "epoch_permutation", "holdout_split", "load_tokenizer", "make_batch", "merge_states",

@@ -40,10 +40,6 @@ class Batch:
         (hlat.model.attention.document_mask). None without document masking."""
         return document_mask(self.doc_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return self.tokens.numel()
-
 
 def labels_for(tokens: torch.Tensor) -> torch.Tensor:
     """Next-token targets inside each row; the last position has none (IGNORE_INDEX)."""

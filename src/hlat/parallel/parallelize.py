@@ -22,7 +22,7 @@ from hlat.config.layout import check_data_parallel, check_grad_accum, check_tens
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
-from hlat.data.packing import Batch
+from hlat.data.batch import IGNORE_INDEX, Batch
 from hlat.dtensor import full_tensor
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
@@ -180,7 +180,7 @@ class ParallelModel:
 
 
 def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tensor:
-    count = sum((b.labels != -100).sum() for b in batches).float()
+    count = sum((b.labels != IGNORE_INDEX).sum() for b in batches).float()
     if layout.dp > 1:
         dist.all_reduce(count, group=layout.group("dp"))
     return count.clamp_min(1.0)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hlat.data.packing import Batch
+from hlat.data.batch import Batch
 from hlat.parallel.parallelize import ParallelModel, global_target_count
 from hlat.train.optimizers import Optimizers
 
