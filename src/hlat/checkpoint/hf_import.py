@@ -33,15 +33,15 @@ from tqdm import tqdm
 from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
 from hlat.checkpoint.errors import refusal
 from hlat.checkpoint.manager import CheckpointManager
-from hlat.config.data import DataConfig
 from hlat.config.data_paths import TOKENIZER_FILES, find_tokenizer_file
+from hlat.config.load import RUN_CONFIG
 from hlat.config.model import ModelConfig
+from hlat.config.run import RunConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer
 from hlat.errors import UserError
 from hlat.model import count_params
 from hlat.model.spec import hf_spec
-from hlat.toml_value import toml_value
 
 HF_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -170,21 +170,23 @@ def _find_tokenizer(directory: Path, override: Path | None,
     return file, tok
 
 
-def _config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path, bos: bool) -> str:
+def _run_config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path, bos: bool) -> str:
     """The architecture and tokenizer, and init_from this run: `hlat train --config` continues
     pre-training from the imported weights, in a run directory of its own by default (training
     in the imported one would try to resume from a checkpoint that has no optimizer state). A
     model whose tokenizer adds BOS (Llama 3, LLaMA-2) was trained with it: data.bos keeps that for
-    continued training and tells evaluation to put BOS in front, as lm-eval does on the original."""
-    lines = [f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given",
-             "# here take the preset's (--preset) or the defaults' values.",
-             f"name = {toml_value(run_dir.name + '-continued')}",
-             "", "[model]", *(f"{f.name} = {toml_value(getattr(cfg, f.name))}" for f in fields(cfg)),
-             "", "[data]", f"tokenizer = {toml_value(str(tokenizer))}", *(["bos = true"] if bos else [])]
-    if DataConfig().seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
-        lines.append(f"seq_len = {cfg.max_seq_len}")
-    lines += ["", "[checkpoint]", f"init_from = {toml_value(str(run_dir))}"]
-    return "\n".join(lines) + "\n"
+    continued training and tells evaluation to put BOS in front, as lm-eval does on the original.
+    Only these fields are written, so the rest come from --preset or the defaults."""
+    run = RunConfig(model=cfg, name=run_dir.name + "-continued")
+    run.data.tokenizer, run.data.bos = str(tokenizer), bos
+    run.checkpoint.init_from = str(run_dir)
+    keys = [f"model.{f.name}" for f in fields(cfg)] + ["data.tokenizer", "checkpoint.init_from"]
+    keys += ["data.bos"] if bos else []
+    if run.data.seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
+        run.data.seq_len = cfg.max_seq_len
+        keys.append("data.seq_len")
+    return (f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given\n"
+            "# here take the preset's (--preset) or the defaults' values.\n" + run.to_toml(keys))
 
 
 def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progress: bool = False) -> ImportSummary:
@@ -204,7 +206,7 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     shutil.copyfile(tok_file, run_dir / tok_name)
     if (source / TOKENIZER_CONFIG).is_file() and tokenizer is None:
         shutil.copyfile(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
-    (run_dir / "config.toml").write_text(_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
+    (run_dir / RUN_CONFIG).write_text(_run_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
     stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
         IMPORT_STEP, {"model": weights}, None,
         {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)})

@@ -8,8 +8,7 @@ hlat.checkpoint.CheckpointManager like training does.
 from __future__ import annotations
 
 import json
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +17,7 @@ from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.config.data import DataConfig
 from hlat.config.data_paths import find_tokenizer_file
+from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
@@ -38,7 +38,7 @@ class LoadedModel:
 
 
 def is_run_dir(path: Path) -> bool:
-    return (path / "config.toml").is_file() and (path / "checkpoints").is_dir()
+    return (path / RUN_CONFIG).is_file() and (path / "checkpoints").is_dir()
 
 
 def run_checkpoints(run_dir: Path) -> list[Path]:
@@ -85,7 +85,8 @@ def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
     A run trained with data.bos is evaluated with BOS in front of every context and as prefix."""
     run_dir = checkpoint.parent.parent
     if cached is None:
-        model_cfg, data_cfg = read_run_config(run_dir)
+        run = read_run_config(run_dir)
+        model_cfg, data_cfg = run.model, run.data
         tok = run_tokenizer(run_dir, data_cfg, model_cfg.vocab_size, tokenizer)
     else:
         model_cfg, data_cfg, tok = cached
@@ -94,23 +95,6 @@ def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
     prefix = tok.bos_id if data_cfg.bos and tok.bos_id is not None else prefix_token(run_dir, tok)
     return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", prefix,
                        progress.get("step"), progress.get("tokens"), bos=data_cfg.bos)
-
-
-def read_run_config(run_dir: Path) -> tuple[ModelConfig, DataConfig]:
-    """The model and data sections of a run's config.toml. Read directly rather than through
-    load_config, so a training corpus that has moved does not stop an evaluation."""
-    file = run_dir / "config.toml"
-    try:
-        table = tomllib.loads(file.read_text())
-        model = ModelConfig(**table.get("model", {}))
-        data = DataConfig(**{k: v for k, v in table.get("data", {}).items()
-                             if k in {f.name for f in fields(DataConfig)}})
-    except (OSError, tomllib.TOMLDecodeError, TypeError) as err:
-        raise ValueError(f"cannot read the run config {file}: {err}") from err
-    problems = model.validate()
-    if problems:
-        raise ValueError(f"{file}: invalid [model]: " + "; ".join(f"{k}: {m}" for k, m in problems))
-    return model, data
 
 
 def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,

@@ -1,7 +1,7 @@
 """Load a run configuration: preset <- TOML file <- command-line overrides, then validate.
 
-The one reader of a TOML configuration (presets, --config files and a run directory's config.toml);
-RunConfig.to_toml is its one writer.
+The one reader of a TOML configuration (presets, --config files, and a run directory's config.toml
+through read_run_config); RunConfig.to_toml is its one writer.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from hlat.config.run import Check, RunConfig
-from hlat.errors import ConfigError
+from hlat.errors import ConfigError, UserError
 
 DEFAULT_PRESET = "tiny"
 PRESETS = "hlat.config.presets"
+RUN_CONFIG = "config.toml"  # in a run directory: the resolved configuration it trained with
 
 
 def preset_names() -> list[str]:
@@ -60,6 +61,25 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     if world is not None:
         cfg.fit_micro_batch(world)
     cfg.validate(world, checks)
+    return cfg
+
+
+def read_run_config(path: str | Path) -> RunConfig:
+    """A run directory's config.toml (`path` is the directory or the file), as hlat train or hlat
+    import wrote it. Only [model] is validated: evaluation and export need the architecture, and a
+    training corpus that has moved since must not stop them. A field the file lacks (it was written
+    before the field existed, e.g. model.family or parallel.cp) keeps its default."""
+    path = Path(path)
+    file = path / RUN_CONFIG if path.is_dir() else path
+    try:
+        table = tomllib.loads(file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise UserError(f"cannot read the run config {file}: {err}") from err
+    cfg = RunConfig()
+    _apply_table(cfg, table, source=str(file), user=True)
+    problems = cfg.model.validate()
+    if problems:
+        raise ConfigError([(f"model.{key}", f"{message} (in {file})") for key, message in problems])
     return cfg
 
 

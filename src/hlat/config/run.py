@@ -7,7 +7,7 @@ layout-dependent settings are checked too, before any process group exists.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,9 +134,14 @@ class RunConfig:
     def run_dir(self) -> Path:
         return Path(self.train.run_dir or f"runs/{self.name}")
 
-    def to_toml(self) -> str:
+    def to_toml(self, keys: Collection[str] | None = None) -> str:
+        """The configuration as TOML (what a run directory's config.toml holds): every field, or
+        only the "section.field" `keys`, for a file that leaves the rest to a preset or the defaults.
+        hlat.config.load reads it back."""
         lines = [f"name = {toml_value(self.name)}"]
         for name, section in self.sections().items():
-            lines.append(f"\n[{name}]")
-            lines += [f"{f.name} = {toml_value(getattr(section, f.name))}" for f in dataclasses.fields(section)]
+            chosen = [f.name for f in dataclasses.fields(section) if keys is None or f"{name}.{f.name}" in keys]
+            if chosen:
+                lines.append(f"\n[{name}]")
+                lines += [f"{field} = {toml_value(getattr(section, field))}" for field in chosen]
         return "\n".join(lines) + "\n"

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlat.config.load import read_run_config
 from hlat.eval.harness import EvalOptions, evaluate
 from hlat.eval.lm import LanguageModel
 from hlat.eval.results import write_samples
-from hlat.checkpoint.loading import (LoadedModel, load_hlat_checkpoint, read_run_config,
-                               run_checkpoints, run_tokenizer)
+from hlat.checkpoint.loading import LoadedModel, load_hlat_checkpoint, run_checkpoints, run_tokenizer
 from hlat.eval.tasks import Task
 
 SWEEP_JSON = "sweep.json"
@@ -26,7 +26,8 @@ def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
               samples_dir: Path | None = None) -> list[dict[str, Any]]:
     """One row per checkpoint, oldest first: {checkpoint, step, tokens, tasks: {task: summary}}.
     With samples_dir, each checkpoint's per-example records go to <samples_dir>/<checkpoint>/."""
-    model_cfg, data_cfg = read_run_config(run_dir)
+    run = read_run_config(run_dir)
+    model_cfg, data_cfg = run.model, run.data
     tok = run_tokenizer(run_dir, data_cfg, model_cfg.vocab_size, tokenizer)
     checkpoints = run_checkpoints(run_dir)
     if not checkpoints:
