@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from hlat.checkpoint import CheckpointManager
-from hlat.checkpoint.faults import maybe_kill, maybe_slow
 from hlat.checkpoint.manager import SaveStats
 from hlat.config.data import default_cache_dir
 from hlat.config.run import RunConfig
@@ -38,6 +37,7 @@ from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.precision import compute_dtype, state_bytes_per_param
+from hlat.testing.faults import maybe_kill, maybe_slow
 from hlat.train.callbacks.base import Callback, load_callback
 from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
 from hlat.train.callbacks.evaluation import Tasks, ValidationLoss

@@ -1,6 +1,8 @@
-"""Fault injection for the failure tests: kill, freeze or fail this process at a chosen point, once.
+"""Fault injection for the failure tests: kill, freeze, fail or slow this process at a chosen point.
+Nothing happens unless HLAT_FAULT is set (HLAT_FAULT_MARKER only qualifies it): every hook below
+returns at once when it is not.
 
-HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK:
+HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK, once:
   - "step":   SIGKILL (no cleanup, like a lost node) before optimizer step STEP runs (after
               step STEP-1 and its checkpoint);
   - "commit": SIGKILL while saving the checkpoint of step STEP, after its data is written
@@ -14,7 +16,7 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK:
               writing its rank/shared files, a rank hashing its files, rank 0 committing), like
               a full disk or a lost mount; the save must then fail on every rank.
 HLAT_FAULT_MARKER=FILE is created just before the fault; while it exists nothing fires, so the
-group that torchrun restarts runs through. Unset, this module does nothing.
+group that torchrun restarts runs through.
 
 HLAT_FAULT="slow:STEP:RANK:SECONDS" makes rank RANK a slow node from optimizer step STEP on: every
 step it burns SECONDS more of CPU time (not wall time, so the delay is the same on a loaded
