@@ -16,7 +16,6 @@ LAYERS = [
     {"order"},
     {"packing", "tokenizer"},
     {"shards", "catalog"},
-    {"config"},
     {"loader"},
 ]
 
