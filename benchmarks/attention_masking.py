@@ -19,8 +19,8 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -48,7 +48,7 @@ def block_diagonal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_ids: t
     rows = []
     for b in range(q.size(0)):
         counts = torch.unique_consecutive(doc_ids[b], return_counts=True)[1].tolist()
-        pieces = zip(q[b:b + 1].split(counts, 2), k[b:b + 1].split(counts, 2), v[b:b + 1].split(counts, 2))
+        pieces = zip(q[b : b + 1].split(counts, 2), k[b : b + 1].split(counts, 2), v[b : b + 1].split(counts, 2))
         rows.append(torch.cat([sdpa(qd, kd, vd, None) for qd, kd, vd in pieces], dim=2))
     return torch.cat(rows)
 
@@ -92,7 +92,7 @@ def main() -> None:
             ms = statistics.median(s for s, _ in values) * 1e3
             mib = statistics.median(m for _, m in values) * GIB / 2**20
             rows.append(f"| {T} | {docs:.1f} | {name} | {ms:.2f} | {mib:.1f} |")
-        print("\n".join(rows[-len(paths):]), flush=True)
+        print("\n".join(rows[-len(paths) :]), flush=True)
     write_report(Path(args.out), args, rows)
 
 
@@ -103,7 +103,7 @@ def write_report(out: Path, args: argparse.Namespace, rows: list[str]) -> None:
         "# Document masking on CPU: forward + backward of core attention",
         "",
         f"`python benchmarks/attention_masking.py --lengths {' '.join(map(str, args.lengths))} --reps {args.reps}`, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC.",
         f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; load average at the end {load} "
         "(a machine shared with other work: times are medians of alternating passes and noisy).",
         f"torch {torch.__version__}, Python {platform.python_version()}. Batch {BATCH}, {HEADS} query heads, "

@@ -31,7 +31,9 @@ from hlat.train.optimizers import Optimizers
 
 def build(layout: Layout, sharding: str = "ddp"):
     cfg = load_config("small")
-    model = build_parallel_model(cfg.model, ParallelConfig(dp_sharding=sharding), layout, torch.device("cpu"), 0, 1, "fp32")
+    model = build_parallel_model(
+        cfg.model, ParallelConfig(dp_sharding=sharding), layout, torch.device("cpu"), 0, 1, "fp32"
+    )
     optimizers = Optimizers(model.parts, lambda part: build_adamw(part, cfg.optim))
     for p in model.parameters():  # one update with a fake gradient creates the Adam state
         p.grad = torch.ones_like(p) * 1e-3
@@ -91,26 +93,48 @@ def main() -> None:
             stats = amgr.save(i, sharded(model, opt), {}, {}, background=True)
             blocking.append(stats.blocking_s)
             write.append(amgr.wait().write_s)
-        load = [timed(lambda: (mgr.check(path), mgr.load_sharded(path, sharded(model, opt)))) for _ in range(args.repeats)]
+        load = [
+            timed(lambda: (mgr.check(path), mgr.load_sharded(path, sharded(model, opt)))) for _ in range(args.repeats)
+        ]
         dp2 = Path(tmp) / "dp2"
-        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__,
-                               "--save-dp2", str(dp2), str(args.repeats)], check=True, capture_output=True, text=True,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        dp2_sync, dp2_blocking, dp2_write = map(float, next(
-            line for line in done.stdout.splitlines() if line.startswith("DP2 ")).split()[1:])
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                __file__,
+                "--save-dp2",
+                str(dp2),
+                str(args.repeats),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        dp2_sync, dp2_blocking, dp2_write = map(
+            float, next(line for line in done.stdout.splitlines() if line.startswith("DP2 ")).split()[1:]
+        )
         dmgr = CheckpointManager(dp2, keep_last=1)
         dpath = dmgr.latest()
-        resharded = [timed(lambda: (dmgr.check(dpath), dmgr.load_sharded(dpath, sharded(model, opt)))) for _ in range(args.repeats)]
+        resharded = [
+            timed(lambda: (dmgr.check(dpath), dmgr.load_sharded(dpath, sharded(model, opt))))
+            for _ in range(args.repeats)
+        ]
     med = statistics.median
-    rows = [("checkpoint size (model + AdamW state)", f"{size / 2**20:.1f} MiB"),
-            ("synchronous save (incl. SHA-256 manifest)", f"{med(sync):.2f} s"),
-            ("async save: training blocked", f"{med(blocking):.3f} s"),
-            ("async save: write + commit", f"{med(write):.2f} s"),
-            ("load (verify + DCP read)", f"{med(load):.2f} s"),
-            ("2 fsdp ranks: synchronous save", f"{dp2_sync:.2f} s"),
-            ("2 fsdp ranks: async save, training blocked", f"{dp2_blocking:.3f} s"),
-            ("2 fsdp ranks: async save, write + commit (rank 0)", f"{dp2_write:.2f} s"),
-            ("resharded load (saved by 2 fsdp ranks, loaded by 1)", f"{med(resharded):.2f} s")]
+    rows = [
+        ("checkpoint size (model + AdamW state)", f"{size / 2**20:.1f} MiB"),
+        ("synchronous save (incl. SHA-256 manifest)", f"{med(sync):.2f} s"),
+        ("async save: training blocked", f"{med(blocking):.3f} s"),
+        ("async save: write + commit", f"{med(write):.2f} s"),
+        ("load (verify + DCP read)", f"{med(load):.2f} s"),
+        ("2 fsdp ranks: synchronous save", f"{dp2_sync:.2f} s"),
+        ("2 fsdp ranks: async save, training blocked", f"{dp2_blocking:.3f} s"),
+        ("2 fsdp ranks: async save, write + commit (rank 0)", f"{dp2_write:.2f} s"),
+        ("resharded load (saved by 2 fsdp ranks, loaded by 1)", f"{med(resharded):.2f} s"),
+    ]
     params = sum(p.numel() for p in model.parameters())
     print(f"`small` preset, {params / 1e6:.1f}M parameters, fp32, 1 process unless stated, median of {args.repeats}\n")
     print("| measure | value |\n|---|---|")

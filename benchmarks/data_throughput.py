@@ -47,14 +47,17 @@ def main() -> None:
             w.write_batch(pa.record_batch([pa.array(texts[a : a + 512], pa.large_string())], schema=schema))
     source = open_entry(str(work / "corpus.arrow"), DataConfig(cache_dir=str(work / "cache")))
     tok = train_bpe(source, args.vocab, max_chars=3_000_000)
-    print(f"corpus: {len(texts):,} documents, {size / 1e6:.1f} MB (Python standard library, Arrow file); "
-          f"byte-level BPE of {tok.vocab_size} tokens; {cores} CPU cores; seq_len {args.seq}\n")
+    print(
+        f"corpus: {len(texts):,} documents, {size / 1e6:.1f} MB (Python standard library, Arrow file); "
+        f"byte-level BPE of {tok.vocab_size} tokens; {cores} CPU cores; seq_len {args.seq}\n"
+    )
 
     def plain() -> int:
         n = 0
         for a in range(0, len(texts), 1024):
             n += sum(len(e.ids) for e in tok.tk.encode_batch_fast(texts[a : a + 1024], add_special_tokens=False))
         return n + len(texts)  # + one EOS per document, as packed
+
     ref, total = tokens_per_s(plain)
 
     def through_loader(docs) -> int:
@@ -66,17 +69,27 @@ def main() -> None:
         return rows * 8 * args.seq
 
     online, _ = tokens_per_s(lambda: through_loader(OnlineDocuments(source, tok)))
-    prep, _ = tokens_per_s(lambda: sum(s["num_tokens"] for s in prepare_shards(
-        OnlineDocuments(source, tok), work / "shards", docs_per_shard=2000)["shards"]))
+    prep, _ = tokens_per_s(
+        lambda: sum(
+            s["num_tokens"]
+            for s in prepare_shards(OnlineDocuments(source, tok), work / "shards", docs_per_shard=2000)["shards"]
+        )
+    )
     shards = ShardDocuments(work / "shards", tok)
     read, _ = tokens_per_s(lambda: through_loader(shards))
-    rows = [("plain `tokenizers` encode_batch (reference)", ref), ("online packing through PackedLoader", online),
-            ("`hlat prepare` (read + tokenize + write shards)", prep), ("reading shards through PackedLoader", read)]
+    rows = [
+        ("plain `tokenizers` encode_batch (reference)", ref),
+        ("online packing through PackedLoader", online),
+        ("`hlat prepare` (read + tokenize + write shards)", prep),
+        ("reading shards through PackedLoader", read),
+    ]
     print("| path | tokens/s | tokens/s per core | vs reference |\n|---|---:|---:|---:|")
     for name, v in rows:
         print(f"| {name} | {v / 1e6:,.2f}M | {v / cores / 1e6:,.2f}M | {v / ref:.2f}x |")
-    print(f"\nonline / reference = {online / ref:.2f} (target >= 0.70); shard reading {read / 1e6:.0f}M tokens/s "
-          "(target >= 50M)")
+    print(
+        f"\nonline / reference = {online / ref:.2f} (target >= 0.70); shard reading {read / 1e6:.0f}M tokens/s "
+        "(target >= 50M)"
+    )
 
 
 if __name__ == "__main__":

@@ -52,17 +52,24 @@ def export_model(preset: str, texts: list[str], directory: Path) -> int:
     tk = tokenizers.Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size, special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tk.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=cfg.vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tk.save(str(directory / "tokenizer.json"))
     torch.manual_seed(0)
     model = Llama(cfg)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config_dict(cfg)))
     hf.load_state_dict(hlat_to_hf(model.state_dict()))  # strict: every weight is the same
     hf.save_pretrained(directory)
-    transformers.PreTrainedTokenizerFast(tokenizer_file=str(directory / "tokenizer.json"),
-                                         eos_token="<|endoftext|>").save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"), eos_token="<|endoftext|>"
+    ).save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
 
 
@@ -71,8 +78,10 @@ def hlat_runner(directory: Path, device: str, batch_size: int) -> Runner:
 
     loaded = load_model(directory)
     lm = LanguageModel(loaded.model, loaded.tokenizer, device, batch_size, prefix_token=loaded.prefix_token)
-    return (lambda pairs: [ll for ll, _ in lm.loglikelihood([LoglikelihoodRequest(c, t) for c, t in pairs])],
-            lambda prompts, n: lm.generate([GenerateRequest(p, (), n) for p in prompts]))
+    return (
+        lambda pairs: [ll for ll, _ in lm.loglikelihood([LoglikelihoodRequest(c, t) for c, t in pairs])],
+        lambda prompts, n: lm.generate([GenerateRequest(p, (), n) for p in prompts]),
+    )
 
 
 def lm_eval_runner(directory: Path, device: str, batch_size: int) -> Runner:
@@ -82,7 +91,9 @@ def lm_eval_runner(directory: Path, device: str, batch_size: int) -> Runner:
     lm = HFLM(pretrained=str(directory), dtype="float32", batch_size=batch_size, device=device)
 
     def loglikelihood(pairs: list[Pair]) -> list[float]:
-        return [ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])]
+        return [
+            ll for ll, _ in lm.loglikelihood([Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)])
+        ]
 
     def generate(prompts: list[str], n: int) -> list[str]:
         # `until` empty: lm-eval stops at the EOS text, as hlat stops at the EOS token.
@@ -118,15 +129,15 @@ def run(args: argparse.Namespace, directory: Path) -> None:
     for _ in range(args.questions):
         text = rng.choice(texts)
         start = rng.randrange(0, max(1, len(text) - 600))
-        ctx = text[start:start + rng.randrange(100, 500)]
-        pairs += [(ctx, " " + rng.choice(texts)[:rng.randrange(5, 60)]) for _ in range(4)]
+        ctx = text[start : start + rng.randrange(100, 500)]
+        pairs += [(ctx, " " + rng.choice(texts)[: rng.randrange(5, 60)]) for _ in range(4)]
     prompts = [rng.choice(texts)[:300] for _ in range(args.generations)]
 
     load_before = os.getloadavg()[0]
     rows, lls, speeds = [], {}, {}
     for name, build in (("hlat", hlat_runner), ("lm-eval hf", lm_eval_runner)):
         loglikelihood, generate = build(directory, args.device, args.batch_size)
-        loglikelihood(pairs[:args.batch_size])  # warm-up: first-call costs stay out of the timing
+        loglikelihood(pairs[: args.batch_size])  # warm-up: first-call costs stay out of the timing
         generate(prompts[:1], 2)
         t0 = time.perf_counter()
         lls[name] = loglikelihood(pairs)
@@ -136,26 +147,36 @@ def run(args: argparse.Namespace, directory: Path) -> None:
         gen_s = time.perf_counter() - t0
         n_tokens = sum(len(tokenizer.encode(o)) for o in outputs)
         speeds[name] = (len(pairs) / ll_s, n_tokens / gen_s)
-        rows.append(f"| {name} | {ll_s:.1f} | {speeds[name][0]:,.1f} | {gen_s:.1f} | {n_tokens} | {speeds[name][1]:,.1f} |")
+        rows.append(
+            f"| {name} | {ll_s:.1f} | {speeds[name][0]:,.1f} | {gen_s:.1f} | {n_tokens} | {speeds[name][1]:,.1f} |"
+        )
     ratios = [ours / theirs for ours, theirs in zip(speeds["hlat"], speeds["lm-eval hf"])]
     rows.append(f"| hlat / lm-eval | | {ratios[0]:.2f}x | | | {ratios[1]:.2f}x |")
     diff = max(abs(a - b) for a, b in zip(lls["hlat"], lls["lm-eval hf"]))
-    table = "\n".join(["| harness | log-likelihood s | requests/s | generation s | tokens | tokens/s |",
-                       "|---|---:|---:|---:|---:|---:|", *rows])
-    header = (f"{args.preset} preset ({n_params / 1e6:.1f}M parameters), {len(pairs)} log-likelihood requests, "
-              f"{len(prompts)} x {args.gen_tokens} greedy tokens, batch {args.batch_size}, {args.device}, fp32, "
-              f"{torch.get_num_threads()} threads; max |log-likelihood difference| = {diff:.2e}; "
-              f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+    table = "\n".join(
+        [
+            "| harness | log-likelihood s | requests/s | generation s | tokens | tokens/s |",
+            "|---|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+    )
+    header = (
+        f"{args.preset} preset ({n_params / 1e6:.1f}M parameters), {len(pairs)} log-likelihood requests, "
+        f"{len(prompts)} x {args.gen_tokens} greedy tokens, batch {args.batch_size}, {args.device}, fp32, "
+        f"{torch.get_num_threads()} threads; max |log-likelihood difference| = {diff:.2e}; "
+        f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    )
     print(header + "\n\n" + table)
     if args.out:
         import transformers
 
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         args.out.write_text(
             f"# Evaluation throughput (benchmarks/eval_throughput.py)\n\n## Run ({now:%Y-%m-%d, %H:%M} UTC)\n"
             f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, transformers "
             f"{transformers.__version__}, lm-eval {version('lm_eval')}. Command: `python {' '.join(sys.argv)}`.\n\n"
-            f"{header}\n\n{table}\n")
+            f"{header}\n\n{table}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -24,9 +24,9 @@ from hlat.config.load import load_config
 from hlat.train.cpu_peak import read_cpu_facts
 
 
-def timed_pair(separate: list[torch.Tensor], fused: torch.Tensor, x: torch.Tensor,
-               rounds: int) -> tuple[float, float]:
+def timed_pair(separate: list[torch.Tensor], fused: torch.Tensor, x: torch.Tensor, rounds: int) -> tuple[float, float]:
     """Median seconds of forward + backward of the separate linears and of the fused one."""
+
     def run_separate() -> None:
         torch.stack([F.linear(x, w).sum() for w in separate]).sum().backward()
 
@@ -52,26 +52,35 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--out")
     args = parser.parse_args()
-    lines = ["# Fused projections: separate linears against one fused linear (forward + backward)", "",
-             f"- date: {datetime.date.today().isoformat()}",
-             f"- hardware: {read_cpu_facts().model}, {torch.get_num_threads()} threads, torch CPU capability "
-             f"{torch.backends.cpu.get_cpu_capability()}",
-             f"- versions: Python {platform.python_version()}, torch {torch.__version__}",
-             f"- method: fp32, {args.rows} rows, {args.rounds} rounds alternating the variants, medians; "
-             "each output summed (the loss stand-in); a fused layer's consumer splits its output by views, so neither side copies", "",
-             "| preset | projections | weight shapes | separate ms | fused ms | fused saves |", "|---|---|---|---:|---:|---:|"]
+    lines = [
+        "# Fused projections: separate linears against one fused linear (forward + backward)",
+        "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- hardware: {read_cpu_facts().model}, {torch.get_num_threads()} threads, torch CPU capability "
+        f"{torch.backends.cpu.get_cpu_capability()}",
+        f"- versions: Python {platform.python_version()}, torch {torch.__version__}",
+        f"- method: fp32, {args.rows} rows, {args.rounds} rounds alternating the variants, medians; "
+        "each output summed (the loss stand-in); a fused layer's consumer splits its output by views, so neither side copies",
+        "",
+        "| preset | projections | weight shapes | separate ms | fused ms | fused saves |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for preset in args.presets.split(","):
         m = load_config(preset).model
         head = m.head_dim or m.d_model // m.n_heads
-        shapes = {"q, k, v": [m.n_heads * head, m.n_kv_heads * head, m.n_kv_heads * head],
-                  "gate, up": [m.ffn_dim, m.ffn_dim]}
+        shapes = {
+            "q, k, v": [m.n_heads * head, m.n_kv_heads * head, m.n_kv_heads * head],
+            "gate, up": [m.ffn_dim, m.ffn_dim],
+        }
         x = torch.randn(args.rows, m.d_model, requires_grad=True)
         for name, outs in shapes.items():
             separate = [torch.randn(n, m.d_model, requires_grad=True) for n in outs]
             fused = torch.randn(sum(outs), m.d_model, requires_grad=True)
             sep, fus = timed_pair(separate, fused, x, args.rounds)
-            lines.append(f"| {preset} | {name} | {' + '.join(f'{n}x{m.d_model}' for n in outs)} | "
-                         f"{sep * 1e3:.1f} | {fus * 1e3:.1f} | {1 - fus / sep:.0%} |")
+            lines.append(
+                f"| {preset} | {name} | {' + '.join(f'{n}x{m.d_model}' for n in outs)} | "
+                f"{sep * 1e3:.1f} | {fus * 1e3:.1f} | {1 - fus / sep:.0%} |"
+            )
             print(lines[-1], flush=True)
     report = "\n".join(lines) + "\n"
     print(report)

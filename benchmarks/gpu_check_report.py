@@ -57,8 +57,10 @@ def attention(device_name: str, preset: str, overrides: list[str]) -> str:
     keys = ("attention", "flash", "fmha", "cudnn", "sdpa", "flex")
     names = sorted({e.key for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
     masking = "document masking (flex_attention)" if cfg.data.document_masking else "causal"
-    return (f"- {preset}: {masking}, {cfg.precision.mode}, seq {cfg.data.seq_len}, head_dim {cfg.model.attn_head_dim}: "
-            + ("; ".join(f"`{n[:90]}`" for n in names) or "no attention kernel seen"))
+    return (
+        f"- {preset}: {masking}, {cfg.precision.mode}, seq {cfg.data.seq_len}, head_dim {cfg.model.attn_head_dim}: "
+        + ("; ".join(f"`{n[:90]}`" for n in names) or "no attention kernel seen")
+    )
 
 
 def _stamped(log: Path, pattern: str) -> list[tuple[float, str]]:
@@ -88,24 +90,40 @@ def run(label: str, run_dir: Path, wall_s: float, rows: Path, log: Path) -> str:
     startup = (step_lines[0][0] if step_lines else wall_s) - first
     compile_line = next((text for _, text in _stamped(log, r"^compile: ")), "compile: ?")
     saves = [text for _, text in _stamped(log, r"^checkpoint: ")]
-    row = {"label": label, "tokens_per_s": tps, "mfu": mfu, "mem_peak_gib": mem, "step_s": later,
-           "first_step_s": first, "startup_s": startup, "wall_s": wall_s, "steps": len(records)}
+    row = {
+        "label": label,
+        "tokens_per_s": tps,
+        "mfu": mfu,
+        "mem_peak_gib": mem,
+        "step_s": later,
+        "first_step_s": first,
+        "startup_s": startup,
+        "wall_s": wall_s,
+        "steps": len(records),
+    }
     with rows.open("a") as f:
         f.write(json.dumps(row) + "\n")
     mfu_text = f"{mfu:.1%}" if mfu is not None else "n/a"
     save = f"; {saves[-1]}" if saves else ""
-    return (f"- {label}: {tps:,.0f} tokens/s, MFU {mfu_text}, peak {mem:.2f} GiB, {later:.3f} s/step "
-            f"(first step {first:.1f} s), start-up {startup:.1f} s, wall {wall_s:.0f} s, {len(records)} steps; "
-            f"{compile_line}{save}")
+    return (
+        f"- {label}: {tps:,.0f} tokens/s, MFU {mfu_text}, peak {mem:.2f} GiB, {later:.3f} s/step "
+        f"(first step {first:.1f} s), start-up {startup:.1f} s, wall {wall_s:.0f} s, {len(records)} steps; "
+        f"{compile_line}{save}"
+    )
 
 
 def table(rows: Path) -> str:
-    out = ["| run | tokens/s | MFU | peak GiB | s/step | first step s | start-up s | wall s |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| run | tokens/s | MFU | peak GiB | s/step | first step s | start-up s | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for line in rows.read_text().splitlines() if rows.is_file() else []:
         r = json.loads(line)
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-        out.append(f"| {r['label']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['mem_peak_gib']:.2f} | {r['step_s']:.3f} | "
-                   f"{r['first_step_s']:.1f} | {r['startup_s']:.1f} | {r['wall_s']:.0f} |")
+        out.append(
+            f"| {r['label']} | {r['tokens_per_s']:,.0f} | {mfu} | {r['mem_peak_gib']:.2f} | {r['step_s']:.3f} | "
+            f"{r['first_step_s']:.1f} | {r['startup_s']:.1f} | {r['wall_s']:.0f} |"
+        )
     return "\n".join(out)
 
 

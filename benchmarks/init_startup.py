@@ -38,8 +38,9 @@ BASELINE = "8389481df25ac640ba2e32d33a47418f6d72325c"  # the last commit that dr
 
 
 def old_init(rev: str) -> types.ModuleType:
-    source = subprocess.run(["git", "show", f"{rev}:src/hlat/parallel/init.py"], cwd=REPO, check=True,
-                            capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "show", f"{rev}:src/hlat/parallel/init.py"], cwd=REPO, check=True, capture_output=True, text=True
+    ).stdout
     module = types.ModuleType("hlat_init_before")
     exec(compile(source, f"{rev}:src/hlat/parallel/init.py", "exec"), module.__dict__)
     return module
@@ -57,8 +58,9 @@ def start_up(cfg, layout, init_fn) -> tuple[float, float]:  # type: ignore[no-un
     parallelize.init_parameters = timed_init
     dist.barrier()
     start = time.perf_counter()
-    model = parallelize.build_parallel_model(cfg.model, ParallelConfig(dp_sharding="fsdp"), layout, torch.device("cpu"),
-                                             0, 1, cfg.precision)
+    model = parallelize.build_parallel_model(
+        cfg.model, ParallelConfig(dp_sharding="fsdp"), layout, torch.device("cpu"), 0, 1, cfg.precision
+    )
     total = time.perf_counter() - start
     del model
     gc.collect()
@@ -77,8 +79,10 @@ def per_element_ns() -> list[tuple[str, float]]:
     k0, k1 = parameter_key(0, "layers.0.attention.wq.weight")
     scale = value_scale(0.02)
     out, gen = torch.empty(n), torch.Generator().manual_seed(0)
-    cases = [("before: Generator.normal_", lambda: out.normal_(0.0, 0.02, generator=gen)),
-             ("after", lambda: init_values(rows, inner, stride, k0, k1, scale))]
+    cases = [
+        ("before: Generator.normal_", lambda: out.normal_(0.0, 0.02, generator=gen)),
+        ("after", lambda: init_values(rows, inner, stride, k0, k1, scale)),
+    ]
     result = []
     for name, fn in cases:
         fn()
@@ -98,16 +102,21 @@ def main() -> None:
     layout = make_layout(Degrees(dp_shard=dist.get_world_size()), torch.device("cpu"))
     cfg = load_config("1b")
     before = old_init(args.baseline)
-    modes = [("before (host draw, full tensors)", before.init_parameters), ("after (each rank its shard)", init.init_parameters)]
+    modes = [
+        ("before (host draw, full tensors)", before.init_parameters),
+        ("after (each rank its shard)", init.init_parameters),
+    ]
     rows = []
     for name, fn in modes:
         total, init_s = start_up(cfg, layout, fn)
         rows.append((name, slowest(total), slowest(init_s)))
     if rank == 0:
         params = count_params(cfg.model)
-        print(f"`1b` preset ({params / 1e9:.2f}B parameters, {cfg.precision.mode} precision: fp32 weights), FSDP over "
-              f"{dist.get_world_size()} CPU ranks (gloo), torch {torch.__version__}, "
-              f"{torch.get_num_threads()} thread(s) per rank, slowest rank\n")
+        print(
+            f"`1b` preset ({params / 1e9:.2f}B parameters, {cfg.precision.mode} precision: fp32 weights), FSDP over "
+            f"{dist.get_world_size()} CPU ranks (gloo), torch {torch.__version__}, "
+            f"{torch.get_num_threads()} thread(s) per rank, slowest rank\n"
+        )
         print("| initialisation | build + init | init |\n|---|---|---|")
         for name, total, init_s in rows:
             print(f"| {name} | {total:.1f} s | {init_s:.1f} s |")

@@ -55,8 +55,15 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
 
     def build(part):  # type: ignore[no-untyped-def]
         if sharding == "zero1" and layout.dp > 1:
-            return ZeroRedundancyOptimizer(decay_groups(part, o), optimizer_class=torch.optim.AdamW, process_group=layout.group("dp"),
-                                           lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, foreach=True)
+            return ZeroRedundancyOptimizer(
+                decay_groups(part, o),
+                optimizer_class=torch.optim.AdamW,
+                process_group=layout.group("dp"),
+                lr=o.lr,
+                betas=(o.beta1, o.beta2),
+                eps=o.eps,
+                foreach=True,
+            )
         return build_adamw(part, o)
 
     optimizers = Optimizers(model.parts, build)
@@ -75,10 +82,19 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
     state = sum(local_tensor(t).nbytes for t in model.parameters()) * 2  # weights + grads
     for opt in optimizers.optimizers:
         local = getattr(opt, "optim", opt)  # ZeroRedundancyOptimizer keeps its shard's optimizer here
-        state += sum(local_tensor(v).nbytes
-                     for s in local.state.values() for v in s.values() if hasattr(v, "nbytes") and v.ndim > 0)
-    record = {"rank": layout.rank, "tokens_per_s": steps * micro_batch * seq * layout.dp / elapsed, "loss": loss,
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "state_gib": state / 2**30}
+        state += sum(
+            local_tensor(v).nbytes
+            for s in local.state.values()
+            for v in s.values()
+            if hasattr(v, "nbytes") and v.ndim > 0
+        )
+    record = {
+        "rank": layout.rank,
+        "tokens_per_s": steps * micro_batch * seq * layout.dp / elapsed,
+        "loss": loss,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "state_gib": state / 2**30,
+    }
     (out / f"rank{layout.rank}.json").write_text(json.dumps(record))
     teardown()
     sys.stdout.flush()
@@ -87,12 +103,26 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
 
 def launch(label: str, nproc: int, tp: int, sharding: str, steps: int, micro_batch: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        args = [str(Path(__file__).resolve()), "--worker", tmp, "--tp", str(tp), "--sharding", sharding,
-                "--steps", str(steps), "--micro-batch", str(micro_batch)]
+        args = [
+            str(Path(__file__).resolve()),
+            "--worker",
+            tmp,
+            "--tp",
+            str(tp),
+            "--sharding",
+            sharding,
+            "--steps",
+            str(steps),
+            "--micro-batch",
+            str(micro_batch),
+        ]
         if nproc == 1:
             cmd, threads = [sys.executable, *args], "2"
         else:
-            cmd, threads = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args], "1"
+            cmd, threads = (
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args],
+                "1",
+            )
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": threads})
         if done.returncode != 0:
             raise RuntimeError(f"{label} failed:\n{done.stderr[-3000:]}")
@@ -113,8 +143,10 @@ def main() -> None:
         return
     import torch
 
-    rows = ["| layout | processes | tokens/s (all ranks) | peak RSS per rank (GiB) | weights+grads+Adam per rank (GiB) |",
-            "|---|---:|---:|---:|---:|"]
+    rows = [
+        "| layout | processes | tokens/s (all ranks) | peak RSS per rank (GiB) | weights+grads+Adam per rank (GiB) |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for label, nproc, tp, sharding in LAYOUTS:
         records = launch(label, nproc, tp, sharding, args.steps, args.micro_batch)
         tps = records[0]["tokens_per_s"]
@@ -122,17 +154,22 @@ def main() -> None:
         state = max(r["state_gib"] for r in records)
         print(f"{label}: {tps:,.0f} tokens/s, peak RSS {rss:.2f} GiB, state {state:.3f} GiB", flush=True)
         rows.append(f"| {label} | {nproc} | {tps:,.0f} | {rss:.2f} | {state:.3f} |")
-    report = "\n".join([
-        "# Parallel layouts: `small` preset on one machine",
-        "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; gloo backend, fp32",
-        f"- versions: Python {platform.python_version()}, torch {torch.__version__}",
-        f"- {args.steps} timed steps after 2 warm-up steps; {args.micro_batch} x 512 tokens per data-parallel rank per step "
-        "(TP 2 is one data-parallel rank: half the tokens per step of the other 2-process layouts)",
-        "",
-        *rows,
-    ]) + "\n"
+    report = (
+        "\n".join(
+            [
+                "# Parallel layouts: `small` preset on one machine",
+                "",
+                f"- date: {datetime.date.today().isoformat()}",
+                f"- hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; gloo backend, fp32",
+                f"- versions: Python {platform.python_version()}, torch {torch.__version__}",
+                f"- {args.steps} timed steps after 2 warm-up steps; {args.micro_batch} x 512 tokens per data-parallel rank per step "
+                "(TP 2 is one data-parallel rank: half the tokens per step of the other 2-process layouts)",
+                "",
+                *rows,
+            ]
+        )
+        + "\n"
+    )
     print(report)
     if args.out:
         Path(args.out).write_text(report)

@@ -39,11 +39,21 @@ def main() -> None:
     candidates = {
         "fp32 torch AdamW (fused)": build_adamw(fp32, cfg.optim),
         "fp32 torch AdamW (foreach)": torch.optim.AdamW(
-            decay_groups(fp32_foreach, cfg.optim), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2), eps=cfg.optim.eps,
-            foreach=True),
-        "bf16 stochastic (compiled)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic"),
-        "bf16 nearest (compiled)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16")), cfg.optim, "nearest"),
-        "bf16 stochastic (eager)": build_adamw(with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic", compile=False),
+            decay_groups(fp32_foreach, cfg.optim),
+            lr=cfg.optim.lr,
+            betas=(cfg.optim.beta1, cfg.optim.beta2),
+            eps=cfg.optim.eps,
+            foreach=True,
+        ),
+        "bf16 stochastic (compiled)": build_adamw(
+            with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic"
+        ),
+        "bf16 nearest (compiled)": build_adamw(
+            with_grads(cast_parameters(Llama(cfg.model), "bf16")), cfg.optim, "nearest"
+        ),
+        "bf16 stochastic (eager)": build_adamw(
+            with_grads(cast_parameters(Llama(cfg.model), "bf16-sr")), cfg.optim, "stochastic", compile=False
+        ),
     }
     first = {}
     for name, opt in candidates.items():  # first steps: state allocation and compilation

@@ -75,8 +75,19 @@ def install_emulation(device: torch.device) -> bool:
 
 
 def train_one(preset: str, mode: str, run_dir: Path, steps: int, extra: list[str]) -> dict:
-    overrides = ["--precision.mode", mode, "--train.run_dir", str(run_dir), "--train.steps", str(steps),
-                 "--train.tensorboard", "false", "--data.val_source", "holdout", *extra]
+    overrides = [
+        "--precision.mode",
+        mode,
+        "--train.run_dir",
+        str(run_dir),
+        "--train.steps",
+        str(steps),
+        "--train.tensorboard",
+        "false",
+        "--data.val_source",
+        "holdout",
+        *extra,
+    ]
     cfg = load_config(preset, None, overrides)
     trainer = Trainer(cfg, resume="fresh", out=lambda line: None)
     start = time.perf_counter()
@@ -89,18 +100,23 @@ def train_one(preset: str, mode: str, run_dir: Path, steps: int, extra: list[str
     val = [r for r in records if "val_loss" in r]
     speeds = [r["tokens_per_s"] for r in train[1:]] or [r["tokens_per_s"] for r in train]  # window 1 holds the compile
     return {
-        "mode": mode, "steps": summary.step, "tokens": summary.tokens, "wall_s": wall,
-        "losses": summary.losses, "val": [(r["step"], r["val_loss"]) for r in val],
+        "mode": mode,
+        "steps": summary.step,
+        "tokens": summary.tokens,
+        "wall_s": wall,
+        "losses": summary.losses,
+        "val": [(r["step"], r["val_loss"]) for r in val],
         "final_train_loss": sum(summary.losses[-10:]) / len(summary.losses[-10:]),
         "final_val_loss": val[-1]["val_loss"] if val else None,
         "tokens_per_s": sorted(speeds)[len(speeds) // 2],
         "state_bytes_per_param": precision.state_bytes_per_param(trainer.model.parameters(), opt),
-        "lr": cfg.optim.lr, "params": count_params(cfg.model),
+        "lr": cfg.optim.lr,
+        "params": count_params(cfg.model),
     }
 
 
 def smooth(xs: list[float], k: int = 10) -> list[float]:
-    return [sum(xs[max(0, i - k + 1):i + 1]) / len(xs[max(0, i - k + 1):i + 1]) for i in range(len(xs))]
+    return [sum(xs[max(0, i - k + 1) : i + 1]) / len(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
 
 
 def plot(experiments: dict[str, list[dict]], path: Path, title: str) -> None:
@@ -120,7 +136,7 @@ def plot(experiments: dict[str, list[dict]], path: Path, title: str) -> None:
         ax.set_title(f"{name}: peak LR {runs[0]['lr']:g}")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats/token)")
-        losses = [x for run in runs for x in run["losses"][len(run["losses"]) // 5:]]
+        losses = [x for run in runs for x in run["losses"][len(run["losses"]) // 5 :]]
         ax.set_ylim(min(losses) - 0.1, max(losses) + 0.1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -131,14 +147,18 @@ def plot(experiments: dict[str, list[dict]], path: Path, title: str) -> None:
 
 def table(runs: list[dict], emulated: bool) -> list[str]:
     ref = next((r for r in runs if r["mode"] == "fp32"), None)
-    lines = ["| mode | final train loss (last 10 steps) | vs fp32 | final validation loss | vs fp32 | tokens/s (median window) | bytes/param of state |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | final train loss (last 10 steps) | vs fp32 | final validation loss | vs fp32 | tokens/s (median window) | bytes/param of state |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         rel = lambda key: "" if ref is None or r[key] is None else f"{100 * (r[key] / ref[key] - 1):+.2f}%"
         val = "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"
         mode = r["mode"] + (" (bf16 emulated, see above)" if r["mode"] == "mixed" and emulated else "")
-        lines.append(f"| {mode} | {r['final_train_loss']:.4f} | {rel('final_train_loss')} | {val} | {rel('final_val_loss')} "
-                     f"| {r['tokens_per_s']:,.0f} | {r['state_bytes_per_param']:.0f} |")
+        lines.append(
+            f"| {mode} | {r['final_train_loss']:.4f} | {rel('final_train_loss')} | {val} | {rel('final_val_loss')} "
+            f"| {r['tokens_per_s']:,.0f} | {r['state_bytes_per_param']:.0f} |"
+        )
     return lines
 
 
@@ -151,7 +171,9 @@ def main() -> None:
     parser.add_argument("--low-lr-factor", type=float, default=0.1)
     parser.add_argument("--low-lr-steps", type=int, default=100, help="0 skips the low-LR experiment")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. --model.d_model 128 (after --)")
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides for every run, e.g. --model.d_model 128 (after --)"
+    )
     parser.add_argument("--no-doc", action="store_true", help="print the results only; leave docs/ alone")
     parser.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
     args = parser.parse_args()
@@ -160,29 +182,62 @@ def main() -> None:
     emulated = install_emulation(device)
     modes = args.modes.split(",")
     work = args.work or Path(tempfile.mkdtemp(prefix="hlat-precision-study-"))
-    common = ["--eval.every", str(args.eval_every), "--train.seed", str(args.seed), "--train.log_every", "10", *args.overrides]
+    common = [
+        "--eval.every",
+        str(args.eval_every),
+        "--train.seed",
+        str(args.seed),
+        "--train.log_every",
+        "10",
+        *args.overrides,
+    ]
     started = time.time()
     experiments: dict[str, list[dict]] = {"main": []}
     for mode in modes:
         run = train_one(args.preset, mode, work / f"main-{mode}", args.steps, common)
         experiments["main"].append(run)
-        print(f"main {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} "
-              f"{run['tokens_per_s']:,.0f} tok/s {run['state_bytes_per_param']:.0f} B/param ({run['wall_s']:.0f} s)", flush=True)
+        print(
+            f"main {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} "
+            f"{run['tokens_per_s']:,.0f} tok/s {run['state_bytes_per_param']:.0f} B/param ({run['wall_s']:.0f} s)",
+            flush=True,
+        )
     if args.low_lr_steps:
         lr = experiments["main"][0]["lr"] * args.low_lr_factor
         experiments["low-LR"] = []
         for mode in [m for m in modes if m != "mixed"]:
-            run = train_one(args.preset, mode, work / f"low-{mode}", args.low_lr_steps, common + ["--optim.lr", f"{lr:g}"])
+            run = train_one(
+                args.preset, mode, work / f"low-{mode}", args.low_lr_steps, common + ["--optim.lr", f"{lr:g}"]
+            )
             experiments["low-LR"].append(run)
-            print(f"low-LR {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} ({run['wall_s']:.0f} s)", flush=True)
+            print(
+                f"low-LR {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} ({run['wall_s']:.0f} s)",
+                flush=True,
+            )
     env = {
-        "date": datetime.date.today().isoformat(), "hlat": hlat.__version__ if hasattr(hlat, "__version__") else "dev",
-        "torch": torch.__version__, "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-        "cpu_model": next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
-                           if l.startswith("model name")), "?") if Path("/proc/cpuinfo").exists() else "?",
-        "cores": os.cpu_count(), "device": device.type, "mixed_emulated": emulated, "wall_s": time.time() - started,
-        "loadavg_end": os.getloadavg()[0], "preset": args.preset, "overrides": args.overrides,
-        "steps": args.steps, "low_lr_steps": args.low_lr_steps,
+        "date": datetime.date.today().isoformat(),
+        "hlat": hlat.__version__ if hasattr(hlat, "__version__") else "dev",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_model": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "?",
+        )
+        if Path("/proc/cpuinfo").exists()
+        else "?",
+        "cores": os.cpu_count(),
+        "device": device.type,
+        "mixed_emulated": emulated,
+        "wall_s": time.time() - started,
+        "loadavg_end": os.getloadavg()[0],
+        "preset": args.preset,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "low_lr_steps": args.low_lr_steps,
     }
     print(json.dumps(env))
     for name, runs in experiments.items():
@@ -192,8 +247,11 @@ def main() -> None:
     DOCS.mkdir(exist_ok=True)
     (DOCS / "precision_study.json").write_text(json.dumps({"env": env, "experiments": experiments}, indent=1))
     main_run = experiments["main"][0]
-    plot(experiments, DOCS / "precision_study.png",
-         f"{args.preset} preset ({main_run['params'] / 1e6:.1f}M params), seed {args.seed}, same data in every mode")
+    plot(
+        experiments,
+        DOCS / "precision_study.png",
+        f"{args.preset} preset ({main_run['params'] / 1e6:.1f}M params), seed {args.seed}, same data in every mode",
+    )
     print(f"wrote {DOCS / 'precision_study.png'} and {DOCS / 'precision_study.json'}")
 
 

@@ -48,8 +48,11 @@ def step_time(model: torch.nn.Module, tokens: torch.Tensor) -> float:
 
 
 def measure(seq: int, batch: int, rounds: int) -> list[str]:
-    cfg = load_config("small", None, ["--data.seq_len", str(seq), "--train.micro_batch", str(batch),
-                                      "--model.max_seq_len", str(max(seq, 512))])
+    cfg = load_config(
+        "small",
+        None,
+        ["--data.seq_len", str(seq), "--train.micro_batch", str(batch), "--model.max_seq_len", str(max(seq, 512))],
+    )
     model_cfg = cfg.model
     tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
     models = []
@@ -64,19 +67,29 @@ def measure(seq: int, batch: int, rounds: int) -> list[str]:
     for _ in range(rounds):
         for i, model in enumerate(models):
             times[i].append(step_time(model, tokens))
-    rows = [f"### small, seq {seq} x batch {batch} ({seq * batch} tokens, {model_cfg.n_layers} blocks)", "",
-            "| policy | per block MiB | plan per block MiB | plan / measured | model MiB | model / none | step s (median) | step / none |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = [
+        f"### small, seq {seq} x batch {batch} ({seq * batch} tokens, {model_cfg.n_layers} blocks)",
+        "",
+        "| policy | per block MiB | plan per block MiB | plan / measured | model MiB | model / none | step s (median) | step / none |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     base_model = base_time = 0.0
     for (policy, every_other), ts in zip(POLICIES, times):
         block = block_bytes(model_cfg, policy, every_other, batch, seq)
         whole = model_bytes(model_cfg, policy, every_other, batch, seq)
-        run = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, activation_checkpoint=policy, recompute_every_other_mm=every_other))
+        run = dataclasses.replace(
+            cfg,
+            parallel=dataclasses.replace(
+                cfg.parallel, activation_checkpoint=policy, recompute_every_other_mm=every_other
+            ),
+        )
         planned = activation_bytes_per_layer(run, tp=1)
         median = statistics.median(ts)
         base_model, base_time = (whole, median) if policy == "none" else (base_model, base_time)
-        rows.append(f"| {label(policy, every_other)} | {block / MIB:.1f} | {planned / MIB:.1f} | {planned / block:.3f} | "
-                    f"{whole / MIB:.1f} | {whole / base_model:.2f} | {median:.2f} | {median / base_time:.2f} |")
+        rows.append(
+            f"| {label(policy, every_other)} | {block / MIB:.1f} | {planned / MIB:.1f} | {planned / block:.3f} | "
+            f"{whole / MIB:.1f} | {whole / base_model:.2f} | {median:.2f} | {median / base_time:.2f} |"
+        )
     return rows
 
 
@@ -87,8 +100,9 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     lines = [
-        "# Recompute policies: bytes kept for backward and step time (CPU)", "",
-        f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "# Recompute policies: bytes kept for backward and step time (CPU)",
+        "",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
         f"- hardware: {read_cpu_facts().model}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
         f"- load average at start: {os.getloadavg()[0]:.1f} (the machine is shared)",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}",

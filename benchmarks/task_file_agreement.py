@@ -50,25 +50,36 @@ generation_kwargs:
 metric_list:
   - metric: exact_match
 """
-OUTPUT_TYPES = {"mc": "multiple_choice", "ll": "loglikelihood", "rolling": "loglikelihood_rolling", "gen": "generate_until"}
+OUTPUT_TYPES = {
+    "mc": "multiple_choice",
+    "ll": "loglikelihood",
+    "rolling": "loglikelihood_rolling",
+    "gen": "generate_until",
+}
 TASKS = {  # name: (YAML body, few-shot); the name's first part is its OUTPUT_TYPES key
     "mc": (MC, False),
     "mc_3shot": ('description: "Name the function each docstring describes.\\n\\n"\n' + MC, True),
-    "ll": ("""output_type: loglikelihood
+    "ll": (
+        """output_type: loglikelihood
 doc_to_text: "{{context}}"
 doc_to_target: "{{continuation}}"
 metric_list:
   - metric: perplexity
   - metric: acc
-""", False),
-    "rolling": ("""output_type: loglikelihood_rolling
+""",
+        False,
+    ),
+    "rolling": (
+        """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: "{{text}}"
 metric_list:
   - metric: word_perplexity
   - metric: byte_perplexity
   - metric: bits_per_byte
-""", False),
+""",
+        False,
+    ),
     "gen": (GEN, False),
     "gen_3shot": (GEN, True),
 }
@@ -104,11 +115,11 @@ def rows_by_task(texts: list[str], questions: int) -> dict[str, list[dict[str, A
         text = rng.choice(long_texts)
         start = rng.randrange(0, len(text) - 400)
         cut = text.find(" ", start + rng.randrange(100, 300))  # at a space: no token straddles the cut
-        ll.append({"context": text[start:cut], "continuation": text[cut:cut + rng.randrange(5, 60)]})
+        ll.append({"context": text[start:cut], "continuation": text[cut : cut + rng.randrange(5, 60)]})
     for text in rng.sample(texts, min(questions // 4, len(texts))):
         line = text.splitlines()[0] if text.strip() else "import os"
         gen.append({"prompt": text[:200], "answer": line})
-    rolling = [{"text": t[:rng.randrange(500, 2500)]} for t in rng.sample(texts, min(questions // 10, len(texts)))]
+    rolling = [{"text": t[: rng.randrange(500, 2500)]} for t in rng.sample(texts, min(questions // 10, len(texts)))]
     return {"mc": mc, "mc_3shot": mc, "ll": ll, "rolling": rolling, "gen": gen, "gen_3shot": gen}
 
 
@@ -157,15 +168,29 @@ def main() -> None:
         write_tasks(Path(tmp) / "tasks", rows)
         start = time.perf_counter()
         theirs = lm_eval.simple_evaluate(
-            model="hf", model_args=f"pretrained={tmp},dtype=float32", tasks=list(TASKS),
+            model="hf",
+            model_args=f"pretrained={tmp},dtype=float32",
+            tasks=list(TASKS),
             task_manager=TaskManager(include_path=str(Path(tmp) / "tasks"), include_defaults=False),
-            num_fewshot=None, batch_size=args.batch_size, device="cpu", log_samples=True)
+            num_fewshot=None,
+            batch_size=args.batch_size,
+            device="cpu",
+            log_samples=True,
+        )
         their_s = time.perf_counter() - start
         loaded = load_model(Path(tmp))
-        lm = LanguageModel(loaded.model, loaded.tokenizer, batch_size=args.batch_size,
-                           prefix_token=loaded.prefix_token, progress=False, bos=loaded.bos)
-        lines = ["| task | output type | examples | max \\|Δ log-likelihood\\| | decisions that differ | hlat | lm-eval |",
-                 "|---|---|---:|---:|---:|---|---|"]
+        lm = LanguageModel(
+            loaded.model,
+            loaded.tokenizer,
+            batch_size=args.batch_size,
+            prefix_token=loaded.prefix_token,
+            progress=False,
+            bos=loaded.bos,
+        )
+        lines = [
+            "| task | output type | examples | max \\|Δ log-likelihood\\| | decisions that differ | hlat | lm-eval |",
+            "|---|---|---:|---:|---:|---|---|",
+        ]
         start = time.perf_counter()
         for task in load_task_files([Path(tmp) / "tasks"]):
             ours = evaluate_task(lm, task, EvalOptions())
@@ -174,13 +199,16 @@ def main() -> None:
             diffs = [per_example(kind, s, m) for s, m in zip(samples, ours.samples)]
             metric = next(iter(ours.metrics))
             mine_value, their_value = ours.metrics[metric]["value"], theirs["results"][task.name][f"{metric},none"]
-            lines.append(f"| {task.name} | {OUTPUT_TYPES[kind]} | {len(ours.samples)} ({len(samples)} in lm-eval) | "
-                         f"{max(d for d, _ in diffs):.1e} | {sum(b for _, b in diffs)} | "
-                         f"{metric} {mine_value:.6g} | {their_value:.6g} |")
+            lines.append(
+                f"| {task.name} | {OUTPUT_TYPES[kind]} | {len(ours.samples)} ({len(samples)} in lm-eval) | "
+                f"{max(d for d, _ in diffs):.1e} | {sum(b for _, b in diffs)} | "
+                f"{metric} {mine_value:.6g} | {their_value:.6g} |"
+            )
             print(lines[-1], flush=True)
         our_s = time.perf_counter() - start
     header = [
-        "# Task files: hlat against lm-evaluation-harness on larger local tasks", "",
+        "# Task files: hlat against lm-evaluation-harness on larger local tasks",
+        "",
         f"- date: {datetime.date.today().isoformat()}",
         f"- versions: Python {platform.python_version()}, torch {torch.__version__}, lm-eval {version('lm_eval')}, "
         f"transformers {version('transformers')}",
@@ -189,7 +217,9 @@ def main() -> None:
         f"- tasks: built from the standard library (`python benchmarks/task_file_agreement.py --preset {args.preset} "
         f"--questions {args.questions}`); 3-shot tasks take their shots from a train split with "
         "`fewshot_config: {sampler: first_n}`",
-        f"- time: lm-eval {their_s:.0f} s, hlat {our_s:.0f} s (all tasks, model loading excluded for hlat)", ""]
+        f"- time: lm-eval {their_s:.0f} s, hlat {our_s:.0f} s (all tasks, model loading excluded for hlat)",
+        "",
+    ]
     report = "\n".join(header + lines) + "\n"
     print(report)
     if args.out:

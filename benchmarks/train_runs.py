@@ -69,8 +69,11 @@ def main() -> None:
             for name, extra in VARIANTS.items():
                 run = one_run([*shlex.split(opts.args), *extra], Path(scratch) / f"{len(runs[name])}-{name[:7]}")
                 runs[name].append(run)
-                print(f"round {round_ + 1}/{opts.rounds}: {name}: {run.wall_s:.0f} s, "
-                      f"{run.steady_tokens_per_s:,.0f} tokens/s steady; {run.compile_line}", flush=True)
+                print(
+                    f"round {round_ + 1}/{opts.rounds}: {name}: {run.wall_s:.0f} s, "
+                    f"{run.steady_tokens_per_s:,.0f} tokens/s steady; {run.compile_line}",
+                    flush=True,
+                )
 
     baseline = statistics.median(r.steady_tokens_per_s for r in runs["eager (--parallel.compile false)"])
     lines = [
@@ -93,8 +96,10 @@ def main() -> None:
         wall = statistics.median(r.wall_s for r in samples)
         mfus = [r.mfu for r in samples if r.mfu is not None]
         mfu = f"{statistics.median(mfus):.1%}" if mfus else "-"
-        lines.append(f"| {name} | {wall:.0f} | {steady:,.0f} | {steady / baseline:.2f}x | "
-                     f"{samples[0].tokens / wall:,.0f} | {mfu} | {samples[0].compile_line} |")
+        lines.append(
+            f"| {name} | {wall:.0f} | {steady:,.0f} | {steady / baseline:.2f}x | "
+            f"{samples[0].tokens / wall:,.0f} | {mfu} | {samples[0].compile_line} |"
+        )
     report = "\n".join(lines) + "\n"
     print(report)
     if opts.out:

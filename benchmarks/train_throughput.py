@@ -54,7 +54,9 @@ def make_step(model: torch.nn.Module, tokens: torch.Tensor, hf: bool) -> Callabl
     return step
 
 
-def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callable[[], None]], float, Callable[[], float], int]:
+def implementations(
+    spec: str, micro_batch: int
+) -> tuple[str, dict[str, Callable[[], None]], float, Callable[[], float], int]:
     """(title, steps by name, FLOPs per token, a GEMM-rate measurement in TFLOP/s, tokens per step) of one config."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -92,8 +94,9 @@ def implementations(spec: str, micro_batch: int) -> tuple[str, dict[str, Callabl
     return title, runs, flops_per_token(cfg.model, seq), gemm, micro_batch * seq
 
 
-def time_rounds(runs: dict[str, Callable[[], None]], gemm: Callable[[], float], steps: int,
-                rounds: int) -> tuple[dict[str, list[float]], list[float]]:
+def time_rounds(
+    runs: dict[str, Callable[[], None]], gemm: Callable[[], float], steps: int, rounds: int
+) -> tuple[dict[str, list[float]], list[float]]:
     """Seconds per step of each implementation, one sample per round, and the GEMM rate (TFLOP/s)
     measured once per round among them. Each round starts one later in the order, so that no
     implementation always follows the GEMM timing or the same neighbour."""
@@ -121,14 +124,20 @@ def time_rounds(runs: dict[str, Callable[[], None]], gemm: Callable[[], float], 
 def table(title: str, times: dict[str, list[float]], flops: float, rates: list[float], tokens: int) -> list[str]:
     eager, compiled = (tokens / statistics.median(times[name]) for name in ("transformers eager", COMPILED_HF))
     gemm = statistics.median(rates)
-    lines = [f"### {title}, GEMM rate of its matmul shapes {gemm * 1e3:.0f} GFLOP/s (median of the rounds; "
-             f"{min(rates) * 1e3:.0f}-{max(rates) * 1e3:.0f})", "",
-             "| implementation | s/step (median) | tokens/s | vs transformers eager | vs transformers compiled | "
-             "model FLOP/s / GEMM rate |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### {title}, GEMM rate of its matmul shapes {gemm * 1e3:.0f} GFLOP/s (median of the rounds; "
+        f"{min(rates) * 1e3:.0f}-{max(rates) * 1e3:.0f})",
+        "",
+        "| implementation | s/step (median) | tokens/s | vs transformers eager | vs transformers compiled | "
+        "model FLOP/s / GEMM rate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, samples in times.items():
         tps = tokens / statistics.median(samples)
-        lines.append(f"| {name} | {statistics.median(samples):.3f} | {tps:,.0f} | {tps / eager:.2f}x | "
-                     f"{tps / compiled:.2f}x | {tps * flops / (gemm * 1e12):.0%} |")
+        lines.append(
+            f"| {name} | {statistics.median(samples):.3f} | {tps:,.0f} | {tps / eager:.2f}x | "
+            f"{tps / compiled:.2f}x | {tps * flops / (gemm * 1e12):.0%} |"
+        )
     return lines + [""]
 
 

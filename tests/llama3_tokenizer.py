@@ -32,12 +32,14 @@ def write_llama3_tokenizer(path: Path, vocab_size: int = 320) -> Path:
     tk = tokenizers.Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
     tk.train_from_iterator(LINES * 4, trainer=trainer)
     tk.add_special_tokens([AddedToken(t, special=True) for t in SPECIALS])
     tk.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1", special_tokens=[(BOS, tk.token_to_id(BOS))])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1", special_tokens=[(BOS, tk.token_to_id(BOS))]
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tk.save(str(path))
     return path

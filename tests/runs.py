@@ -49,37 +49,91 @@ ARRIVAL_TIMEOUT_S = LAUNCH_TIMEOUT_S  # a rank waiting for the others to reach i
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "--data.source", str(corpus), "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2",
-        "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128", "--model.max_seq_len", "64",
-        "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2", "--train.log_every", "1",
-        "--precision.mode", "fp32", "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
-        "--eval.every", "0", "--train.sample_prompt", "",  # the end-of-run sample: tests/eval/test_generate.py
-        "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6", "--train.run_dir", str(run_dir), *extra,
+        "--data.source",
+        str(corpus),
+        "--model.vocab_size",
+        "512",
+        "--model.d_model",
+        "64",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "4",
+        "--model.n_kv_heads",
+        "2",
+        "--model.ffn_dim",
+        "128",
+        "--model.max_seq_len",
+        "64",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "8",
+        "--train.micro_batch",
+        "2",
+        "--train.log_every",
+        "1",
+        "--precision.mode",
+        "fp32",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.peak_tflops",
+        "1",
+        "--eval.every",
+        "0",
+        "--train.sample_prompt",
+        "",  # the end-of-run sample: tests/eval/test_generate.py
+        "--schedule.warmup_steps",
+        "2",
+        "--schedule.decay_steps",
+        "6",
+        "--train.run_dir",
+        str(run_dir),
+        *extra,
     ]
 
 
 def _command(nproc: int, target: list[str], restarts: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            f"--max-restarts={restarts}", *target]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        f"--max-restarts={restarts}",
+        *target,
+    ]
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
 
 
-def torchrun(nproc: int, target: list[str], env: dict[str, str] | None = None, restarts: int = 0,
-             timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+def torchrun(
+    nproc: int,
+    target: list[str],
+    env: dict[str, str] | None = None,
+    restarts: int = 0,
+    timeout: float = 600,
+    check: bool = True,
+) -> subprocess.CompletedProcess:
     """`torchrun --standalone --nproc_per_node NPROC TARGET` (TARGET: a script and its arguments, or
     ["-m", module, ...]) on gloo, once the shared launch has ended; with `check`, a non-zero exit
     fails the test with the output's tail."""
     wait_for_shared_launch()
-    done = subprocess.run(_command(nproc, target, restarts), capture_output=True, text=True, env=_env(env), timeout=timeout)
+    done = subprocess.run(
+        _command(nproc, target, restarts), capture_output=True, text=True, env=_env(env), timeout=timeout
+    )
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
 
 
-def launch(nproc: int, args: list[str], env: dict[str, str] | None = None, restarts: int = 0) -> subprocess.CompletedProcess:
+def launch(
+    nproc: int, args: list[str], env: dict[str, str] | None = None, restarts: int = 0
+) -> subprocess.CompletedProcess:
     """`hlat train ARGS` under torchrun with `nproc` gloo processes; must succeed."""
     return torchrun(nproc, ["-m", "hlat", "train", *args], env=env, restarts=restarts)
 
@@ -95,6 +149,7 @@ class Scenario:
 @dataclass(frozen=True)
 class ScenarioContext:
     """What a scenario function receives (in the worker process)."""
+
     out: Path  # this scenario's own directory (created before it runs)
     root: Path  # the launch's directory: other scenarios' files are under root / name
     corpus: Path  # the session's small corpus (tests/conftest.py: small_corpus)
@@ -114,12 +169,19 @@ class SharedLaunch:
         self._results: ScenarioResults | None = None
         self.process: subprocess.Popen | None = None
         if scenarios:
-            (root / PLAN).write_text(json.dumps({"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}, indent=1))
+            (root / PLAN).write_text(
+                json.dumps({"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}, indent=1)
+            )
             nproc = max(s.world for s in scenarios)
             with open(root / "launch.out", "w") as out, open(root / "launch.err", "w") as err:
                 # a scenario whose ranks fail unevenly leaves the others in a collective: bound that wait
-                self.process = subprocess.Popen(_command(nproc, [str(WORKER), str(root)], 0), stdout=out, stderr=err,
-                                                env=_env({"HLAT_COLLECTIVE_TIMEOUT_S": "120"}), start_new_session=True)
+                self.process = subprocess.Popen(
+                    _command(nproc, [str(WORKER), str(root)], 0),
+                    stdout=out,
+                    stderr=err,
+                    env=_env({"HLAT_COLLECTIVE_TIMEOUT_S": "120"}),
+                    start_new_session=True,
+                )
         _RUNNING.append(self)
 
     def results(self) -> ScenarioResults:
@@ -131,8 +193,9 @@ class SharedLaunch:
                 except subprocess.TimeoutExpired:
                     os.killpg(self.process.pid, signal.SIGKILL)
                     code, note = self.process.wait(), "the shared launch ran out of time and was killed\n"
-            output = note + "".join((self.root / f).read_text()[-4000:] for f in ("launch.out", "launch.err")
-                                    if (self.root / f).is_file())
+            output = note + "".join(
+                (self.root / f).read_text()[-4000:] for f in ("launch.out", "launch.err") if (self.root / f).is_file()
+            )
             self._results = ScenarioResults(self.root, self.worlds, code, output)
             _RUNNING.remove(self)
         return self._results
@@ -169,8 +232,9 @@ class ScenarioResults:
             raise AssertionError(f"scenario {name} failed:\n" + "\n".join(e.read_text() for e in errors))
         missing = [r for r in range(self.worlds[name]) if not (out / f"done.rank{r}").is_file()]
         if missing:
-            raise AssertionError(f"scenario {name} did not finish on ranks {missing} (launch exit {self.returncode}):\n"
-                                 + self.output)
+            raise AssertionError(
+                f"scenario {name} did not finish on ranks {missing} (launch exit {self.returncode}):\n" + self.output
+            )
         return out
 
     def json(self, name: str, file: str) -> Any:

@@ -34,8 +34,15 @@ def join_group(index: int, rank: int, world: int) -> None:
     they wait at an arrival barrier bounded by the launch's own deadline (ARRIVAL_TIMEOUT_S), so
     only the group's collectives run under the short collective timeout."""
     prefix = f"scenario_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}_{index}"
-    store = dist.PrefixStore(prefix, dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                                   is_master=False, timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S)))
+    store = dist.PrefixStore(
+        prefix,
+        dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=ARRIVAL_TIMEOUT_S),
+        ),
+    )
     store.set(f"arrived/{rank}", "1")
     store.wait([f"arrived/{r}" for r in range(world)])
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=collective_timeout())

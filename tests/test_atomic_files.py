@@ -44,7 +44,8 @@ def test_manifest_entries_and_their_checks(tmp_path):
     write_manifest(tmp_path / "manifest.json", {"files": {"a": entry}})
     # json.dumps(indent=1), as checkpoint and shard manifests have always been written
     assert (tmp_path / "manifest.json").read_text() == (
-        '{\n "files": {\n  "a": {\n   "bytes": 3,\n   "sha256": "' + entry["sha256"] + '"\n  }\n }\n}')
+        '{\n "files": {\n  "a": {\n   "bytes": 3,\n   "sha256": "' + entry["sha256"] + '"\n  }\n }\n}'
+    )
     assert file_problem(tmp_path, "a", entry) is None
     assert file_problem(tmp_path, "b", entry) == "missing b"
     (tmp_path / "a").write_bytes(b"abd")

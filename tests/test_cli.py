@@ -21,9 +21,13 @@ def test_config_errors_exit_2_with_the_field(capsys):
 
 def test_help_texts_stand_alone():
     for args in ([], ["train"], ["params"], ["config"]):
-        out = subprocess.run([sys.executable, "-m", "hlat", *args, "--help"], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "hlat", *args, "--help"], capture_output=True, text=True, check=True
+        ).stdout
         assert "usage: hlat" in out
-    train_help = subprocess.run([sys.executable, "-m", "hlat", "train", "--help"], capture_output=True, text=True).stdout
+    train_help = subprocess.run(
+        [sys.executable, "-m", "hlat", "train", "--help"], capture_output=True, text=True
+    ).stdout
     assert "--optim.lr" in train_help and "--resume" in train_help
 
 
@@ -31,8 +35,20 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
     """The README's first command, shortened: the default corpus, tokenizer and tiny preset."""
     run = tmp_path / "run"
     env = {**os.environ, "HLAT_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "hlat", "train", "--train.steps", "4", "--train.log_every", "2",
-           "--data.tokenizer_train_chars", "300000", "--train.run_dir", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hlat",
+        "train",
+        "--train.steps",
+        "4",
+        "--train.log_every",
+        "2",
+        "--data.tokenizer_train_chars",
+        "300000",
+        "--train.run_dir",
+        str(run),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "tokenizer:" in out.stdout and "standard library" in out.stdout

@@ -18,20 +18,35 @@ CASES = {
     "params": (["params", "--config"], "hlat params: argument --config: expected one argument"),
     "plan": (["plan"], "hlat plan: --world is required: the number of ranks to plan for, e.g. --world 64"),
     "prepare": (["prepare"], "hlat prepare: the following arguments are required: --out"),
-    "prepare mixture": (["prepare", "--out", "{tmp}/shards", "--data.source", "{tmp}/a.jsonl,{tmp}/b.jsonl"],
-                        "hlat prepare: give one data.source (prepare each source of a mixture into its own directory)"),
-    "tokenizer": (["tokenizer", "train", "x", "--vocab-size", "many", "--out", "t.json"],
-                  "hlat tokenizer train: argument --vocab-size: invalid int value: 'many'"),
-    "tokenizer extra": (["tokenizer", "train", "x", "--vocab-size", "300", "--out", "t.json", "--data.seq_len", "8"],
-                        "hlat tokenizer: unrecognized arguments: --data.seq_len 8"),
-    "eval": (["eval", "--checkpoint", "{tmp}", "--tasks", "arc_easy", "--shots", "5"],
-             "hlat eval: unrecognized arguments: --shots 5; see hlat eval --help"),
-    "export": (["export", "{tmp}", "{tmp}/hf", "--dtype", "float8"],
-               "hlat export: --dtype 'float8': choose one of float32, bfloat16, float16"),
-    "export extra": (["export", "{tmp}", "{tmp}/hf", "--overwrite"], "hlat export: unrecognized arguments: --overwrite"),
+    "prepare mixture": (
+        ["prepare", "--out", "{tmp}/shards", "--data.source", "{tmp}/a.jsonl,{tmp}/b.jsonl"],
+        "hlat prepare: give one data.source (prepare each source of a mixture into its own directory)",
+    ),
+    "tokenizer": (
+        ["tokenizer", "train", "x", "--vocab-size", "many", "--out", "t.json"],
+        "hlat tokenizer train: argument --vocab-size: invalid int value: 'many'",
+    ),
+    "tokenizer extra": (
+        ["tokenizer", "train", "x", "--vocab-size", "300", "--out", "t.json", "--data.seq_len", "8"],
+        "hlat tokenizer: unrecognized arguments: --data.seq_len 8",
+    ),
+    "eval": (
+        ["eval", "--checkpoint", "{tmp}", "--tasks", "arc_easy", "--shots", "5"],
+        "hlat eval: unrecognized arguments: --shots 5; see hlat eval --help",
+    ),
+    "export": (
+        ["export", "{tmp}", "{tmp}/hf", "--dtype", "float8"],
+        "hlat export: --dtype 'float8': choose one of float32, bfloat16, float16",
+    ),
+    "export extra": (
+        ["export", "{tmp}", "{tmp}/hf", "--overwrite"],
+        "hlat export: unrecognized arguments: --overwrite",
+    ),
     "import": (["import", "{tmp}", "{tmp}/run", "--overwrite"], "hlat import: unrecognized arguments: --overwrite"),
-    "generate": (["generate", "--checkpoint", "{tmp}", "--prompt", "x", "--top-p", "0"],
-                 "hlat generate: --top-p must be in (0, 1], got 0.0"),
+    "generate": (
+        ["generate", "--checkpoint", "{tmp}", "--prompt", "x", "--top-p", "0"],
+        "hlat generate: --top-p must be in (0, 1], got 0.0",
+    ),
     "doctor": (["doctor", "--timeout", "soon"], "hlat doctor: argument --timeout: invalid float value: 'soon'"),
 }
 
@@ -49,7 +64,8 @@ def test_bad_arguments_print_one_line_and_exit_2(name, tmp_path, capsys, monkeyp
 
 
 def test_the_program_exits_2_on_an_argument_argparse_refuses():
-    done = subprocess.run([sys.executable, "-m", "hlat", "train", "--resume", "--fresh"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "hlat", "train", "--resume", "--fresh"], capture_output=True, text=True
+    )
     assert done.returncode == USER_ERROR_EXIT and done.stdout == ""
-    assert done.stderr == ("hlat train: argument --fresh: not allowed with argument --resume; "
-                           "see hlat train --help\n")
+    assert done.stderr == ("hlat train: argument --fresh: not allowed with argument --resume; see hlat train --help\n")

@@ -17,7 +17,7 @@ def compiled_graphs() -> int:
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-INNER = '''
+INNER = """
 import os
 os.environ["TORCH_COMPILE_DISABLE"] = "1"  # as tests/conftest.py sets it
 import torch
@@ -33,15 +33,18 @@ def test_second(compiling):
 def test_eager_between():
     assert torch._dynamo.config.disable is True
     assert compiled_graphs() == 0
-'''
+"""
 
 
 @pytest.mark.parametrize("order", [("first", "eager_between", "second"), ("second", "first", "eager_between")])
 def test_compile_tests_in_a_row_both_compile(
-        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, order: tuple[str, ...]) -> None:
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, order: tuple[str, ...]
+) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     pytester.makepyfile(test_inner=INNER)
-    result = pytester.runpytest_subprocess("-v", "-p", "no:cacheprovider", *(f"test_inner.py::test_{name}" for name in order))
+    result = pytester.runpytest_subprocess(
+        "-v", "-p", "no:cacheprovider", *(f"test_inner.py::test_{name}" for name in order)
+    )
     result.assert_outcomes(passed=3)
     ran = [line.split("::test_")[1].split()[0] for line in result.outlines if line.startswith("test_inner.py::")]
     assert ran == list(order)

@@ -28,7 +28,12 @@ def test_config_file_over_preset(tmp_path):
 
 def test_hlat_presets_match_the_paper():
     seven, seventy = load_config("hlat-7b"), load_config("hlat-70b")
-    assert (seven.model.n_layers, seven.model.d_model, seven.model.ffn_dim, seven.model.init_std) == (32, 4096, 11008, 0.021)
+    assert (seven.model.n_layers, seven.model.d_model, seven.model.ffn_dim, seven.model.init_std) == (
+        32,
+        4096,
+        11008,
+        0.021,
+    )
     assert (seventy.model.n_heads, seventy.model.n_kv_heads, seventy.optim.lr) == (64, 8, 1.5e-4)
     assert seven.train.global_batch * seven.data.seq_len == 4_194_304
 
@@ -116,10 +121,19 @@ def test_micro_batch_the_user_did_not_set_adapts_to_the_layout(tmp_path):
         (["--parallel.tp", "16", "--model.n_heads", "8"], 16, "parallel.tp", "does not divide model.n_heads=8"),
         (["--parallel.tp", "2"], 4, "parallel.dp_sharding", "1-D data parallel only"),
         (["--parallel.pp", "8", "--parallel.dp_sharding", "zero2"], 8, "parallel.pp", "model.n_layers=4"),
-        (["--parallel.pp", "2", "--train.global_batch", "2", "--parallel.dp_sharding", "zero2"], 4, "train.micro_batch",
-         "at least pp=2 micro-batches"),
+        (
+            ["--parallel.pp", "2", "--train.global_batch", "2", "--parallel.dp_sharding", "zero2"],
+            4,
+            "train.micro_batch",
+            "at least pp=2 micro-batches",
+        ),
         (["--data.virtual_shards", "2"], 4, "data.virtual_shards", "--data.virtual_shards 4"),
-        (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "3"], 4, "parallel.dp_shard", "choose one of 1, 2, 4"),
+        (
+            ["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "3"],
+            4,
+            "parallel.dp_shard",
+            "choose one of 1, 2, 4",
+        ),
         (["--parallel.dp_shard", "2"], 4, "parallel.dp_shard", "set --parallel.dp_sharding fsdp"),
     ],
 )
@@ -135,11 +149,18 @@ def test_context_parallel_is_refused_naming_the_field():
         load_config("tiny", None, ["--parallel.cp", "2"])
 
 
-@pytest.mark.parametrize("overrides, world, text", [
-    ([], 1, "pp 1 x dp 1 x tp 1"),
-    (["--parallel.tp", "2"], 8, "pp 1 x dp 4 x tp 2"),
-    (["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"], 8, "pp 1 x dp 4 (2 replicas x 2 shards) x tp 2"),
-])
+@pytest.mark.parametrize(
+    "overrides, world, text",
+    [
+        ([], 1, "pp 1 x dp 1 x tp 1"),
+        (["--parallel.tp", "2"], 8, "pp 1 x dp 4 x tp 2"),
+        (
+            ["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"],
+            8,
+            "pp 1 x dp 4 (2 replicas x 2 shards) x tp 2",
+        ),
+    ],
+)
 def test_degrees_are_named_and_logged_as_before(overrides, world, text):
     degrees = resolve_degrees(load_config("tiny", None, overrides).parallel, world)
     assert degrees.describe() == text and degrees.world == world

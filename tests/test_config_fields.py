@@ -24,40 +24,54 @@ def test_every_field_and_section_is_described(name: str) -> None:
 
 
 CHOICES = {  # every fixed-choice field and its values, in the order the messages list them
-    "model.rope_scaling": ("none", "linear", "llama3"), "model.family": ("llama", "qwen3"),
-    "data.bad_documents": ("error", "skip"), "optim.weight_decay_scope": ("matrices", "all"),
-    "schedule.name": ("hlat-cosine", "cosine", "wsd", "constant"), "train.device": ("auto", "cpu", "cuda"),
-    "precision.mode": ("fp32", "mixed", "bf16-sr", "bf16"), "precision.reduce_dtype": ("fp32", "bf16"),
-    "recovery.nonfinite": ("skip", "rollback", "error"), "recovery.spike_action": ("skip", "rollback", "error"),
-    "parallel.dp_sharding": ("ddp", "zero1", "zero2", "fsdp"), "parallel.pp_schedule": ("1f1b", "interleaved-1f1b", "gpipe"),
-    "parallel.activation_checkpoint": ("none", "selective", "op", "full"), "parallel.compile": ("auto", "true", "false"),
+    "model.rope_scaling": ("none", "linear", "llama3"),
+    "model.family": ("llama", "qwen3"),
+    "data.bad_documents": ("error", "skip"),
+    "optim.weight_decay_scope": ("matrices", "all"),
+    "schedule.name": ("hlat-cosine", "cosine", "wsd", "constant"),
+    "train.device": ("auto", "cpu", "cuda"),
+    "precision.mode": ("fp32", "mixed", "bf16-sr", "bf16"),
+    "precision.reduce_dtype": ("fp32", "bf16"),
+    "recovery.nonfinite": ("skip", "rollback", "error"),
+    "recovery.spike_action": ("skip", "rollback", "error"),
+    "parallel.dp_sharding": ("ddp", "zero1", "zero2", "fsdp"),
+    "parallel.pp_schedule": ("1f1b", "interleaved-1f1b", "gpipe"),
+    "parallel.activation_checkpoint": ("none", "selective", "op", "full"),
+    "parallel.compile": ("auto", "true", "false"),
     "wandb.mode": ("", "online", "offline", "disabled"),
 }
 
 
 def test_choices_are_the_literal_annotations() -> None:
-    found = {f"{name}.{f.name}": choices(type(section), f.name)
-             for name, section in SECTIONS.items() for f in dataclasses.fields(section) if choices(type(section), f.name)}
+    found = {
+        f"{name}.{f.name}": choices(type(section), f.name)
+        for name, section in SECTIONS.items()
+        for f in dataclasses.fields(section)
+        if choices(type(section), f.name)
+    }
     assert found == CHOICES
 
 
-@pytest.mark.parametrize(("key", "message"), [  # the messages validation gave before the Literals
-    ("precision.mode", "got 'x'; choose one of fp32, mixed, bf16-sr, bf16"),
-    ("precision.reduce_dtype", "got 'x'; choose one of fp32, bf16"),
-    ("parallel.dp_sharding", "got 'x'; choose one of ddp, zero1, zero2, fsdp"),
-    ("parallel.pp_schedule", "got 'x'; choose one of 1f1b, interleaved-1f1b, gpipe"),
-    ("parallel.activation_checkpoint", "got 'x'; choose one of none, selective, op, full"),
-    ("parallel.compile", "got 'x'; choose one of auto, true, false"),
-    ("optim.weight_decay_scope", "got 'x'; choose one of matrices, all"),
-    ("schedule.name", "got 'x'; choose one of hlat-cosine, cosine, wsd, constant"),
-    ("train.device", "got 'x'; choose one of auto, cpu, cuda"),
-    ("recovery.nonfinite", "got 'x'; choose one of skip, rollback, error"),
-    ("recovery.spike_action", "got 'x'; choose one of skip, rollback, error"),
-    ("wandb.mode", "got 'x'; choose one of online, offline, disabled, or \"\" for WANDB_MODE"),
-    ("model.rope_scaling", "rope_scaling='x' is not one of none, linear, llama3 (transformers' rope_type names)"),
-    ("model.family", "family='x' is not one of llama, qwen3"),
-    ("data.bad_documents", "'x': use error or skip"),
-])
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [  # the messages validation gave before the Literals
+        ("precision.mode", "got 'x'; choose one of fp32, mixed, bf16-sr, bf16"),
+        ("precision.reduce_dtype", "got 'x'; choose one of fp32, bf16"),
+        ("parallel.dp_sharding", "got 'x'; choose one of ddp, zero1, zero2, fsdp"),
+        ("parallel.pp_schedule", "got 'x'; choose one of 1f1b, interleaved-1f1b, gpipe"),
+        ("parallel.activation_checkpoint", "got 'x'; choose one of none, selective, op, full"),
+        ("parallel.compile", "got 'x'; choose one of auto, true, false"),
+        ("optim.weight_decay_scope", "got 'x'; choose one of matrices, all"),
+        ("schedule.name", "got 'x'; choose one of hlat-cosine, cosine, wsd, constant"),
+        ("train.device", "got 'x'; choose one of auto, cpu, cuda"),
+        ("recovery.nonfinite", "got 'x'; choose one of skip, rollback, error"),
+        ("recovery.spike_action", "got 'x'; choose one of skip, rollback, error"),
+        ("wandb.mode", "got 'x'; choose one of online, offline, disabled, or \"\" for WANDB_MODE"),
+        ("model.rope_scaling", "rope_scaling='x' is not one of none, linear, llama3 (transformers' rope_type names)"),
+        ("model.family", "family='x' is not one of llama, qwen3"),
+        ("data.bad_documents", "'x': use error or skip"),
+    ],
+)
 def test_a_bad_choice_keeps_its_message(key: str, message: str) -> None:
     name, field = key.split(".")
     section = dataclasses.replace(SECTIONS[name], **{field: "x"})

@@ -33,12 +33,20 @@ def test_explain_a_section_lists_its_fields(capsys: pytest.CaptureFixture[str]) 
     assert main(["config", "--explain", "precision"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[precision] ")
-    assert [line.split()[0] for line in lines[1:]] == ["mode", "compile_optimizer", "float8", "reduce_dtype", "fp32_grad_accum"]
+    assert [line.split()[0] for line in lines[1:]] == [
+        "mode",
+        "compile_optimizer",
+        "float8",
+        "reduce_dtype",
+        "fp32_grad_accum",
+    ]
     assert lines[1].split(None, 1)[1] == "The precision mode."
 
 
 @pytest.mark.parametrize(("name", "close"), [("optim.lrr", "optim.lr"), ("precison", "precision")])
-def test_an_unknown_field_is_one_line_with_the_closest(name: str, close: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unknown_field_is_one_line_with_the_closest(
+    name: str, close: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["config", "--explain", name]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"hlat config: unknown field '{name}'; did you mean '{close}'?") and err.count("\n") == 1
@@ -47,4 +55,4 @@ def test_an_unknown_field_is_one_line_with_the_closest(name: str, close: str, ca
 def test_the_reference_page_is_generated_from_the_fields() -> None:
     page = ROOT / "docs" / "configuration.md"
     assert page.read_text() == reference_page(), f"docs/configuration.md is stale; regenerate it: {REFERENCE_COMMAND}"
-    assert "| `parallel.dp_sharding` | str: \"ddp\", \"zero1\", \"zero2\", \"fsdp\" | `\"ddp\"` |" in page.read_text()
+    assert '| `parallel.dp_sharding` | str: "ddp", "zero1", "zero2", "fsdp" | `"ddp"` |' in page.read_text()

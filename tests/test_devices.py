@@ -73,9 +73,13 @@ def test_plan_shows_the_device_memory_and_whether_it_fits(capsys):
     from hlat.cli import main
     from hlat.planning.memory import StagePlan, format_fit
 
-    stages = [StagePlan(0, range(0, 2), 0, 10 * GIB, 2 * GIB, 4 * GIB, 2 * GIB), StagePlan(1, range(2, 4), 0, 1, 1, 1, 1)]
+    stages = [
+        StagePlan(0, range(0, 2), 0, 10 * GIB, 2 * GIB, 4 * GIB, 2 * GIB),
+        StagePlan(1, range(2, 4), 0, 1, 1, 1, 1),
+    ]
     assert format_fit(stages, by_table_name("L4")) == (
-        "on L4 (24 GiB): the largest stage needs 18.00 GiB per rank (75% of the device): fits")
+        "on L4 (24 GiB): the largest stage needs 18.00 GiB per rank (75% of the device): fits"
+    )
     assert format_fit(stages, by_table_name("trn2 NeuronCore-v3")).endswith("(150% of the device): does NOT fit")
     assert main(["plan", "--world", "1", "--device", "H100 SXM"]) == 0  # the tiny preset
     lines = capsys.readouterr().out.splitlines()

@@ -26,7 +26,6 @@ from hlat.cli import main
 from hlat.config.model import ModelConfig
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
-
 from runs import Scenario, ScenarioResults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,21 +41,25 @@ EXCLUDED = {
     "hlat prepare ...": "a pointer to docs/data.md, not a command",
     "hlat tokenizer train ...": "a pointer to docs/data.md, not a command",
     "hlat eval ...": "a pointer to docs/evaluation.md, not a command",
-    "hlat eval --checkpoint runs/tiny/checkpoints/step_00000200 --tasks arc_easy,humaneval --data-dir data/eval":
-        "needs the task files a user downloads into data/eval, and runs/tiny trained to step 200",
+    "hlat eval --checkpoint runs/tiny/checkpoints/step_00000200 --tasks arc_easy,humaneval --data-dir data/eval": "needs the task files a user downloads into data/eval, and runs/tiny trained to step 200",
     "hlat eval --checkpoint runs/tiny --suite hlat --data-dir data/eval": "needs the task files a user downloads into data/eval",
-    "hlat eval --checkpoint /models/llama-2-7b-hf --suite hlat --precision mixed --baseline llama2.json":
-        "needs LLaMA-2 7B from the Hugging Face hub (network, 13 GB) and the user's baseline file",
+    "hlat eval --checkpoint /models/llama-2-7b-hf --suite hlat --precision mixed --baseline llama2.json": "needs LLaMA-2 7B from the Hugging Face hub (network, 13 GB) and the user's baseline file",
 }
 SHORTENED = {  # appended overrides (the last value of a field wins); each keeps the command's own settings
     "hlat train": [*STEPS, *SMALL_BATCH],
     "hlat train --preset small --train.steps 500": [*STEPS, *SMALL_BATCH],
     "hlat train --config my.toml --optim.lr=1e-3": [*STEPS, *SMALL_BATCH],
     "hlat train --resume": ["--train.steps", "2", *STEPS[2:], *SMALL_BATCH],  # one step more than `hlat train` ran
-    "torchrun --standalone --nproc_per_node 4 -m hlat train --parallel.tp 2 --parallel.dp_sharding zero2":
-        [*STEPS, "--train.run_dir", "runs/tp2"],
-    "torchrun --standalone --nproc_per_node 4 -m hlat train --parallel.pp 2 --parallel.dp_sharding fsdp":
-        [*STEPS, "--train.run_dir", "runs/pp2"],
+    "torchrun --standalone --nproc_per_node 4 -m hlat train --parallel.tp 2 --parallel.dp_sharding zero2": [
+        *STEPS,
+        "--train.run_dir",
+        "runs/tp2",
+    ],
+    "torchrun --standalone --nproc_per_node 4 -m hlat train --parallel.pp 2 --parallel.dp_sharding fsdp": [
+        *STEPS,
+        "--train.run_dir",
+        "runs/pp2",
+    ],
 }
 MY_TOML = 'preset = "tiny"\n'  # the README's my.toml: "may name `preset = \"small\"`"
 
@@ -88,7 +91,7 @@ def shown_commands() -> list[Shown]:
     found: list[Shown] = []
     for doc in DOCUMENTS:
         for match in re.finditer(r"^```(\w*)\n(.*?)^```", doc.read_text(), re.S | re.M):
-            where = f"{doc.relative_to(ROOT)}:{doc.read_text()[:match.start()].count(chr(10)) + 1}"
+            where = f"{doc.relative_to(ROOT)}:{doc.read_text()[: match.start()].count(chr(10)) + 1}"
             lang, body = match.groups()
             if lang in ("bash", "sh"):
                 for line in body.replace("\\\n", " ").splitlines():
@@ -111,7 +114,7 @@ RUN = [s for s in COMMANDS if s.text not in EXCLUDED]
 def torchrun_scenario(index: int, shown: Shown) -> Scenario:
     """`torchrun [options] -m hlat ARGS` as a scenario: N = --nproc_per_node, ARGS as shortened."""
     argv = [*shown.argv, *SHORTENED.get(shown.text, [])]
-    options, module, args = argv[1:argv.index("-m")], argv[argv.index("-m") + 1], argv[argv.index("-m") + 2:]
+    options, module, args = argv[1 : argv.index("-m")], argv[argv.index("-m") + 1], argv[argv.index("-m") + 2 :]
     assert module == "hlat", f"{shown.where}: {shown.text}: torchrun of a module other than hlat"
     nproc = int(options[options.index("--nproc_per_node") + 1])
     return Scenario(f"docs-torchrun-{index}", "docs_torchrun_worker.py:run", nproc, {"argv": args})
@@ -146,8 +149,9 @@ def workdir(tmp_path_factory) -> Path:
 def _matches(expected: str, actual: str) -> bool:
     """The docs' output, line by line; "..." is any text, and a line of only "..." any lines."""
     lines = [line.rstrip() for line in expected.strip("\n").splitlines()]
-    pattern = "".join(r"(?:.*\n)*?" if line.strip() == "..." else re.escape(line).replace(r"\.\.\.", ".*") + r"\n"
-                      for line in lines)
+    pattern = "".join(
+        r"(?:.*\n)*?" if line.strip() == "..." else re.escape(line).replace(r"\.\.\.", ".*") + r"\n" for line in lines
+    )
     actual = "\n".join(line.rstrip() for line in actual.splitlines()) + "\n"
     return re.search(pattern, actual) is not None
 

@@ -83,5 +83,6 @@ def test_refused_without_float8_matmuls(monkeypatch):
         check_float8(torch.device("cuda", 0), tp=2)
     # The trainer's path refuses before any model is built.
     with pytest.raises(ConfigError, match=r"precision\.float8"):
-        build_parallel_model(CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32",
-                             float8=True)
+        build_parallel_model(
+            CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32", float8=True
+        )

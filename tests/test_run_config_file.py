@@ -14,10 +14,20 @@ from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError, UserError
 
-MODEL = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=256,
-                    tie_embeddings=True, family="qwen3", head_dim=32)
+MODEL = ModelConfig(
+    vocab_size=512,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=128,
+    max_seq_len=256,
+    tie_embeddings=True,
+    family="qwen3",
+    head_dim=32,
+)
 # what `hlat import` wrote for MODEL before it built a RunConfig (its own TOML text)
-IMPORTED_BEFORE = '''# Imported from the Hugging Face model /m/hf by `hlat import`. Sections not given
+IMPORTED_BEFORE = """# Imported from the Hugging Face model /m/hf by `hlat import`. Sections not given
 # here take the preset's (--preset) or the defaults' values.
 name = "imported-continued"
 
@@ -50,7 +60,7 @@ seq_len = 256
 
 [checkpoint]
 init_from = "RUN"
-'''
+"""
 
 
 @pytest.mark.parametrize("preset", [None, "small"])
@@ -74,8 +84,9 @@ def test_a_run_config_round_trips_through_the_one_writer(tmp_path: Path) -> None
 
 
 def test_a_config_toml_written_before_newer_fields_loads(tmp_path: Path) -> None:
-    old = "".join(line for line in RunConfig().to_toml().splitlines(keepends=True)
-                  if not line.startswith(("family = ", "cp = ")))
+    old = "".join(
+        line for line in RunConfig().to_toml().splitlines(keepends=True) if not line.startswith(("family = ", "cp = "))
+    )
     (tmp_path / "config.toml").write_text(old)
     cfg = read_run_config(tmp_path)
     assert cfg.model.family == "llama" and cfg.parallel.cp == 1 and cfg == RunConfig()
@@ -83,7 +94,9 @@ def test_a_config_toml_written_before_newer_fields_loads(tmp_path: Path) -> None
 
 def test_a_bad_run_config_names_the_file_and_field(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text(RunConfig(model=dataclasses.replace(MODEL, n_kv_heads=3)).to_toml())
-    with pytest.raises(ConfigError, match=r"model\.n_kv_heads: n_heads=4 is not divisible by n_kv_heads=3; .* \(in .*config\.toml\)"):
+    with pytest.raises(
+        ConfigError, match=r"model\.n_kv_heads: n_heads=4 is not divisible by n_kv_heads=3; .* \(in .*config\.toml\)"
+    ):
         read_run_config(tmp_path)
     (tmp_path / "config.toml").write_text("[model\n")
     with pytest.raises(UserError, match="cannot read the run config"):

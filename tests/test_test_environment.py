@@ -32,15 +32,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "-c requirements/test.lock" in command and command.endswith("&& python -m pytest"), command
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(rf"^\s*locked\) {re.escape(command)} ;;$", ci, re.MULTILINE), (
-        f".ci/run's locked mode must run README command 2 verbatim: {command}")
+        f".ci/run's locked mode must run README command 2 verbatim: {command}"
+    )
 
 
 def test_lock_pins_every_dependency_within_its_floor() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]]
     pins = locked()
-    assert all(len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==" for reqs in pins.values()
-               for req in reqs), "every line of the lock is an exact pin"
+    assert all(
+        len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==" for reqs in pins.values() for req in reqs
+    ), "every line of the lock is an exact pin"
     for req in wanted:
         name = req.name.lower().replace("_", "-")
         assert name in pins, f"{req.name} is not in {LOCK.name}; refresh it (CONTRIBUTING.md)"

@@ -17,7 +17,6 @@ from hlat.data.tokenizer import Tokenizer
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
-
 from llama3_tokenizer import write_llama3_tokenizer
 from runs import tiny_args, torchrun
 
@@ -29,7 +28,11 @@ def _weights_checkpoint(run: Path, drop: str | None = None) -> Path:
     weights = {k: v for k, v in Llama(TINY).state_dict().items() if k != drop}
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.toml").write_text("[model]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in vars(TINY).items()))
-    return CheckpointManager(run / "checkpoints", keep_last=None).save(0, {"model": weights}, None, {"progress": {"step": 0}}).path
+    return (
+        CheckpointManager(run / "checkpoints", keep_last=None)
+        .save(0, {"model": weights}, None, {"progress": {"step": 0}})
+        .path
+    )
 
 
 def bad_data_row(tmp: Path, corpus: Path) -> tuple[list[str], str]:
@@ -83,8 +86,10 @@ def _trained_run(tmp: Path, corpus: Path) -> Path:
 def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
-    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-                              "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32")
+    return ["train", *args], (
+        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+        "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32"
+    )
 
 
 def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
@@ -92,17 +97,21 @@ def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str
     run = _trained_run(tmp, corpus)
     saved, other = Tokenizer.from_file(run / "tokenizer.json"), write_llama3_tokenizer(tmp / "other.json")
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.tokenizer", str(other))
-    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-                              f"was made with a different tokenizer (saved data.tokenizer fingerprint {saved.fingerprint()}, "
-                              f"now {Tokenizer.from_file(other).fingerprint()}); resume with the data.tokenizer it was made with")
+    return ["train", *args], (
+        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+        f"was made with a different tokenizer (saved data.tokenizer fingerprint {saved.fingerprint()}, "
+        f"now {Tokenizer.from_file(other).fingerprint()}); resume with the data.tokenizer it was made with"
+    )
 
 
 def resume_with_other_max_doc_chars(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.max_doc_chars", "5000")
-    return ["train", *args], (f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-                              "was made with a different data.max_doc_chars (saved data.max_doc_chars=100000, now 5000); "
-                              "resume with data.max_doc_chars=100000")
+    return ["train", *args], (
+        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
+        "was made with a different data.max_doc_chars (saved data.max_doc_chars=100000, now 5000); "
+        "resume with data.max_doc_chars=100000"
+    )
 
 
 def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
@@ -110,12 +119,22 @@ def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
 
 
 def _files(run: Path) -> dict[str, bytes]:
-    return {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file()} if run.is_dir() else {}
+    return (
+        {str(f.relative_to(run)): f.read_bytes() for f in sorted(run.rglob("*")) if f.is_file()} if run.is_dir() else {}
+    )
 
 
 CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
-    bad_data_row, refused_hf_config, corrupt_checkpoint, incomplete_weights, missing_file, resume_with_other_data,
-    resume_with_other_tokenizer, resume_with_other_max_doc_chars, invalid_config]
+    bad_data_row,
+    refused_hf_config,
+    corrupt_checkpoint,
+    incomplete_weights,
+    missing_file,
+    resume_with_other_data,
+    resume_with_other_tokenizer,
+    resume_with_other_max_doc_chars,
+    invalid_config,
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
@@ -157,12 +176,16 @@ def test_debug_flag_and_other_ranks(capsys, monkeypatch):
     with pytest.raises(SystemExit) as left:
         main(["config", "--train.steps", "0"])
     assert left.value.code == USER_ERROR_EXIT
-    assert capsys.readouterr().err == "hlat config (rank 1): invalid configuration:\n  train.steps: must be >= 1, got 0\n"
+    assert (
+        capsys.readouterr().err == "hlat config (rank 1): invalid configuration:\n  train.steps: must be >= 1, got 0\n"
+    )
 
 
 def test_a_bad_layout_is_reported_once_under_torchrun(tmp_path):
     """The layout is checked before any process group starts; rank 0 alone prints it."""
-    done = torchrun(2, ["-m", "hlat", "train", "--parallel.tp", "3", "--train.run_dir", str(tmp_path / "run")], check=False)
+    done = torchrun(
+        2, ["-m", "hlat", "train", "--parallel.tp", "3", "--train.run_dir", str(tmp_path / "run")], check=False
+    )
     assert done.returncode != 0
     assert done.stderr.count("hlat train: invalid configuration") == 1, done.stderr[-3000:]
     assert "parallel.tp: tp=3 x pp=1 = 3 does not divide the world size 2" in done.stderr

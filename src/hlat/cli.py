@@ -23,7 +23,20 @@ from typing import NoReturn
 from hlat.errors import UserError
 
 # subcommand name -> module in hlat.commands (one module may register several names)
-COMMANDS = {"train": "train", "eval": "eval", "params": "params", "config": "config", "presets": "config", "plan": "plan", "prepare": "prepare", "tokenizer": "tokenizer", "export": "export", "import": "import_hf", "doctor": "doctor", "generate": "generate"}
+COMMANDS = {
+    "train": "train",
+    "eval": "eval",
+    "params": "params",
+    "config": "config",
+    "presets": "config",
+    "plan": "plan",
+    "prepare": "prepare",
+    "tokenizer": "tokenizer",
+    "export": "export",
+    "import": "import_hf",
+    "doctor": "doctor",
+    "generate": "generate",
+}
 # the commands whose unknown `--x` arguments are config overrides; the others refuse them
 TAKES_OVERRIDES = {"train", "config", "params", "plan", "prepare", "doctor"}
 EXPECTED = (UserError, FileNotFoundError)  # what the user can fix from the message alone
@@ -50,7 +63,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
-        prog="hlat", allow_abbrev=False,
+        prog="hlat",
+        allow_abbrev=False,
         description="Pre-train LLaMA models with the HLAT recipe. `hlat train` alone trains the tiny preset "
         "on the embedded corpus (Python's standard library) on this machine's CPU, with no download.",
     )

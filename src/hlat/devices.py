@@ -61,27 +61,81 @@ _H100 = "NVIDIA H100 Tensor Core GPU data sheet"
 _A100 = "NVIDIA A100 Tensor Core GPU data sheet (SXM and PCIe share the compute figures)"
 # Node figures: NVLink per GPU from the data sheets (bidirectional, halved: H100/H200 900 GB/s,
 # A100 600 GB/s, B200 1.8 TB/s); networks from the AWS EC2 instance pages (Gbps / 8 / chips).
-_P5 = dict(per_node=8, intra_gbs=450.0, inter_gbs=50.0,
-           node_source="p5.48xlarge: 8 GPUs, NVLink 900 GB/s each, 3,200 Gbps EFA")
-_P5EN = dict(per_node=8, intra_gbs=450.0, inter_gbs=50.0,
-             node_source="p5en.48xlarge: 8 GPUs, NVLink 900 GB/s each, 3,200 Gbps EFA")
-_P4D = dict(per_node=8, intra_gbs=300.0, inter_gbs=6.25,
-            node_source="p4d.24xlarge (40 GB) / p4de.24xlarge (80 GB): 8 GPUs, NVLink 600 GB/s each, 400 Gbps EFA")
-_P6 = dict(per_node=8, intra_gbs=900.0, inter_gbs=50.0,
-           node_source="p6-b200.48xlarge: 8 GPUs, NVLink 1.8 TB/s each, 3,200 Gbps EFA")
+_P5 = dict(
+    per_node=8, intra_gbs=450.0, inter_gbs=50.0, node_source="p5.48xlarge: 8 GPUs, NVLink 900 GB/s each, 3,200 Gbps EFA"
+)
+_P5EN = dict(
+    per_node=8,
+    intra_gbs=450.0,
+    inter_gbs=50.0,
+    node_source="p5en.48xlarge: 8 GPUs, NVLink 900 GB/s each, 3,200 Gbps EFA",
+)
+_P4D = dict(
+    per_node=8,
+    intra_gbs=300.0,
+    inter_gbs=6.25,
+    node_source="p4d.24xlarge (40 GB) / p4de.24xlarge (80 GB): 8 GPUs, NVLink 600 GB/s each, 400 Gbps EFA",
+)
+_P6 = dict(
+    per_node=8,
+    intra_gbs=900.0,
+    inter_gbs=50.0,
+    node_source="p6-b200.48xlarge: 8 GPUs, NVLink 1.8 TB/s each, 3,200 Gbps EFA",
+)
 ACCELERATORS: tuple[Accelerator, ...] = (
-    Accelerator("H100 SXM", ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"), 989.4, 494.7, 66.9, 80, 3.35, f"{_H100}, SXM5",
-                **_P5),
+    Accelerator(
+        "H100 SXM",
+        ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB"),
+        989.4,
+        494.7,
+        66.9,
+        80,
+        3.35,
+        f"{_H100}, SXM5",
+        **_P5,
+    ),
     Accelerator("H100 PCIe", ("NVIDIA H100 PCIe",), 756.5, 378.0, 51.2, 80, 2.0, f"{_H100}, PCIe"),
     Accelerator("H100 NVL", ("NVIDIA H100 NVL",), 835.5, 417.5, 60.0, 94, 3.9, f"{_H100}, H100 NVL (per GPU)"),
-    Accelerator("H200", ("NVIDIA H200",), 989.4, 494.7, 66.9, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, SXM", **_P5EN),
-    Accelerator("H200 NVL", ("NVIDIA H200 NVL",), 835.5, 417.5, 60.0, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, NVL"),
-    Accelerator("GH200", ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"), 989.4, 494.7, 66.9, 96, 4.0,
-                "NVIDIA GH200 Grace Hopper Superchip data sheet, the Hopper GPU (96 GB HBM3; 144 GB HBM3e parts: next row)"),
-    Accelerator("GH200 144GB", ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"), 989.4, 494.7, 66.9, 144, 4.9,
-                "NVIDIA GH200 Grace Hopper Superchip data sheet, HBM3e GPU", min_memory_gib=120),
-    Accelerator("H800", ("NVIDIA H800",), 989.4, 494.7, 66.9, 80, 3.35, "NVIDIA H800 data sheet, SXM5 (H100 SXM compute)"),
-    Accelerator("H800 PCIe", ("NVIDIA H800 PCIe",), 756.5, 378.0, 51.2, 80, 2.0, "NVIDIA H800 data sheet, PCIe (H100 PCIe compute)"),
+    Accelerator(
+        "H200", ("NVIDIA H200",), 989.4, 494.7, 66.9, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, SXM", **_P5EN
+    ),
+    Accelerator(
+        "H200 NVL", ("NVIDIA H200 NVL",), 835.5, 417.5, 60.0, 141, 4.8, "NVIDIA H200 Tensor Core GPU data sheet, NVL"
+    ),
+    Accelerator(
+        "GH200",
+        ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"),
+        989.4,
+        494.7,
+        66.9,
+        96,
+        4.0,
+        "NVIDIA GH200 Grace Hopper Superchip data sheet, the Hopper GPU (96 GB HBM3; 144 GB HBM3e parts: next row)",
+    ),
+    Accelerator(
+        "GH200 144GB",
+        ("NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"),
+        989.4,
+        494.7,
+        66.9,
+        144,
+        4.9,
+        "NVIDIA GH200 Grace Hopper Superchip data sheet, HBM3e GPU",
+        min_memory_gib=120,
+    ),
+    Accelerator(
+        "H800", ("NVIDIA H800",), 989.4, 494.7, 66.9, 80, 3.35, "NVIDIA H800 data sheet, SXM5 (H100 SXM compute)"
+    ),
+    Accelerator(
+        "H800 PCIe",
+        ("NVIDIA H800 PCIe",),
+        756.5,
+        378.0,
+        51.2,
+        80,
+        2.0,
+        "NVIDIA H800 data sheet, PCIe (H100 PCIe compute)",
+    ),
     Accelerator("H20", ("NVIDIA H20",), 148.0, 74.0, 44.0, 96, 4.0, "NVIDIA HGX H20 data sheet"),
     Accelerator("A100 SXM 40GB", ("NVIDIA A100-SXM4-40GB",), 312.0, 156.0, 19.5, 40, 1.555, _A100, **_P4D),
     Accelerator("A100 SXM 80GB", ("NVIDIA A100-SXM4-80GB",), 312.0, 156.0, 19.5, 80, 2.039, _A100, **_P4D),
@@ -90,27 +144,90 @@ ACCELERATORS: tuple[Accelerator, ...] = (
     Accelerator("L4", ("NVIDIA L4",), 121.0, 60.0, 30.3, 24, 0.3, "NVIDIA L4 Tensor Core GPU data sheet"),
     Accelerator("L40", ("NVIDIA L40",), 181.0, 90.5, 90.5, 48, 0.864, "NVIDIA L40 GPU data sheet"),
     Accelerator("L40S", ("NVIDIA L40S",), 362.1, 183.0, 91.6, 48, 0.864, "NVIDIA L40S GPU data sheet"),
-    Accelerator("B200", ("NVIDIA B200",), 2250.0, 1100.0, 75.0, 180, 8.0, "NVIDIA HGX B200 data sheet (8-GPU figures / 8)", **_P6),
-    Accelerator("GB200", ("NVIDIA GB200",), 2500.0, 1250.0, 80.0, 186, 8.0, "NVIDIA GB200 NVL72 data sheet (72-GPU figures / 72)"),
-    Accelerator("MI300X", ("AMD Instinct MI300X", "AMD Instinct MI300X VF"), 1307.4, 653.7, 163.4, 192, 5.3,
-                "AMD Instinct MI300X data sheet"),
-    Accelerator("trn1 NeuronCore-v2", (), 95.0, 95.0, 23.75, 16, 0.41,
-                "AWS Trainium (trn1) chip: 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB HBM, 820 GB/s, over its 2 NeuronCores"),
-    Accelerator("trn2 NeuronCore-v3", (), 83.4, 83.4, 22.6, 12, 0.36,
-                "AWS Trainium2 chip: 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB HBM, 2.9 TB/s, over its 8 NeuronCores "
-                "(a rank of the default logical NeuronCore size 2 drives two)"),
+    Accelerator(
+        "B200",
+        ("NVIDIA B200",),
+        2250.0,
+        1100.0,
+        75.0,
+        180,
+        8.0,
+        "NVIDIA HGX B200 data sheet (8-GPU figures / 8)",
+        **_P6,
+    ),
+    Accelerator(
+        "GB200",
+        ("NVIDIA GB200",),
+        2500.0,
+        1250.0,
+        80.0,
+        186,
+        8.0,
+        "NVIDIA GB200 NVL72 data sheet (72-GPU figures / 72)",
+    ),
+    Accelerator(
+        "MI300X",
+        ("AMD Instinct MI300X", "AMD Instinct MI300X VF"),
+        1307.4,
+        653.7,
+        163.4,
+        192,
+        5.3,
+        "AMD Instinct MI300X data sheet",
+    ),
+    Accelerator(
+        "trn1 NeuronCore-v2",
+        (),
+        95.0,
+        95.0,
+        23.75,
+        16,
+        0.41,
+        "AWS Trainium (trn1) chip: 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB HBM, 820 GB/s, over its 2 NeuronCores",
+    ),
+    Accelerator(
+        "trn2 NeuronCore-v3",
+        (),
+        83.4,
+        83.4,
+        22.6,
+        12,
+        0.36,
+        "AWS Trainium2 chip: 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB HBM, 2.9 TB/s, over its 8 NeuronCores "
+        "(a rank of the default logical NeuronCore size 2 drives two)",
+    ),
     # Whole chips, for planning by the chip as HLAT counts its 4096 accelerators. NeuronLink per chip
     # as the Neuron docs give it (trn1: 384 GiB/s per device; Trainium2: 1.28 TB/s per chip), whether
     # one way or both not said: halved, as NVLink's 900 GB/s (both ways) gives 450 one way.
-    Accelerator("trn1", (), 190.0, 190.0, 47.5, 32, 0.82,
-                "AWS Neuron docs, Trainium architecture: 2 NeuronCore-v2, 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB, 820 GB/s",
-                per_node=16, intra_gbs=206.0, inter_gbs=6.25,
-                node_source="trn1.32xlarge: 16 chips, NeuronLink-v2 384 GiB/s per chip, 800 Gbps EFA (Neuron docs, trn1 architecture)"),
-    Accelerator("trn2", (), 667.0, 667.0, 181.0, 96, 2.9,
-                "AWS Neuron docs, Trainium2 architecture: 8 NeuronCore-v3, 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB, 2.9 TB/s",
-                per_node=16, intra_gbs=640.0, inter_gbs=25.0,
-                node_source="trn2.48xlarge: 16 chips, NeuronLink-v3 1.28 TB/s per chip (Neuron docs, Trainium2 architecture), "
-                            "3.2 Tbps EFAv3 (AWS EC2 Trn2 page)"),
+    Accelerator(
+        "trn1",
+        (),
+        190.0,
+        190.0,
+        47.5,
+        32,
+        0.82,
+        "AWS Neuron docs, Trainium architecture: 2 NeuronCore-v2, 190 BF16/TF32 TFLOP/s, 47.5 FP32, 32 GiB, 820 GB/s",
+        per_node=16,
+        intra_gbs=206.0,
+        inter_gbs=6.25,
+        node_source="trn1.32xlarge: 16 chips, NeuronLink-v2 384 GiB/s per chip, 800 Gbps EFA (Neuron docs, trn1 architecture)",
+    ),
+    Accelerator(
+        "trn2",
+        (),
+        667.0,
+        667.0,
+        181.0,
+        96,
+        2.9,
+        "AWS Neuron docs, Trainium2 architecture: 8 NeuronCore-v3, 667 dense BF16/TF32 TFLOP/s, 181 FP32, 96 GiB, 2.9 TB/s",
+        per_node=16,
+        intra_gbs=640.0,
+        inter_gbs=25.0,
+        node_source="trn2.48xlarge: 16 chips, NeuronLink-v3 1.28 TB/s per chip (Neuron docs, Trainium2 architecture), "
+        "3.2 Tbps EFAv3 (AWS EC2 Trn2 page)",
+    ),
 )
 
 
@@ -133,8 +250,11 @@ def by_table_name(name: str) -> Accelerator:
 def format_table() -> str:
     """The table as `hlat plan --device list` prints it."""
     lines = [f"{'device':<20} {'bf16 TFLOP/s':>12} {'tf32':>7} {'fp32':>6} {'memory GiB':>10} {'TB/s':>6}  source"]
-    lines += [f"{a.name:<20} {a.bf16_tflops:>12,.1f} {a.tf32_tflops:>7,.1f} {a.fp32_tflops:>6.1f} {a.memory_gib:>10g} "
-              f"{a.bandwidth_tbs:>6g}  {a.source}" for a in ACCELERATORS]
+    lines += [
+        f"{a.name:<20} {a.bf16_tflops:>12,.1f} {a.tf32_tflops:>7,.1f} {a.fp32_tflops:>6.1f} {a.memory_gib:>10g} "
+        f"{a.bandwidth_tbs:>6g}  {a.source}"
+        for a in ACCELERATORS
+    ]
     return "\n".join(lines)
 
 

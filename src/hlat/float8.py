@@ -51,8 +51,12 @@ def check_float8(device: torch.device, tp: int = 1) -> None:
 def _block_linear(module: nn.Module, fqn: str) -> bool:
     """torchao's module filter: linears inside the transformer blocks whose sizes `_scaled_mm`
     accepts (both dimensions multiples of 16); the output head and anything else stay as they are."""
-    return (isinstance(module, nn.Linear) and fqn.startswith("layers.")
-            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+    return (
+        isinstance(module, nn.Linear)
+        and fqn.startswith("layers.")
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
 
 
 def convert_to_float8(model: nn.Module) -> int:

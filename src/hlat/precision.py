@@ -188,8 +188,7 @@ def state_bytes_per_param(params: Iterable[torch.Tensor], optimizer: torch.optim
         total += 2 * local.numel() * local.element_size()
         state = optimizer.state.get(p) if optimizer is not None else None
         if state:
-            total += sum(local_tensor(t).nbytes
-                         for t in state.values() if isinstance(t, torch.Tensor) and t.ndim > 0)
+            total += sum(local_tensor(t).nbytes for t in state.values() if isinstance(t, torch.Tensor) and t.ndim > 0)
         else:
             total += 2 * local.numel() * local.element_size()
     return total / max(count, 1)

@@ -13,21 +13,32 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hlat.checkpoint import CheckpointError, CheckpointManager
 from hlat import atomic_files
+from hlat.checkpoint import CheckpointError, CheckpointManager
 from hlat.checkpoint.manager import own_files
-
 from runs import ScenarioContext
 
 # (HLAT_FAULT fault, the rank it strikes, background save): every one of hlat's own save steps
-FAULTS = [("fail-mkdir", 0, False), ("fail-write", 1, False), ("fail-hash", 1, False), ("fail-commit", 0, False),
-          ("fail-write", 0, True), ("fail-hash", 1, True), ("fail-commit", 0, True)]
+FAULTS = [
+    ("fail-mkdir", 0, False),
+    ("fail-write", 1, False),
+    ("fail-hash", 1, False),
+    ("fail-commit", 0, False),
+    ("fail-write", 0, True),
+    ("fail-hash", 1, True),
+    ("fail-commit", 0, True),
+]
 
 
 def _save(mgr: CheckpointManager, rank: int, step: int, background: bool = False) -> None:
     sharded = {"model": {f"w{rank}": torch.full((1000,), float(10 * step + rank))}}  # each rank its own tensor
-    mgr.save(step, sharded, {"loader": {"rank": rank}}, {"progress": {"step": step}} if rank == 0 else None,
-             background=background)
+    mgr.save(
+        step,
+        sharded,
+        {"loader": {"rank": rank}},
+        {"progress": {"step": step}} if rank == 0 else None,
+        background=background,
+    )
 
 
 def saves_and_shared_verification(ctx: ScenarioContext) -> None:
@@ -61,7 +72,13 @@ def saves_and_shared_verification(ctx: ScenarioContext) -> None:
             shard.write_bytes(original)
     finally:
         atomic_files.sha256_file = sha256
-    record = {"own": own, "clean": clean.name, "hashed": hashed_clean, "fallback": fallback.name, "printed": printed.getvalue()}
+    record = {
+        "own": own,
+        "clean": clean.name,
+        "hashed": hashed_clean,
+        "fallback": fallback.name,
+        "printed": printed.getvalue(),
+    }
     (ctx.out / f"result.rank{rank}.json").write_text(json.dumps(record))
 
 

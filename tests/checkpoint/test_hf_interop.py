@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from deps import require
 from hlat.checkpoint.hf_import import ImportRefused
 from hlat.cli import main
 from hlat.config.load import load_config
 from hlat.eval import load_model
 from hlat.train.trainer import Trainer
-
 from runs import tiny_args
-from deps import require
 
 transformers = require("transformers")
 
@@ -38,8 +37,16 @@ def test_export_loads_in_transformers_and_imports_back(small_corpus, tmp_path, c
     with torch.no_grad():
         assert (hf(ids).logits - ours(ids)).abs().max().item() < 1e-4
 
-    fresh = Trainer(load_config("tiny", None, tiny_args(small_corpus, tmp_path / "continued", "--train.steps", "2",
-                                                        "--checkpoint.init_from", f"hf:{out}")), out=print)
+    fresh = Trainer(
+        load_config(
+            "tiny",
+            None,
+            tiny_args(
+                small_corpus, tmp_path / "continued", "--train.steps", "2", "--checkpoint.init_from", f"hf:{out}"
+            ),
+        ),
+        out=print,
+    )
     assert "initialised from Hugging Face weights" in capsys.readouterr().out
     assert fresh.step == 0 and not fresh.optimizers.optimizers[0].state  # a new optimizer
     for name, value in ours.state_dict().items():
@@ -52,18 +59,27 @@ def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB", **v
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=8, num_key_value_heads=n_kv_heads, max_position_embeddings=64,
-                                      rope_theta=500000.0, rms_norm_eps=1e-6,
-                                      **{"tie_word_embeddings": False, **variant})
+    config = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=n_kv_heads,
+        max_position_embeddings=64,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-6,
+        **{"tie_word_embeddings": False, **variant},
+    )
     config._attn_implementation = "eager"
     model = transformers.LlamaForCausalLM(config).float().eval()
     with torch.no_grad():  # perturb everything, norms included, so a swapped mapping shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(directory, max_shard_size=max_shard_size, safe_serialization=True)
-    tk = Tokenizer(models.WordLevel({"</s>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i + 3 for i in range(93)}},
-                                    unk_token="<unk>"))
+    tk = Tokenizer(
+        models.WordLevel({"</s>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i + 3 for i in range(93)}}, unk_token="<unk>")
+    )
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     tk.add_special_tokens(["</s>", "<s>"])
     tk.save(str(directory / "tokenizer.json"))
@@ -97,10 +113,18 @@ def test_import_gives_transformers_logits(tmp_path, capsys, n_kv_heads, max_shar
 VARIANTS = {
     "smollm2-tied": dict(tie_word_embeddings=True),
     # Llama 3.1's rope_scaling, pre-trained length scaled down so 40 positions span all three bands
-    "llama3.1-rope": dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-    "head_dim-bias-linear": dict(head_dim=16, attention_bias=True, mlp_bias=True,
-                                 rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "llama3.1-rope": dict(
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        }
+    ),
+    "head_dim-bias-linear": dict(
+        head_dim=16, attention_bias=True, mlp_bias=True, rope_scaling={"rope_type": "linear", "factor": 2.0}
+    ),
 }
 
 
@@ -125,10 +149,30 @@ def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, va
         assert (loaded.model(ids) - expected).abs().max().item() < 1e-4
     assert sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in hf.parameters())
 
-    args = ["--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "2",
-            "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
-            "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
-            "--checkpoint.init_from", f"hf:{tmp_path / 'hf'}"]
+    args = [
+        "--data.source",
+        str(small_corpus),
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "2",
+        "--train.micro_batch",
+        "2",
+        "--train.steps",
+        "1",
+        "--precision.mode",
+        "fp32",
+        "--eval.every",
+        "0",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.run_dir",
+        str(tmp_path / "continued"),
+        "--checkpoint.init_from",
+        f"hf:{tmp_path / 'hf'}",
+    ]
     trainer = Trainer(load_config("tiny", run / "config.toml", args), out=print)
     assert "initialised from Hugging Face weights" in capsys.readouterr().out
     model = trainer.model.raw_parts[0]
@@ -142,12 +186,15 @@ def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, va
         assert (back(ids).logits - expected).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}"),
-    ("head_dim", 7, "head_dim=7 is odd"),
-    ("hidden_act", "gelu", "hidden_act='gelu'"),
-    ("model_type", "mistral", "model_type='mistral': hlat loads the model types 'llama' and 'qwen3'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "rope_scaling={'rope_type': 'yarn', 'factor': 2.0}"),
+        ("head_dim", 7, "head_dim=7 is odd"),
+        ("hidden_act", "gelu", "hidden_act='gelu'"),
+        ("model_type", "mistral", "model_type='mistral': hlat loads the model types 'llama' and 'qwen3'"),
+    ],
+)
 def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, value, message):
     _hf_llama(tmp_path / "hf", 2)
     config_file = tmp_path / "hf" / "config.json"
@@ -156,7 +203,6 @@ def test_import_refuses_what_hlat_cannot_represent(tmp_path, capsys, field, valu
     err = capsys.readouterr().err
     assert str(config_file) in err and message in err
     assert not (tmp_path / "run").exists()  # nothing written
-
 
 
 @pytest.fixture(scope="module")
@@ -178,10 +224,14 @@ def _word_level(file: Path, specials: list[str], words: int) -> None:
     tk.save(str(file))
 
 
-@pytest.mark.parametrize("specials,words,message", [
-    (["<s>"], 94, "has no end-of-document token: looked for </s>, <|endoftext|>, <|end_of_text|>, <eos>"),
-    (["</s>", "<s>"], 197, "has 200 tokens but config.json vocab_size=96"),
-], ids=["no-eos", "more-tokens-than-vocab_size"])
+@pytest.mark.parametrize(
+    "specials,words,message",
+    [
+        (["<s>"], 94, "has no end-of-document token: looked for </s>, <|endoftext|>, <|end_of_text|>, <eos>"),
+        (["</s>", "<s>"], 197, "has 200 tokens but config.json vocab_size=96"),
+    ],
+    ids=["no-eos", "more-tokens-than-vocab_size"],
+)
 def test_import_refuses_a_tokenizer_hlat_cannot_use(hf_source, tmp_path, capsys, specials, words, message):
     hf = tmp_path / "hf"
     shutil.copytree(hf_source, hf)
@@ -203,9 +253,11 @@ class _Payload:
         return (self.function, (self.argument,))
 
 
-@pytest.mark.parametrize("layout,function,named", [("single", os.system, f"{os.system.__module__}.system"),
-                                                   ("sharded", exec, "exec")],
-                         ids=["bin-os.system", "sharded-bin-builtins.exec"])
+@pytest.mark.parametrize(
+    "layout,function,named",
+    [("single", os.system, f"{os.system.__module__}.system"), ("sharded", exec, "exec")],
+    ids=["bin-os.system", "sharded-bin-builtins.exec"],
+)
 def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpus, capsys, layout, function, named):
     """A pytorch_model.bin (or the last shard of a pytorch_model.bin.index.json) whose pickle
     calls os.system or exec, saved by torch.save like a real checkpoint: hlat import,
@@ -223,26 +275,61 @@ def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpu
         torch.save({**weights, "payload": payload}, crafted)
     else:
         names = sorted(weights)
-        shards = {"pytorch_model-00001-of-00002.bin": names[:len(names) // 2],
-                  "pytorch_model-00002-of-00002.bin": names[len(names) // 2:]}
+        shards = {
+            "pytorch_model-00001-of-00002.bin": names[: len(names) // 2],
+            "pytorch_model-00002-of-00002.bin": names[len(names) // 2 :],
+        }
         for shard, members in shards.items():
             torch.save({name: weights[name] for name in members}, hf / shard)
         crafted = hf / "pytorch_model-00002-of-00002.bin"
         torch.save({**{name: weights[name] for name in shards[crafted.name]}, "payload": payload}, crafted)
-        (hf / "pytorch_model.bin.index.json").write_text(json.dumps(
-            {"weight_map": {name: shard for shard, members in shards.items() for name in members}}))
+        (hf / "pytorch_model.bin.index.json").write_text(
+            json.dumps({"weight_map": {name: shard for shard, members in shards.items() for name in members}})
+        )
     refused = f"{crafted}: refused, its pickle asks for {named}, which no weights file needs"
 
     assert main(["import", str(hf), str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert refused in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # nothing written
-    args = ["--data.source", str(small_corpus), "--data.tokenizer", str(hf / "tokenizer.json"),
-            "--model.vocab_size", "96", "--model.d_model", "64", "--model.n_heads", "8", "--model.n_kv_heads", "2",
-            "--model.ffn_dim", "160", "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "2",
-            "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
-            "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
-            "--checkpoint.init_from", f"hf:{hf}"]
+    args = [
+        "--data.source",
+        str(small_corpus),
+        "--data.tokenizer",
+        str(hf / "tokenizer.json"),
+        "--model.vocab_size",
+        "96",
+        "--model.d_model",
+        "64",
+        "--model.n_heads",
+        "8",
+        "--model.n_kv_heads",
+        "2",
+        "--model.ffn_dim",
+        "160",
+        "--model.max_seq_len",
+        "64",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "2",
+        "--train.micro_batch",
+        "2",
+        "--train.steps",
+        "1",
+        "--precision.mode",
+        "fp32",
+        "--eval.every",
+        "0",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.run_dir",
+        str(tmp_path / "continued"),
+        "--checkpoint.init_from",
+        f"hf:{hf}",
+    ]
     with pytest.raises(ImportRefused, match=refused):
         Trainer(load_config("tiny", None, args), out=lambda _: None)
     with pytest.raises(ImportRefused, match=refused):
@@ -251,15 +338,38 @@ def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpu
     torch.load(crafted, weights_only=False)  # the control: full unpickling runs the payload
     assert marker.exists()
 
+
 def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     _hf_llama(tmp_path / "hf", 2)
     run = tmp_path / "imported"
     assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
     imported = load_model(run).model.state_dict()
-    args = ["--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "4",
-            "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--precision.mode", "fp32",
-            "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1", "--eval.every", "0",
-            "--train.run_dir", str(tmp_path / "continued")]
+    args = [
+        "--data.source",
+        str(small_corpus),
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "4",
+        "--train.micro_batch",
+        "2",
+        "--train.steps",
+        "2",
+        "--train.log_every",
+        "1",
+        "--precision.mode",
+        "fp32",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.peak_tflops",
+        "1",
+        "--eval.every",
+        "0",
+        "--train.run_dir",
+        str(tmp_path / "continued"),
+    ]
     cfg = load_config("tiny", run / "config.toml", args)  # the imported architecture, tokenizer and weights
     assert cfg.checkpoint.init_from == str(run.resolve()) and cfg.name == "imported-continued"
     trainer = Trainer(cfg, out=print)
@@ -287,12 +397,44 @@ def test_continued_pretraining_lowers_held_out_loss(tmp_path):
     corpus.mkdir()
     for doc in range(40):
         (corpus / f"{doc:02d}.txt").write_text(" ".join(f"w{(doc * 7 + i) % 93}" for i in range(120)))
-    args = ["--data.source", str(corpus), "--data.val_source", "holdout", "--data.val_fraction", "0.1",
-            "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "4", "--train.steps", "6",
-            "--optim.lr", "3e-3", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "6",
-            "--precision.mode", "fp32", "--train.tensorboard", "false", "--train.plot", "false",
-            "--train.peak_tflops", "1", "--eval.every", "6", "--eval.batches", "2", "--train.sample_prompt", "",
-            "--train.run_dir", str(tmp_path / "continued")]
+    args = [
+        "--data.source",
+        str(corpus),
+        "--data.val_source",
+        "holdout",
+        "--data.val_fraction",
+        "0.1",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "8",
+        "--train.micro_batch",
+        "4",
+        "--train.steps",
+        "6",
+        "--optim.lr",
+        "3e-3",
+        "--schedule.warmup_steps",
+        "1",
+        "--schedule.decay_steps",
+        "6",
+        "--precision.mode",
+        "fp32",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.peak_tflops",
+        "1",
+        "--eval.every",
+        "6",
+        "--eval.batches",
+        "2",
+        "--train.sample_prompt",
+        "",
+        "--train.run_dir",
+        str(tmp_path / "continued"),
+    ]
     trainer = Trainer(load_config("tiny", run / "config.toml", args), out=lambda _: None)
     before = trainer.model.validation_loss(trainer.val_batches)
     trainer.fit()

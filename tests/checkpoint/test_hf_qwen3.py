@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from deps import require
 from hlat.cli import main
 from hlat.eval import load_model
-
-from deps import require
 
 transformers = require("transformers")
 
@@ -21,16 +20,27 @@ def _hf_qwen3(directory: Path, **variant) -> torch.nn.Module:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     torch.manual_seed(0)
-    config = transformers.Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                      max_position_embeddings=64, rope_theta=1e6, rms_norm_eps=1e-6,
-                                      **{"tie_word_embeddings": False, **variant})
+    config = transformers.Qwen3Config(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        **{"tie_word_embeddings": False, **variant},
+    )
     model = transformers.Qwen3ForCausalLM(config).float().eval()
     with torch.no_grad():  # perturb everything, the QK-norms included, so a swapped mapping shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     model.save_pretrained(directory, safe_serialization=True)
-    tk = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(94)}}, unk_token="<unk>"))
+    tk = Tokenizer(
+        models.WordLevel({"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(94)}}, unk_token="<unk>")
+    )
     tk.pre_tokenizer = pre_tokenizers.Whitespace()
     tk.add_special_tokens(["<|endoftext|>"])
     tk.save(str(directory / "tokenizer.json"))

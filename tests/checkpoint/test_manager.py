@@ -90,8 +90,10 @@ def test_pickled_code_is_refused_in_dcp_metadata(tmp_path, capsys):
 
 
 SAVES, FAULTY = "checkpoint-two-rank-saves", "checkpoint-save-faults"
-SCENARIOS = [Scenario(SAVES, "checkpoint/manager_runs.py:saves_and_shared_verification", 2),
-             Scenario(FAULTY, "checkpoint/manager_runs.py:save_faults", 2)]
+SCENARIOS = [
+    Scenario(SAVES, "checkpoint/manager_runs.py:saves_and_shared_verification", 2),
+    Scenario(FAULTY, "checkpoint/manager_runs.py:save_faults", 2),
+]
 
 
 def test_two_ranks_hash_their_own_files_sync_and_async(scenarios):
@@ -100,13 +102,18 @@ def test_two_ranks_hash_their_own_files_sync_and_async(scenarios):
     assert [p.name for p in mgr.checkpoints()] == ["step_00000001", "step_00000002"]
     for rank in (0, 1):  # the DCP files each rank hashed at save time are the ones it wrote
         own = scenarios.json(SAVES, f"result.rank{rank}.json")["own"]
-        assert own == {step: [f"rank_{rank:05d}.pt", f"__{rank}_0.distcp"] for step in ("step_00000001", "step_00000002")}
+        assert own == {
+            step: [f"rank_{rank:05d}.pt", f"__{rank}_0.distcp"] for step in ("step_00000001", "step_00000002")
+        }
     for path in mgr.checkpoints():
         manifest = mgr.check(path)
         assert manifest["world"] == 2
         on_disk = {str(f.relative_to(path)) for f in path.rglob("*") if f.is_file()} - {"manifest.json"}
-        assert set(manifest["files"]) == on_disk == {"rank_00000.pt", "rank_00001.pt", "shared.pt", "dcp/.metadata",
-                                                     "dcp/__0_0.distcp", "dcp/__1_0.distcp"}
+        assert (
+            set(manifest["files"])
+            == on_disk
+            == {"rank_00000.pt", "rank_00001.pt", "shared.pt", "dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"}
+        )
         for name, entry in manifest["files"].items():
             data = (path / name).read_bytes()
             assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
@@ -123,8 +130,14 @@ def test_resume_verification_is_shared_and_agreed(scenarios):
     hashed = [set(r["hashed"]) for r in results]
     assert {"rank_00000.pt", "dcp/__0_0.distcp"} <= hashed[0] and {"rank_00001.pt", "dcp/__1_0.distcp"} <= hashed[1]
     assert not hashed[0] & hashed[1]  # nothing is hashed twice
-    assert hashed[0] | hashed[1] == {"rank_00000.pt", "rank_00001.pt", "shared.pt", "dcp/.metadata",
-                                     "dcp/__0_0.distcp", "dcp/__1_0.distcp"}
+    assert hashed[0] | hashed[1] == {
+        "rank_00000.pt",
+        "rank_00001.pt",
+        "shared.pt",
+        "dcp/.metadata",
+        "dcp/__0_0.distcp",
+        "dcp/__1_0.distcp",
+    }
     assert [r["fallback"] for r in results] == ["step_00000001"] * 2
     assert "step_00000002: rank 1: dcp/__1_0.distcp fails its SHA-256 check" in results[0]["printed"]
     assert results[1]["printed"] == ""  # rank 0 alone reports

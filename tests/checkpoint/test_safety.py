@@ -24,7 +24,6 @@ from hlat.checkpoint.manager import FORMAT_VERSION
 from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
-
 from runs import tiny_args
 
 
@@ -37,8 +36,10 @@ def trained(small_corpus, tmp_path_factory) -> Path:
     """A tiny run of 2 steps with a checkpoint after each (model, AdamW state with param_groups, data
     position): the tests craft the newest, step 2; step 1 is what a resume may fall back to."""
     run = tmp_path_factory.mktemp("safety") / "run"
-    Trainer(load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "1")),
-            out=quiet).fit()
+    Trainer(
+        load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "2", "--checkpoint.every", "1")),
+        out=quiet,
+    ).fit()
     return run
 
 
@@ -52,8 +53,14 @@ def run_copy(trained: Path, tmp_path: Path) -> tuple[Path, Path]:
 def rewrite_manifest(checkpoint: Path) -> None:
     """The manifest as an attacker would leave it: true size and SHA-256 of every file on disk."""
     manifest = json.loads((checkpoint / "manifest.json").read_text())
-    manifest["files"] = {str(f.relative_to(checkpoint)): {"bytes": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-                         for f in sorted(checkpoint.rglob("*")) if f.is_file() and f.name != "manifest.json"}
+    manifest["files"] = {
+        str(f.relative_to(checkpoint)): {
+            "bytes": f.stat().st_size,
+            "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+        }
+        for f in sorted(checkpoint.rglob("*"))
+        if f.is_file() and f.name != "manifest.json"
+    }
     (checkpoint / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -66,8 +73,14 @@ def dotted_gadget(marker: Path) -> bytes:
     """Pickle protocol 4 calling os.system through a DCP module that imports os: STACK_GLOBAL
     resolves the dotted qualified name "os.system" attribute by attribute. A module-prefix
     allow-list ("torch.distributed.checkpoint.*") lets it through."""
-    return (b"\x80\x04" + _unicode("torch.distributed.checkpoint.filesystem") + _unicode("os.system") + b"\x93"
-            + _unicode(f"touch {marker}") + b"\x85R.")  # TUPLE1, REDUCE, STOP
+    return (
+        b"\x80\x04"
+        + _unicode("torch.distributed.checkpoint.filesystem")
+        + _unicode("os.system")
+        + b"\x93"
+        + _unicode(f"touch {marker}")
+        + b"\x85R."
+    )  # TUPLE1, REDUCE, STOP
 
 
 class _System:
@@ -94,7 +107,9 @@ def test_dotted_name_gadget_in_dcp_metadata_runs_nothing(trained, tmp_path, caps
     assert mgr.latest() == checkpoint.parent / "step_00000001"  # skipped like a corrupt checkpoint
     assert refused in capsys.readouterr().out
     with pytest.raises(CheckpointError, match=where):
-        mgr.load_sharded(checkpoint, {"model": {"norm.weight": torch.zeros(64)}})  # DCP's own read goes through the allow-list too
+        mgr.load_sharded(
+            checkpoint, {"model": {"norm.weight": torch.zeros(64)}}
+        )  # DCP's own read goes through the allow-list too
     with pytest.raises(CheckpointError, match=refused):
         load_model(run)  # hlat eval / hlat export
     assert not marker.exists()
@@ -141,8 +156,15 @@ def test_tampered_manifests_are_refused(trained, tmp_path):
     shard = "dcp/__0_0.distcp"
     refused(lambda m: m["files"][shard].update(sha256="0" * 64), f"{shard} fails its SHA-256 check")
     refused(lambda m: m["files"][shard].update(bytes=1), f"{shard} has \\d+ bytes, manifest says 1", verify=False)
-    refused(lambda m: m["files"].update({"rank_00001.pt": m["files"]["rank_00000.pt"]}), "missing rank_00001.pt", verify=False)
-    refused(lambda m: m.update(format=1), f"checkpoint format 1, this hlat reads format {FORMAT_VERSION}: use the hlat version that wrote it")
+    refused(
+        lambda m: m["files"].update({"rank_00001.pt": m["files"]["rank_00000.pt"]}),
+        "missing rank_00001.pt",
+        verify=False,
+    )
+    refused(
+        lambda m: m.update(format=1),
+        f"checkpoint format 1, this hlat reads format {FORMAT_VERSION}: use the hlat version that wrote it",
+    )
     refused(lambda m: m["files"].update({"../outside": m["files"]["shared.pt"]}), "manifest.json is malformed")
     refused(lambda m: m["files"].pop("dcp/.metadata"), "does not list dcp/.metadata")
     (checkpoint / "manifest.json").write_text(original)
@@ -169,7 +191,11 @@ def test_metadata_naming_a_file_outside_dcp_is_skipped(trained, small_corpus, tm
     with pytest.raises(CheckpointError, match=refused):
         load_model(run)  # hlat eval / hlat export: the newest checkpoint, no fallback
     lines: list[str] = []
-    Trainer(load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "3")), resume="require", out=lines.append)
+    Trainer(
+        load_config("tiny", None, tiny_args(small_corpus, run, "--train.steps", "3")),
+        resume="require",
+        out=lines.append,
+    )
     assert any(f"resuming from {checkpoint.parent / 'step_00000001'}" in line for line in lines)
     assert f"skipping checkpoint {checkpoint}" in capsys.readouterr().out
 

@@ -47,8 +47,11 @@ def _incomplete(seed: int = 1) -> dict[str, torch.Tensor]:
 
 def test_complete_sources_load_exactly(tmp_path):
     source = _weights(1)
-    for spec in (str(_hlat_checkpoint(tmp_path / "run", source)), str(tmp_path / "run"),
-                 f"hf:{_hf_dir(tmp_path / 'hf', source)}"):
+    for spec in (
+        str(_hlat_checkpoint(tmp_path / "run", source)),
+        str(tmp_path / "run"),
+        f"hf:{_hf_dir(tmp_path / 'hf', source)}",
+    ):
         model = Llama(CFG)
         init_weights(spec, [model])
         for name, value in source.items():

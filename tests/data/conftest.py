@@ -23,9 +23,7 @@ def make_corpus(root, n_docs: int = 40, seed: int = 0, long_chars: int = 6000) -
     docs: dict[str, str] = {}
     for i in range(n_docs):
         n_lines = rng.randint(1, 12)
-        lines = [
-            " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(n_lines)
-        ]
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12))) for _ in range(n_lines)]
         docs[f"doc{i:03d}.txt"] = f"document {i}\n" + "\n".join(lines) + "\n"
     long_lines = []
     while sum(map(len, long_lines)) < long_chars:

@@ -7,9 +7,6 @@ from __future__ import annotations
 import pytest
 import tokenizers
 import torch
-from llama3_tokenizer import BOS, EOS, EOT, SPECIALS, write_llama3_tokenizer
-from runs import tiny_args
-from test_data_packing import BATCH, SEQ, head_of, reference_docs, roundtrip
 
 import hlat.data.documents as documents
 from hlat.cli import USER_ERROR_EXIT, main
@@ -31,6 +28,9 @@ from hlat.data import (
 )
 from hlat.data.tokenizer import BOS_CANDIDATES
 from hlat.errors import ConfigError
+from llama3_tokenizer import BOS, EOS, EOT, SPECIALS, write_llama3_tokenizer
+from runs import tiny_args
+from test_data_packing import BATCH, SEQ, head_of, reference_docs, roundtrip
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +129,11 @@ def test_exact_resume_mid_document_with_bos(source, l3, streamed, monkeypatch):
     assert torch.cat(got).flatten().tolist() == bos_stream(source, l3, 11, 2)[: (n + ahead) * SEQ * BATCH]
     inside = [k for k in range(n) if head_of(states[k])[2] > 0]
     long_index = len(source) - 1  # sub/long.md sorts last
-    in_long = [k for k in inside if base.documents_for_epoch(head_of(states[k])[0])[head_of(states[k])[1]] == long_index]
+    in_long = [
+        k for k in inside if base.documents_for_epoch(head_of(states[k])[0])[head_of(states[k])[1]] == long_index
+    ]
     assert len(in_long) >= 2
-    for k in inside[::max(1, len(inside) // 5)] + in_long[:2]:
+    for k in inside[:: max(1, len(inside) // 5)] + in_long[:2]:
         resumed = PackedLoader(source, l3, SEQ, BATCH, seed=11, bos_id=l3.bos_id)
         resumed.load_state_dict(states[k])
         for j in range(ahead):
@@ -177,8 +179,14 @@ def test_shards_and_mixtures_with_bos(tmp_path, source, l3, corpus_factory):
 
 
 def test_data_bos_through_the_config(corpus_dir, llama3_file, l3, tok, tmp_path):
-    cfg = DataConfig(source=str(corpus_dir), tokenizer=str(llama3_file), bos=True, seq_len=SEQ,
-                     val_source="holdout", val_fraction=0.1)
+    cfg = DataConfig(
+        source=str(corpus_dir),
+        tokenizer=str(llama3_file),
+        bos=True,
+        seq_len=SEQ,
+        val_source="holdout",
+        val_fraction=0.1,
+    )
     assert build_loader(cfg, l3, seed=0, batch_size=2).next_batch().tokens[0, 0] == l3.bos_id
     assert Validation(cfg, l3, 2, 1).batches()[0].tokens[0, 0] == l3.bos_id
     bpe = tmp_path / "bpe.json"
@@ -194,8 +202,20 @@ def test_hlat_train_with_llama3_tokenizer_and_bos(small_corpus, llama3_file, tok
     """`hlat train` with the tokenizer file and data.bos (and document masking): 1 tiny step; a
     tokenizer without BOS is refused at start-up, naming data.bos and the file."""
     run = tmp_path / "run"
-    args = tiny_args(small_corpus, run, "--data.tokenizer", str(llama3_file), "--data.bos", "true",
-                     "--data.document_masking", "true", "--train.steps", "1", "--train.global_batch", "2")
+    args = tiny_args(
+        small_corpus,
+        run,
+        "--data.tokenizer",
+        str(llama3_file),
+        "--data.bos",
+        "true",
+        "--data.document_masking",
+        "true",
+        "--train.steps",
+        "1",
+        "--train.global_batch",
+        "2",
+    )
     assert main(["train", *args]) == 0
     assert "bos = true" in (run / "config.toml").read_text()
     assert Tokenizer.from_file(run / "tokenizer.json").bos_token == BOS

@@ -18,8 +18,19 @@ def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):
     assert main(["tokenizer", "train", str(rows), "--vocab-size", "300", "--out", str(tmp_path / "t.json")]) == 0
     out = capsys.readouterr().out
     assert "300-token byte-level BPE" in out and load_tokenizer(tmp_path / "t.json").vocab_size == 300
-    args = ["prepare", "--out", str(tmp_path / "shards"), "--docs-per-shard", "7", "--data.source", str(rows),
-            "--data.tokenizer", str(tmp_path / "t.json"), "--model.vocab_size", "300"]
+    args = [
+        "prepare",
+        "--out",
+        str(tmp_path / "shards"),
+        "--docs-per-shard",
+        "7",
+        "--data.source",
+        str(rows),
+        "--data.tokenizer",
+        str(tmp_path / "t.json"),
+        "--model.vocab_size",
+        "300",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "prepared" in out and "uint16" in out and f"--data.source {tmp_path / 'shards'}" in out
@@ -29,9 +40,14 @@ def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):
 
 def test_sentencepiece_model(tmp_path, source):
     texts = [source[i] for i in range(len(source)) if source[i].strip()]
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(tmp_path / "sp"),
-                                   vocab_size=400, model_type="bpe", byte_fallback=True,
-                                   minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=400,
+        model_type="bpe",
+        byte_fallback=True,
+        minloglevel=2,
+    )
     tok = load_tokenizer(tmp_path / "sp.model")
     assert isinstance(tok, SentencePieceTokenizer) and tok.vocab_size == 400
     ids = tok.encode("hello world </s> café")
@@ -59,9 +75,39 @@ def test_hlat_train_from_source_kinds(tmp_path, corpus_dir, kind, capsys):
     common = ["--model.vocab_size", "320", "--data.seq_len", "32", "--data.cache_dir", str(tmp_path / "c")]
     if kind == "shards":
         assert main(["tokenizer", "train", source, "--vocab-size", "320", "--out", str(tmp_path / "t.json")]) == 0
-        assert main(["prepare", "--out", str(tmp_path / "sh"), "--data.source", source,
-                     "--data.tokenizer", str(tmp_path / "t.json"), *common]) == 0
+        assert (
+            main(
+                [
+                    "prepare",
+                    "--out",
+                    str(tmp_path / "sh"),
+                    "--data.source",
+                    source,
+                    "--data.tokenizer",
+                    str(tmp_path / "t.json"),
+                    *common,
+                ]
+            )
+            == 0
+        )
         source = str(tmp_path / "sh")
-    assert main(["train", "--train.steps", "2", "--train.log_every", "1", "--data.source", source,
-                 "--train.run_dir", str(tmp_path / "run"), "--data.document_masking", "true", *common]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--train.steps",
+                "2",
+                "--train.log_every",
+                "1",
+                "--data.source",
+                source,
+                "--train.run_dir",
+                str(tmp_path / "run"),
+                "--data.document_masking",
+                "true",
+                *common,
+            ]
+        )
+        == 0
+    )
     assert "done: step 2" in capsys.readouterr().out

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hlat.config.data import DataConfig
+from hlat.config.model import ModelConfig
 from hlat.data import (
     IGNORE_INDEX,
     OnlineDocuments,
@@ -25,7 +26,6 @@ from hlat.data import (
     prepare_shards,
     verify_shards,
 )
-from hlat.config.model import ModelConfig
 from hlat.model import Llama
 
 SEQ, BATCH = 32, 2
@@ -35,8 +35,11 @@ def test_document_masking_isolates_documents(tok):
     """With document masking, changing one document's tokens leaves every logit of the next
     document unchanged; without it, they change."""
     torch.manual_seed(0)
-    model = Llama(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              ffn_dim=64, max_seq_len=SEQ))
+    model = Llama(
+        ModelConfig(
+            vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=SEQ
+        )
+    )
     eos = tok.eos_id
     a, b = [5, 6, 7, 8, 9, eos], [10, 11, 12, 13, eos]
     row = torch.tensor([a + b + list(range(20, 20 + SEQ - len(a) - len(b)))])
@@ -62,8 +65,7 @@ def test_document_masking_isolates_documents(tok):
 def test_shards_equal_online_packing_and_resume_across(tmp_path, source, tok):
     online_docs = OnlineDocuments(source, tok, max_doc_chars=500)
     seen = []
-    manifest = prepare_shards(online_docs, tmp_path / "shards", docs_per_shard=10,
-                              progress=lambda d, t: seen.append(d))
+    manifest = prepare_shards(online_docs, tmp_path / "shards", docs_per_shard=10, progress=lambda d, t: seen.append(d))
     assert manifest["complete"] and len(manifest["shards"]) == 5 and sum(seen) == len(source)
     assert manifest["dtype"] == "uint16" and verify_shards(tmp_path / "shards") == []
     shards = ShardDocuments(tmp_path / "shards", tok)
@@ -138,18 +140,23 @@ def test_mixture_proportions_and_exact_resume(tmp_path, corpus_factory, tok):
 def test_resharding_continues_without_skips_or_repeats(source, tok, before, after):
     """Run `before` ranks part of the way into epoch 0, merge their states, continue on `after`
     ranks to the end of epoch 0: every document of the epoch is read exactly once."""
+
     def run(loaders, steps):
         for _ in range(steps):
             for ld in loaders:
                 ld.next_batch()
 
-    old = [PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=before, prefetch=False,
-                        virtual_shards=8) for r in range(before)]
+    old = [
+        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=before, prefetch=False, virtual_shards=8)
+        for r in range(before)
+    ]
     run(old, 15)
     started = {v: p for ld in old for v, p in ld.streams[0].state_dict().items()}
     merged = merge_states([ld.state_dict() for ld in old])
-    new = [PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=after, prefetch=False,
-                        virtual_shards=8) for r in range(after)]
+    new = [
+        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=after, prefetch=False, virtual_shards=8)
+        for r in range(after)
+    ]
     for ld in new:
         ld.load_state_dict(merged)
     assert {v: p for ld in new for v, p in ld.streams[0].state_dict().items()} == started
@@ -175,7 +182,9 @@ def test_resharding_continues_without_skips_or_repeats(source, tok, before, afte
     assert len(set(continued)) == len(continued) and not set(continued) & set(finished)
     assert sorted(finished + continued) == list(range(len(source)))
     with pytest.raises(ValueError, match="merge_states"):
-        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=0, dp_size=after, virtual_shards=8).load_state_dict(old[0].state_dict())
+        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=0, dp_size=after, virtual_shards=8).load_state_dict(
+            old[0].state_dict()
+        )
     with pytest.raises(ValueError, match="states of all"):
         merge_states([ld.state_dict() for ld in old[:-1]])
 
@@ -184,9 +193,15 @@ def test_build_loader_validation_and_tokenizer(tmp_path, corpus_factory, tok):
     sources = _mixture(tmp_path, corpus_factory)
     (tmp_path / "tok.json").parent.mkdir(exist_ok=True)
     tok.save(tmp_path / "tok.json")
-    cfg = DataConfig(source=",".join(str(tmp_path / n) for n in "ab"), weights="3,1", seq_len=SEQ,
-                     tokenizer=str(tmp_path / "tok.json"), val_source="holdout", val_fraction=0.1,
-                     document_masking=True)
+    cfg = DataConfig(
+        source=",".join(str(tmp_path / n) for n in "ab"),
+        weights="3,1",
+        seq_len=SEQ,
+        tokenizer=str(tmp_path / "tok.json"),
+        val_source="holdout",
+        val_fraction=0.1,
+        document_masking=True,
+    )
     tk, line = build_data_tokenizer(cfg, 512)
     assert "tok.json" in line
     logs = []
@@ -230,7 +245,8 @@ def test_prepare_killed_mid_shard_resumes_to_the_same_shards(tmp_path, source, t
     killed.tokens = dies_in_shard_2
     out = tmp_path / "shards"
     child = multiprocessing.get_context("fork").Process(
-        target=prepare_shards, args=(killed, out), kwargs={"docs_per_shard": 10, "batch_docs": 5})
+        target=prepare_shards, args=(killed, out), kwargs={"docs_per_shard": 10, "batch_docs": 5}
+    )
     child.start()
     child.join(timeout=300)
     assert child.exitcode == -signal.SIGKILL

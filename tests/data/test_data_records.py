@@ -31,8 +31,11 @@ def write_arrow(path, docs, stream=False, batch=10, column="text"):
 def write_jsonl(path, rows, opener=open):
     with opener(path, "wb") as f:
         for r in rows:
-            f.write((json.dumps(r) if not isinstance(r, bytes) else r.decode("latin-1")).encode() + b"\n"
-                    if not isinstance(r, bytes) else r + b"\n")
+            f.write(
+                (json.dumps(r) if not isinstance(r, bytes) else r.decode("latin-1")).encode() + b"\n"
+                if not isinstance(r, bytes)
+                else r + b"\n"
+            )
 
 
 def zst_open(path, mode):
@@ -58,10 +61,19 @@ def test_every_format_reads_the_same_documents(tmp_path):
     import datasets
 
     datasets.Dataset.from_dict({"text": DOCS}).save_to_disk(str(tmp_path / "hf"))
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": DOCS}),
-                          "val": datasets.Dataset.from_dict({"text": DOCS[:3]})}).save_to_disk(str(tmp_path / "hfd"))
-    kinds = {"a.arrow": "arrow", "s.arrows": "arrow", "p.parquet": "parquet", "j.jsonl": "jsonl",
-             "j.jsonl.gz": "jsonl", "j.jsonl.zst": "jsonl", "hf": "hf_disk", "hfd": "hf_disk"}
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": DOCS}), "val": datasets.Dataset.from_dict({"text": DOCS[:3]})}
+    ).save_to_disk(str(tmp_path / "hfd"))
+    kinds = {
+        "a.arrow": "arrow",
+        "s.arrows": "arrow",
+        "p.parquet": "parquet",
+        "j.jsonl": "jsonl",
+        "j.jsonl.gz": "jsonl",
+        "j.jsonl.zst": "jsonl",
+        "hf": "hf_disk",
+        "hfd": "hf_disk",
+    }
     fps = set()
     for name, kind in kinds.items():
         entry = str(tmp_path / name)
@@ -96,9 +108,14 @@ def test_text_field_and_missing_column(tmp_path):
 
 
 def test_bad_rows_error_or_counted_skip(tmp_path, tok):
-    rows = [json.dumps({"text": "good one"}).encode(), b'{"text": "caf\xe9 latin-1"}',
-            json.dumps({"body": "no text field"}).encode(), b'{"text": "truncated', json.dumps({"text": 7}).encode(),
-            json.dumps({"text": "good two"}).encode()]
+    rows = [
+        json.dumps({"text": "good one"}).encode(),
+        b'{"text": "caf\xe9 latin-1"}',
+        json.dumps({"body": "no text field"}).encode(),
+        b'{"text": "truncated',
+        json.dumps({"text": 7}).encode(),
+        json.dumps({"text": "good two"}).encode(),
+    ]
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"\n".join(rows) + b"\n")
     with pytest.raises(BadDocument, match=r"bad\.jsonl, line 2: not UTF-8.*bad_documents=skip"):

@@ -67,8 +67,15 @@ def test_validate_ok(tmp_path):
     assert DataConfig().validate() == []
     (tmp_path / "a.txt").write_text("a")
     (tmp_path / "tokenizer.json").write_text("{}")
-    assert DataConfig(source=str(tmp_path / "a.txt"), tokenizer=str(tmp_path / "tokenizer.json"),
-                      seq_len=2, cache_dir=str(tmp_path / "c")).validate() == []
+    assert (
+        DataConfig(
+            source=str(tmp_path / "a.txt"),
+            tokenizer=str(tmp_path / "tokenizer.json"),
+            seq_len=2,
+            cache_dir=str(tmp_path / "c"),
+        ).validate()
+        == []
+    )
 
 
 def test_validate_problems(tmp_path):
@@ -83,9 +90,7 @@ def test_validate_problems(tmp_path):
         cache_dir=str(tmp_path / "file"),
     )
     problems = dict(cfg.validate())
-    assert set(problems) == {
-        "source", "tokenizer", "seq_len", "max_doc_chars", "tokenizer_train_chars", "cache_dir"
-    }
+    assert set(problems) == {"source", "tokenizer", "seq_len", "max_doc_chars", "tokenizer_train_chars", "cache_dir"}
     assert "no such file or directory" in problems["source"]
     assert "embedded corpus" in problems["source"]
     assert "seq_len=1" in problems["seq_len"] and "at least 2" in problems["seq_len"]

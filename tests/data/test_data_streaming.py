@@ -53,8 +53,9 @@ def test_split_pieces_over_any_windows_equals_split_document():
 def test_streamed_documents_pack_and_resume_identically(tmp_path, source, tok, monkeypatch):
     arrow = tmp_path / "docs.arrow"
     with ipc.new_file(str(arrow), pa.schema([("text", pa.large_string())])) as w:
-        w.write_batch(pa.record_batch([pa.array([source[i] for i in range(len(source))], pa.large_string())],
-                                      names=["text"]))
+        w.write_batch(
+            pa.record_batch([pa.array([source[i] for i in range(len(source))], pa.large_string())], names=["text"])
+        )
     rows = open_entry(str(arrow), DataConfig(cache_dir=str(tmp_path / "c")))
     held = batches(PackedLoader(source, tok, SEQ, BATCH, seed=5, max_doc_chars=40), N)
     monkeypatch.setattr(documents, "STREAM_CHARS", 64)
@@ -96,7 +97,9 @@ def test_long_bad_or_blank_document_is_one_unit(tmp_path, tok, small_windows):
     (tmp_path / "d" / "c_ok.txt").write_text("fine\n" * 20)
     src = TextFiles(tmp_path / "d")
     (bad,) = OnlineDocuments(src, tok).tokens([0])
-    assert isinstance(bad, BadDocument) and "a_bad.txt (document 0): not UTF-8 (invalid start byte at byte 300)" in str(bad)
+    assert isinstance(bad, BadDocument) and "a_bad.txt (document 0): not UTF-8 (invalid start byte at byte 300)" in str(
+        bad
+    )
     loader = PackedLoader(src, tok, SEQ, BATCH, seed=0, bad_documents="skip", prefetch=False, log_fn=lambda m: None)
     stream = np.concatenate([b.flatten() for b in batches(loader, 4)])
     ok = np.array(tok.encode("fine\n" * 20) + [tok.eos_id])

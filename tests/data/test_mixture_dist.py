@@ -10,17 +10,26 @@ of weight x tokens at every step, over the whole run and over the resumed part a
 import json
 
 from hlat.data.tokenizer import Tokenizer
-
 from runs import Scenario, ScenarioResults
 
 TRAIN = "train/layout_runs.py:train"
 WEIGHTS = {"a": 0.75, "b": 0.25}
-MIXTURE = ["--data.source", "{root}/mixture-sources/a,{root}/mixture-sources/b", "--data.weights", "0.75,0.25",
-           "--checkpoint.every", "3", "--parallel.dp_sharding", "ddp"]
+MIXTURE = [
+    "--data.source",
+    "{root}/mixture-sources/a,{root}/mixture-sources/b",
+    "--data.weights",
+    "0.75,0.25",
+    "--checkpoint.every",
+    "3",
+    "--parallel.dp_sharding",
+    "ddp",
+]
 SCENARIOS = [
     Scenario("mixture-sources", "train/layout_runs.py:mixture_sources", 1, {"docs": 300, "chars": 80}),
     Scenario("mixture-dp2", TRAIN, 2, {"steps": 6, "extra": MIXTURE}),
-    Scenario("mixture-dp4", TRAIN, 4, {"steps": 12, "extra": MIXTURE, "resume": "require", "start_from": "mixture-dp2"}),
+    Scenario(
+        "mixture-dp4", TRAIN, 4, {"steps": 12, "extra": MIXTURE, "resume": "require", "start_from": "mixture-dp2"}
+    ),
 ]
 
 
@@ -31,7 +40,9 @@ def records(scenarios: ScenarioResults, name: str) -> list[dict]:
 
 def by_source(record: dict) -> dict[str, int]:
     """source_tokens keyed by the source's directory name (a or b)."""
-    return {next(s for s in WEIGHTS if name.rstrip("/").endswith(f"/{s}")): n for name, n in record["source_tokens"].items()}
+    return {
+        next(s for s in WEIGHTS if name.rstrip("/").endswith(f"/{s}")): n for name, n in record["source_tokens"].items()
+    }
 
 
 def longest_document(scenarios: ScenarioResults) -> int:

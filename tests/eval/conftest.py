@@ -13,8 +13,8 @@ from hlat.config.model import ModelConfig
 from hlat.data.tokenizer import Tokenizer
 from hlat.eval import LanguageModel
 from hlat.model import Llama
-
 from task_files import TEXT, write_tiny_tasks
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -30,9 +30,12 @@ def tokenizer_file(tmp_path_factory) -> Path:
     tk = tokenizers.Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tk.train_from_iterator(TEXT, trainer=trainer)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tk.save(str(path))
@@ -46,8 +49,16 @@ def tokenizer(tokenizer_file) -> Tokenizer:
 
 @pytest.fixture(scope="session")
 def model_config(tokenizer) -> ModelConfig:
-    return ModelConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=2, n_heads=4,
-                       n_kv_heads=2, ffn_dim=64, max_seq_len=96, norm_eps=1e-6)
+    return ModelConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=64,
+        max_seq_len=96,
+        norm_eps=1e-6,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,14 +26,16 @@ def save_run(run_dir: Path, model: Llama, tokenizer_file: Path, steps: list[int]
     return run_dir
 
 
-def save_hf(directory: Path, model: Llama, tokenizer_file: Path, eos_token: str = "<|endoftext|>",
-            bos_token: str | None = None) -> Path:
+def save_hf(
+    directory: Path, model: Llama, tokenizer_file: Path, eos_token: str = "<|endoftext|>", bos_token: str | None = None
+) -> Path:
     import transformers
 
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**hf_config_dict(model.cfg)))
     hf.load_state_dict(hlat_to_hf(model.state_dict()), strict=False)  # HF keeps rotary buffers
     hf.save_pretrained(directory)
-    tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_file),
-                                               eos_token=eos_token, bos_token=bos_token)
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_file), eos_token=eos_token, bos_token=bos_token
+    )
     tok.save_pretrained(directory)
     return directory

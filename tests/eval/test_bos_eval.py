@@ -8,10 +8,9 @@ import json
 
 import pytest
 import torch
+
 from deps import require
 from export import save_hf, save_run
-from llama3_tokenizer import BOS, EOS, write_llama3_tokenizer
-
 from hlat.checkpoint.hf_export import export_hf
 from hlat.checkpoint.hf_import import import_hf
 from hlat.config.model import ModelConfig
@@ -19,9 +18,13 @@ from hlat.data import Tokenizer
 from hlat.eval import GenerateRequest, LanguageModel, load_model
 from hlat.eval.requests import LoglikelihoodRequest, RollingRequest
 from hlat.model import Llama
+from llama3_tokenizer import BOS, EOS, write_llama3_tokenizer
 
-PAIRS = [("Question: what jumps?\nAnswer:", " the fox"), ("", "The quick brown fox"),
-         ("def add(a, b): ", "return a + b")]
+PAIRS = [
+    ("Question: what jumps?\nAnswer:", " the fox"),
+    ("", "The quick brown fox"),
+    ("def add(a, b): ", "return a + b"),
+]
 TEXT = "The quick brown fox jumps over the lazy dog."
 
 
@@ -32,8 +35,18 @@ def llama3(tmp_path_factory):
     file = write_llama3_tokenizer(tmp / "tok" / "tokenizer.json")
     tok = Tokenizer.from_file(file)
     torch.manual_seed(0)
-    model = Llama(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              ffn_dim=64, max_seq_len=96, norm_eps=1e-6)).eval()
+    model = Llama(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            ffn_dim=64,
+            max_seq_len=96,
+            norm_eps=1e-6,
+        )
+    ).eval()
     with torch.no_grad():  # larger weights than init, so scores differ clearly
         for p in model.parameters():
             p.mul_(4.0)
@@ -48,25 +61,30 @@ def test_llama3_hf_directory_agrees_with_lm_eval(llama3):
     _, tok, _, hf_dir = llama3
     loaded = load_model(hf_dir)
     assert loaded.bos and loaded.prefix_token == tok.bos_id
-    lm = LanguageModel(loaded.model, loaded.tokenizer, batch_size=4, prefix_token=loaded.prefix_token,
-                       bos=loaded.bos, progress=False)
+    lm = LanguageModel(
+        loaded.model, loaded.tokenizer, batch_size=4, prefix_token=loaded.prefix_token, bos=loaded.bos, progress=False
+    )
     theirs = HFLM(pretrained=str(hf_dir), batch_size=4, device="cpu", dtype="float32")
     for pair in PAIRS[::2]:
         assert lm.encode_pair(*pair) == theirs._encode_pair(*pair)
         assert lm.encode_pair(*pair)[0][0] == tok.bos_id
     ours = lm.loglikelihood([LoglikelihoodRequest(c, x) for c, x in PAIRS])
-    their_lls = theirs.loglikelihood([Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)],
-                                     disable_tqdm=True)
+    their_lls = theirs.loglikelihood(
+        [Instance("loglikelihood", {}, p, i) for i, p in enumerate(PAIRS)], disable_tqdm=True
+    )
     assert [ll for ll, _ in ours] == pytest.approx([ll for ll, _ in their_lls], abs=1e-4)
     (said,) = lm.generate([GenerateRequest("Q: what jumps?\nA:", ("\n",), 4)])
-    (their_said,) = theirs.generate_until([Instance("generate_until", {}, (
-        "Q: what jumps?\nA:", {"until": ["\n"], "max_gen_toks": 4}), 0)], disable_tqdm=True)
+    (their_said,) = theirs.generate_until(
+        [Instance("generate_until", {}, ("Q: what jumps?\nA:", {"until": ["\n"], "max_gen_toks": 4}), 0)],
+        disable_tqdm=True,
+    )
     assert said == their_said
     # rolling: hlat scores the text after one BOS (the prefix), as the model was trained; lm-eval
     # puts its tokenizer's BOS in front of the text too, and scores that BOS and the text after two
     (rolling,) = lm.loglikelihood_rolling([RollingRequest(TEXT)])
-    (their_rolling,) = theirs.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (TEXT,), 0)],
-                                                    disable_tqdm=True)
+    (their_rolling,) = theirs.loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", {}, (TEXT,), 0)], disable_tqdm=True
+    )
     ids = tok.encode(TEXT)
     ((after_one, _), (after_two, _)) = lm.score_tokens([([tok.bos_id], ids), ([tok.bos_id], [tok.bos_id, *ids])])
     assert rolling == pytest.approx(after_one, abs=1e-4) and their_rolling == pytest.approx(after_two, abs=1e-4)

@@ -57,8 +57,24 @@ def test_stream_prints_whole_characters_and_holds_back_a_possible_stop() -> None
 
 def test_generate_command_and_the_end_of_training_sample(small_corpus, tmp_path, capsys) -> None:
     run_dir = tmp_path / "run"
-    assert main(["train", *runs.tiny_args(small_corpus, run_dir, "--train.steps", "2",
-                                          "--train.sample_prompt", "auto", "--train.sample_tokens", "4")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *runs.tiny_args(
+                    small_corpus,
+                    run_dir,
+                    "--train.steps",
+                    "2",
+                    "--train.sample_prompt",
+                    "auto",
+                    "--train.sample_tokens",
+                    "4",
+                ),
+            ]
+        )
+        == 0
+    )
     trained = capsys.readouterr().out
     assert "sample (greedy," in trained.split("done: step 2")[1]
     assert main(["generate", "--checkpoint", str(run_dir), "--prompt", "import os", "--max-new-tokens", "5"]) == 0

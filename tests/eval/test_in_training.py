@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import runs
 from hlat.config.eval import EvalConfig
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
@@ -25,19 +26,27 @@ from hlat.parallel.parallelize import build_parallel_model
 from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 
-import runs
-
 CPU = torch.device("cpu")
 TASK_NAMES = ("arc_easy", "perplexity")
 
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
-    return runs.tiny_args(corpus, run_dir, "--train.global_batch", "4", "--train.steps", "5", "--checkpoint.every", "100", *extra)
+    return runs.tiny_args(
+        corpus, run_dir, "--train.global_batch", "4", "--train.steps", "5", "--checkpoint.every", "100", *extra
+    )
 
 
 def task_args(task_dir: Path, every: int) -> list[str]:
-    return ["--eval.tasks", ",".join(TASK_NAMES), "--eval.tasks_every", str(every), "--eval.tasks_limit", "4",
-            "--eval.data_dir", str(task_dir)]
+    return [
+        "--eval.tasks",
+        ",".join(TASK_NAMES),
+        "--eval.tasks_every",
+        str(every),
+        "--eval.tasks_limit",
+        "4",
+        "--eval.data_dir",
+        str(task_dir),
+    ]
 
 
 def direct_scores(model: torch.nn.Module, tokenizer, task_dir: Path) -> dict[str, float]:
@@ -52,8 +61,11 @@ def direct_scores(model: torch.nn.Module, tokenizer, task_dir: Path) -> dict[str
 
 def test_tasks_logged_at_their_steps_and_training_unchanged(small_corpus, task_dir, tmp_path) -> None:
     plain = Trainer(load_config("tiny", None, tiny_args(small_corpus, tmp_path / "plain")), out=lambda _: None).fit()
-    cfg = load_config("tiny", None, tiny_args(small_corpus, tmp_path / "tasks", "--train.tensorboard", "true",
-                                              *task_args(task_dir, 2)))
+    cfg = load_config(
+        "tiny",
+        None,
+        tiny_args(small_corpus, tmp_path / "tasks", "--train.tensorboard", "true", *task_args(task_dir, 2)),
+    )
     trainer = Trainer(cfg, out=lambda _: None)
     summary = trainer.fit()
     assert summary.losses == plain.losses  # bit for bit: no training randomness was drawn
@@ -62,7 +74,9 @@ def test_tasks_logged_at_their_steps_and_training_unchanged(small_corpus, task_d
     records = [r for r in read_metrics(tmp_path / "tasks") if "eval/arc_easy/acc" in r]
     assert [(r["step"], r["tokens"]) for r in records] == [(2, 256), (4, 512), (5, 640)]  # every 2, and the last
     final = direct_scores(trainer.model.raw_parts[0], trainer.tokenizer, task_dir)
-    assert {k.removeprefix("eval/"): v for k, v in records[-1].items() if k.startswith("eval/")} == pytest.approx(final, rel=1e-6)
+    assert {k.removeprefix("eval/"): v for k, v in records[-1].items() if k.startswith("eval/")} == pytest.approx(
+        final, rel=1e-6
+    )
     assert records[0]["eval/perplexity/bits_per_byte"] != records[-1]["eval/perplexity/bits_per_byte"]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -88,16 +102,41 @@ def test_run_reads_documents_once_and_draws_no_randomness(model_config, tokenize
     assert model.parts[0].training
 
     with pytest.raises(DataMissing, match="eval.data_dir"):  # a missing file fails before training starts
-        InTrainingTasks(EvalConfig(tasks="perplexity", tasks_every=1, data_dir=str(task_dir.parent)),
-                        model_config, tokenizer, layout, CPU, "fp32")
+        InTrainingTasks(
+            EvalConfig(tasks="perplexity", tasks_every=1, data_dir=str(task_dir.parent)),
+            model_config,
+            tokenizer,
+            layout,
+            CPU,
+            "fp32",
+        )
 
 
 def test_bad_settings_name_the_field(tmp_path) -> None:
     with pytest.raises(ConfigError) as err:
-        load_config("tiny", None, ["--eval.tasks", "arc_esy", "--eval.tasks_every", "-1", "--eval.tasks_limit", "0",
-                                   "--eval.tasks_shots", "-2", "--eval.data_dir", str(tmp_path / "none")])
+        load_config(
+            "tiny",
+            None,
+            [
+                "--eval.tasks",
+                "arc_esy",
+                "--eval.tasks_every",
+                "-1",
+                "--eval.tasks_limit",
+                "0",
+                "--eval.tasks_shots",
+                "-2",
+                "--eval.data_dir",
+                str(tmp_path / "none"),
+            ],
+        )
     assert [field for field, _ in err.value.problems] == [
-        "eval.tasks", "eval.tasks_every", "eval.tasks_limit", "eval.tasks_shots", "eval.data_dir"]
+        "eval.tasks",
+        "eval.tasks_every",
+        "eval.tasks_limit",
+        "eval.tasks_shots",
+        "eval.data_dir",
+    ]
     with pytest.raises(ConfigError, match="eval.tasks_every: is 10 but eval.tasks is empty"):
         load_config("tiny", None, ["--eval.tasks_every", "10"])
     with pytest.raises(ConfigError, match="eval.tasks: 'piqa' would never run"):
@@ -110,10 +149,24 @@ def test_bad_settings_name_the_field(tmp_path) -> None:
 # pp2 takes the path that sends pipeline stages to rank 0; fsdp2 gathers DTensors through DCP.
 SHARDED = {"fsdp2": ["--parallel.dp_sharding", "fsdp"], "pp2": ["--parallel.pp", "2"]}
 SCENARIOS = [runs.Scenario("in-training-tasks", "eval/task_files.py:tiny_tasks_scenario")] + [
-    runs.Scenario(f"in-training-{name}", "train/layout_runs.py:train", 2,
-                  {"steps": 2, "extra": ["--train.global_batch", "4", "--checkpoint.every", "2",
-                                         *task_args(Path("{root}/in-training-tasks/tasks"), 2), *layout]})
-    for name, layout in SHARDED.items()]
+    runs.Scenario(
+        f"in-training-{name}",
+        "train/layout_runs.py:train",
+        2,
+        {
+            "steps": 2,
+            "extra": [
+                "--train.global_batch",
+                "4",
+                "--checkpoint.every",
+                "2",
+                *task_args(Path("{root}/in-training-tasks/tasks"), 2),
+                *layout,
+            ],
+        },
+    )
+    for name, layout in SHARDED.items()
+]
 
 
 @pytest.mark.parametrize("layout", SHARDED)

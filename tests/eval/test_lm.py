@@ -11,16 +11,18 @@ from hlat.eval.lm import rolling_windows
 def direct_ll(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
     tokens = torch.tensor([context + continuation])
     with torch.no_grad():
-        logprobs = model(tokens[:, :-1]).float().log_softmax(-1)[0, -len(continuation):]
+        logprobs = model(tokens[:, :-1]).float().log_softmax(-1)[0, -len(continuation) :]
     target = torch.tensor(continuation)
     return logprobs.gather(-1, target[:, None]).sum().item(), bool((logprobs.argmax(-1) == target).all())
 
 
 def test_loglikelihood_matches_direct_and_is_batch_invariant(lm, model, tokenizer) -> None:
-    reqs = [LoglikelihoodRequest("Question: What is the capital of France?\nAnswer:", " Paris"),
-            LoglikelihoodRequest("The quick brown fox ", "jumps"),  # trailing space moves
-            LoglikelihoodRequest("", "A saw."),  # empty context: the prefix token (EOS)
-            LoglikelihoodRequest("def add(a, b):", "\n    return a + b\n")]
+    reqs = [
+        LoglikelihoodRequest("Question: What is the capital of France?\nAnswer:", " Paris"),
+        LoglikelihoodRequest("The quick brown fox ", "jumps"),  # trailing space moves
+        LoglikelihoodRequest("", "A saw."),  # empty context: the prefix token (EOS)
+        LoglikelihoodRequest("def add(a, b):", "\n    return a + b\n"),
+    ]
     got = lm.loglikelihood(reqs)
     single = LanguageModel(model, tokenizer, batch_size=1, progress=False).loglikelihood(reqs)
     for (ll, greedy), (ll1, greedy1), r in zip(got, single, reqs):

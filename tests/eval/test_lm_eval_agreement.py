@@ -11,14 +11,12 @@ from typing import Any
 
 import pytest
 
-from hlat.eval import (EvalOptions, GenerateRequest, LanguageModel, TASKS, evaluate_task,
-                       load_model)
+from deps import require
+from export import save_hf
+from hlat.eval import TASKS, EvalOptions, GenerateRequest, LanguageModel, evaluate_task, load_model
 from hlat.eval.harness import TaskResult
 from hlat.eval.tasks.task_file import load_task_files
-
 from task_files import ARC_ROWS, TEXT, write_jsonl
-from export import save_hf
-from deps import require
 
 DATA = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n{shots}test_split: test\n"
 # few-shot: the first 2 examples of a train split, as lm-eval's first_n sampler takes them
@@ -90,38 +88,65 @@ def both(model, tokenizer_file, tmp_path_factory) -> dict[str, tuple[TaskResult,
 
         hf_dir = save_hf(tmp / "hf", model, tokenizer_file)
         loaded = load_model(hf_dir)
-        lm = LanguageModel(loaded.model, loaded.tokenizer, batch_size=4,
-                           prefix_token=loaded.prefix_token, progress=False)
+        lm = LanguageModel(
+            loaded.model, loaded.tokenizer, batch_size=4, prefix_token=loaded.prefix_token, progress=False
+        )
         # generations: the answer of every other question is what the model says, so exact
         # match is 1 there and 0 elsewhere on both sides
         questions = [{"question": r["question"]} for r in ARC_ROWS]
-        said = lm.generate([GenerateRequest(f"Q: {q['question']}\nA:", ("\n",), 6)
-                            for q in questions])
-        rows = {"tiny_mc": ARC_ROWS, "tiny_ll": ARC_ROWS, "tiny_rolling": ROLLING_ROWS,
-                "tiny_gen": [{**q, "answer": s if i % 2 == 0 else "nothing at all"}
-                             for i, (q, s) in enumerate(zip(questions, said))]}
+        said = lm.generate([GenerateRequest(f"Q: {q['question']}\nA:", ("\n",), 6) for q in questions])
+        rows = {
+            "tiny_mc": ARC_ROWS,
+            "tiny_ll": ARC_ROWS,
+            "tiny_rolling": ROLLING_ROWS,
+            "tiny_gen": [
+                {**q, "answer": s if i % 2 == 0 else "nothing at all"} for i, (q, s) in enumerate(zip(questions, said))
+            ],
+        }
         rows |= {"tiny_mc_shots": ARC_ROWS, "tiny_gen_shots": rows["tiny_gen"]}
         folder = tmp / "yaml"
         folder.mkdir()
         for name, body in YAML.items():
             data = write_jsonl(tmp / "data" / f"{name}.jsonl", rows[name])
-            shots = (SHOTS.format(data=write_jsonl(tmp / "data" / f"{name}.train.jsonl", rows[name][::-1]))
-                     if name.endswith("_shots") else "")
+            shots = (
+                SHOTS.format(data=write_jsonl(tmp / "data" / f"{name}.train.jsonl", rows[name][::-1]))
+                if name.endswith("_shots")
+                else ""
+            )
             (folder / f"{name}.yaml").write_text(f"task: {name}\n" + DATA.format(data=data, shots=shots) + body)
         theirs = lm_eval.simple_evaluate(
-            model="hf", model_args=f"pretrained={hf_dir},dtype=float32", tasks=list(YAML),
+            model="hf",
+            model_args=f"pretrained={hf_dir},dtype=float32",
+            tasks=list(YAML),
             task_manager=TaskManager(include_path=str(folder), include_defaults=False),
-            num_fewshot=None, batch_size=8, device="cpu", log_samples=True)  # each file's own
-        ours = {t.name: evaluate_task(lm, t, EvalOptions())
-                for t in load_task_files([folder])}
-        ours["arc_easy"] = evaluate_task(lm, TASKS["arc_easy"], EvalOptions(
-            data_dir=write_jsonl(tmp / "builtin" / "arc_easy" / "test.jsonl", ARC_ROWS).parents[1],
-            num_fewshot=0))
-    return {name: (ours[name], {"samples": sorted(theirs["samples"][name], key=lambda s: s["doc_id"]),
-                                "results": theirs["results"][name]}) for name in YAML} | {
-        "arc_easy": (ours["arc_easy"], {"samples": sorted(theirs["samples"]["tiny_mc"],
-                                                          key=lambda s: s["doc_id"]),
-                                        "results": theirs["results"]["tiny_mc"]})}
+            num_fewshot=None,
+            batch_size=8,
+            device="cpu",
+            log_samples=True,
+        )  # each file's own
+        ours = {t.name: evaluate_task(lm, t, EvalOptions()) for t in load_task_files([folder])}
+        ours["arc_easy"] = evaluate_task(
+            lm,
+            TASKS["arc_easy"],
+            EvalOptions(
+                data_dir=write_jsonl(tmp / "builtin" / "arc_easy" / "test.jsonl", ARC_ROWS).parents[1], num_fewshot=0
+            ),
+        )
+    return {
+        name: (
+            ours[name],
+            {"samples": sorted(theirs["samples"][name], key=lambda s: s["doc_id"]), "results": theirs["results"][name]},
+        )
+        for name in YAML
+    } | {
+        "arc_easy": (
+            ours["arc_easy"],
+            {
+                "samples": sorted(theirs["samples"]["tiny_mc"], key=lambda s: s["doc_id"]),
+                "results": theirs["results"]["tiny_mc"],
+            },
+        )
+    }
 
 
 @pytest.mark.parametrize("name", ["tiny_mc", "arc_easy", "tiny_mc_shots"])  # task file, built-in, 2-shot
@@ -147,8 +172,7 @@ def test_loglikelihood_agrees_with_lm_eval(both) -> None:
         assert mine["loglikelihood"] == pytest.approx(float(ll), abs=1e-4)
         assert mine["greedy"] == bool(greedy)
     assert ours.metrics["acc"]["value"] == theirs["results"]["acc,none"]
-    assert ours.metrics["perplexity"]["value"] == pytest.approx(theirs["results"]["perplexity,none"],
-                                                                rel=1e-4)
+    assert ours.metrics["perplexity"]["value"] == pytest.approx(theirs["results"]["perplexity,none"], rel=1e-4)
 
 
 def test_loglikelihood_rolling_agrees_with_lm_eval(both) -> None:
@@ -157,8 +181,7 @@ def test_loglikelihood_rolling_agrees_with_lm_eval(both) -> None:
     for sample, mine in zip(theirs["samples"], ours.samples):
         assert mine["loglikelihood"] == pytest.approx(float(sample["resps"][0][0]), abs=1e-4)
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert ours.metrics[metric]["value"] == pytest.approx(theirs["results"][f"{metric},none"],
-                                                              rel=1e-4)
+        assert ours.metrics[metric]["value"] == pytest.approx(theirs["results"][f"{metric},none"], rel=1e-4)
     assert math.isfinite(ours.metrics["bits_per_byte"]["value"])
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from deps import require
+from export import save_hf, save_run
+from hlat.checkpoint.loading import run_checkpoints
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.eval import load_model
-from hlat.checkpoint.loading import run_checkpoints
-
-from export import save_hf, save_run
-from deps import require
 
 
 def logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -25,8 +24,7 @@ def test_run_dir_and_checkpoint(model, tokenizer, tokenizer_file, tmp_path) -> N
     assert (latest.step, latest.tokens) == (20, 20 * 512) and latest.name == "run/step_00000020"
     first = load_model(run / "checkpoints" / "step_00000010")
     tokens = torch.randint(0, tokenizer.vocab_size, (2, 12))
-    expected = torch.func.functional_call(
-        model, {k: v * 1.1 for k, v in model.state_dict().items()}, (tokens,))
+    expected = torch.func.functional_call(model, {k: v * 1.1 for k, v in model.state_dict().items()}, (tokens,))
     assert torch.allclose(logits(first.model, tokens), expected, atol=1e-5)
     assert first.tokenizer.fingerprint() == tokenizer.fingerprint()
     assert first.prefix_token == tokenizer.eos_id
@@ -55,8 +53,14 @@ def test_run_dir_with_a_sentencepiece_tokenizer(model, tokenizer_file, tmp_path)
     run = save_run(tmp_path / "run", model, tokenizer_file, [10])
     (run / "tokenizer.json").unlink()
     texts = ["The quick brown fox jumps over the lazy dog.", "def add(a, b):\n    return a + b"] * 50
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(run / "tokenizer"),
-                                   vocab_size=310, model_type="bpe", byte_fallback=True, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_prefix=str(run / "tokenizer"),
+        vocab_size=310,
+        model_type="bpe",
+        byte_fallback=True,
+        minloglevel=2,
+    )
     loaded = load_model(run)
     assert isinstance(loaded.tokenizer, SentencePieceTokenizer)
     assert loaded.tokenizer.decode(loaded.tokenizer.encode("fox")) == "fox"

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from deps import under_ci
 from hlat.eval import TASKS, sandbox
 from hlat.eval import sandbox_isolation as isolation
 from hlat.eval import sandbox_wire as wire
 from hlat.eval.sandbox import Program, SandboxLimits, UnsafeCodeRefused, run_program, run_programs
-
-from deps import under_ci
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
 ROOMY = SandboxLimits(timeout_s=30.0, memory_mb=512)  # for programs that end by themselves
@@ -30,51 +29,63 @@ SECRET = "planted-" + secrets.token_hex(8)
 ADD = "def f(x):\n    return x + 1\n"
 
 
-def hostile_programs(secret: Path, outside: Path, port: int, victim: int, test_pid: int
-                     ) -> dict[str, Program]:
+def hostile_programs(secret: Path, outside: Path, port: int, victim: int, test_pid: int) -> dict[str, Program]:
     """name -> a program that must fail; each test of f would pass if its trick worked."""
-    forge = ("import os\nfor fd in range(3, 20):\n    try:\n"
-             "        os.write(fd, b'\\x00\\x00\\x00\\x0b[\"ok\",[\"b\"]]')\n"
-             "    except OSError:\n        pass\nprint('passed')\nos._exit(0)\n")
+    forge = (
+        "import os\nfor fd in range(3, 20):\n    try:\n"
+        '        os.write(fd, b\'\\x00\\x00\\x00\\x0b["ok",["b"]]\')\n'
+        "    except OSError:\n        pass\nprint('passed')\nos._exit(0)\n"
+    )
     return {
-        "print_and_exit_early": Program("print('passed')\nimport os\nos._exit(0)\n" + ADD,
-                                        "assert f(1) == 2\n"),
+        "print_and_exit_early": Program("print('passed')\nimport os\nos._exit(0)\n" + ADD, "assert f(1) == 2\n"),
         "forged_frames": Program(forge + ADD, "assert f(1) == 2\n"),
-        "exit_inside_the_call": Program("import sys\ndef f(x):\n    sys.exit(0)\n",
-                                        "assert f(1) == 2\n"),
+        "exit_inside_the_call": Program("import sys\ndef f(x):\n    sys.exit(0)\n", "assert f(1) == 2\n"),
         # rebinding the server's encoder in its own process only changes what S answers
-        "tampered_server": Program("import sys\nsys.modules['sandbox_wire'].encode = "
-                                   "lambda value, depth=0: ['i', '2']\n" + "def f(x):\n    return x\n",
-                                   "assert f(1) == 2 and f(5) == 6\n"),
-        "shadowed_builtin": Program("def len(x):\n    return 3\ndef f(x):\n    return x\n",
-                                    "assert len(f([1])) == 3\n"),
-        "read_secret": Program(f"def f():\n    return open({str(secret)!r}).read()\n",
-                               f"assert f() == {SECRET!r}\n"),
-        "write_outside": Program(f"def f():\n    open({str(outside)!r}, 'w').write('x')\n    return 1\n",
-                                 "assert f() == 1\n"),
-        "network": Program(f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), "
-                           "timeout=1).close()\n    return 1\n", "assert f() == 1\n"),
-        "fork_bomb": Program("import os\nwhile True:\n    try:\n        os.fork()\n"
-                             "    except OSError:\n        pass\n", "assert True\n"),
+        "tampered_server": Program(
+            "import sys\nsys.modules['sandbox_wire'].encode = "
+            "lambda value, depth=0: ['i', '2']\n" + "def f(x):\n    return x\n",
+            "assert f(1) == 2 and f(5) == 6\n",
+        ),
+        "shadowed_builtin": Program(
+            "def len(x):\n    return 3\ndef f(x):\n    return x\n", "assert len(f([1])) == 3\n"
+        ),
+        "read_secret": Program(f"def f():\n    return open({str(secret)!r}).read()\n", f"assert f() == {SECRET!r}\n"),
+        "write_outside": Program(
+            f"def f():\n    open({str(outside)!r}, 'w').write('x')\n    return 1\n", "assert f() == 1\n"
+        ),
+        "network": Program(
+            f"import socket\ndef f():\n    socket.create_connection(('127.0.0.1', {port}), "
+            "timeout=1).close()\n    return 1\n",
+            "assert f() == 1\n",
+        ),
+        "fork_bomb": Program(
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "assert True\n"
+        ),
         "memory_bomb": Program("x = []\nwhile True:\n    x.append(bytearray(10**8))\n", "assert True\n"),
         "infinite_loop": Program("while True:\n    pass\n", "assert True\n"),
-        "ignores_sigterm": Program("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                                   "while True:\n    pass\n", "assert True\n"),
-        "child_left_running": Program("import os, time\nif os.fork() == 0:\n    os.setsid()\n"
-                                      "    time.sleep(60)\n" + ADD, "assert f(1) == 3\n"),
+        "ignores_sigterm": Program(
+            "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass\n", "assert True\n"
+        ),
+        "child_left_running": Program(
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" + ADD, "assert f(1) == 3\n"
+        ),
         "signals_others": Program(
             "import os, signal\n"
             f"for pid, sig in ((os.getppid(), signal.SIGKILL), ({victim}, signal.SIGKILL), "
             f"({test_pid}, signal.SIGUSR1)):\n"
             "    try:\n        os.kill(pid, sig)\n    except OSError:\n        pass\n"
-            "def f():\n    return 1\n", "assert f() == 2\n"),
+            "def f():\n    return 1\n",
+            "assert f() == 2\n",
+        ),
     }
 
 
 def _require_namespaces() -> None:
     if sandbox.isolation_mode() != isolation.NAMESPACES:
-        message = ("this machine gives the sandbox no namespaces (`unshare` missing or refused); "
-                   "the OS-isolation tests need them")
+        message = (
+            "this machine gives the sandbox no namespaces (`unshare` missing or refused); "
+            "the OS-isolation tests need them"
+        )
         if under_ci():
             pytest.fail(message)
         pytest.skip(message)
@@ -95,8 +106,7 @@ def outcome(tmp_path_factory):
     received: list[int] = []
     before = signal.signal(signal.SIGUSR1, lambda sig, frame: received.append(sig))
     try:
-        programs = hostile_programs(secret, outside, listener.getsockname()[1], victim.pid,
-                                    os.getpid())
+        programs = hostile_programs(secret, outside, listener.getsockname()[1], victim.pid, os.getpid())
         # the programs that must be cut off run under the short timeout; the others get room to
         # finish on a loaded machine, so their evidence (MemoryError, OSError...) is always there
         hanging = {name: programs.pop(name) for name in HANGING}
@@ -110,9 +120,15 @@ def outcome(tmp_path_factory):
             connected = True
         except BlockingIOError:
             connected = False
-        yield {"results": results, "seconds": seconds, "outside": outside, "connected": connected,
-               "victim_alive": victim.poll() is None, "signalled": list(received),
-               "survivors": _sandbox_processes()}
+        yield {
+            "results": results,
+            "seconds": seconds,
+            "outside": outside,
+            "connected": connected,
+            "victim_alive": victim.poll() is None,
+            "signalled": list(received),
+            "survivors": _sandbox_processes(),
+        }
     finally:
         signal.signal(signal.SIGUSR1, before)
         victim.kill()
@@ -129,25 +145,32 @@ def _sandbox_processes() -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_SPAN \
-                or b"sandbox_solution.py" in cmdline:
+        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_SPAN or b"sandbox_solution.py" in cmdline:
             found.append(f"{pid} uid {uid}: {cmdline[:120]!r}")
     return found
 
 
 def test_correct_programs_pass_even_when_they_print() -> None:
-    plain = ("{'a': [1, (2.5, None)], 'b': {1, 2}, 'c': b'\\x00', 'd': complex(1, -2), "
-             "'e': float('inf'), 'f': 10**400, 'g': True, 'h': frozenset({'x'})}")
-    ok, values, nan, wrong, crash, unplain, unknown = run_programs([
-        Program("print('hello')\ndef f(x):\n    print(x)\n    return x + 1\n", "assert f(1) == 2\n"),
-        Program(f"def f():\n    return {plain}\n", f"v = f()\nassert v == {plain}\n"
-                "assert type(v['a'][1]) is tuple and type(v['g']) is bool\n"),
-        Program("def f():\n    return float('nan')\n", "import math\nassert math.isnan(f())\n"),
-        Program(ADD, "assert f(1) == 3\n"),
-        Program("def f(x):\n    raise ValueError('no')\n", "assert f(1) == 2\n"),
-        Program("def f():\n    return object()\n", "assert f() is not None\n"),
-        Program("def g():\n    return 1\n", "assert f() == 1\n"),
-    ], LIMITS, workers=4)
+    plain = (
+        "{'a': [1, (2.5, None)], 'b': {1, 2}, 'c': b'\\x00', 'd': complex(1, -2), "
+        "'e': float('inf'), 'f': 10**400, 'g': True, 'h': frozenset({'x'})}"
+    )
+    ok, values, nan, wrong, crash, unplain, unknown = run_programs(
+        [
+            Program("print('hello')\ndef f(x):\n    print(x)\n    return x + 1\n", "assert f(1) == 2\n"),
+            Program(
+                f"def f():\n    return {plain}\n",
+                f"v = f()\nassert v == {plain}\nassert type(v['a'][1]) is tuple and type(v['g']) is bool\n",
+            ),
+            Program("def f():\n    return float('nan')\n", "import math\nassert math.isnan(f())\n"),
+            Program(ADD, "assert f(1) == 3\n"),
+            Program("def f(x):\n    raise ValueError('no')\n", "assert f(1) == 2\n"),
+            Program("def f():\n    return object()\n", "assert f() is not None\n"),
+            Program("def g():\n    return 1\n", "assert f() == 1\n"),
+        ],
+        LIMITS,
+        workers=4,
+    )
     assert ok.passed and ok.status == "passed" and ok.detail == ""
     assert values.passed and nan.passed, (values.detail, nan.detail)
     assert not wrong.passed and "AssertionError" in wrong.detail
@@ -157,18 +180,35 @@ def test_correct_programs_pass_even_when_they_print() -> None:
 
 
 def test_mbpp_shaped_tests_see_the_solutions_functions_and_imports() -> None:
-    doc = {"test_list": ["assert math.isclose(area(1), 3.141592653589793)",
-                         "assert twice(area(1)) > 6"]}  # math: imported by the solution only
+    doc = {
+        "test_list": ["assert math.isclose(area(1), 3.141592653589793)", "assert twice(area(1)) > 6"]
+    }  # math: imported by the solution only
     solution = "import math\ndef area(r):\n    return math.pi * r * r\ndef twice(x):\n    return 2 * x\n"
-    right, wrong = run_programs([TASKS["mbpp"].program(doc, solution),
-                                 TASKS["mbpp"].program(doc, solution.replace("2 * x", "x"))], LIMITS)
+    right, wrong = run_programs(
+        [TASKS["mbpp"].program(doc, solution), TASKS["mbpp"].program(doc, solution.replace("2 * x", "x"))], LIMITS
+    )
     assert right.passed and not wrong.passed, right.detail
 
 
-@pytest.mark.parametrize("name", [
-    "print_and_exit_early", "forged_frames", "exit_inside_the_call", "tampered_server",
-    "shadowed_builtin", "read_secret", "write_outside", "network", "fork_bomb", "memory_bomb",
-    "infinite_loop", "ignores_sigterm", "child_left_running", "signals_others"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "print_and_exit_early",
+        "forged_frames",
+        "exit_inside_the_call",
+        "tampered_server",
+        "shadowed_builtin",
+        "read_secret",
+        "write_outside",
+        "network",
+        "fork_bomb",
+        "memory_bomb",
+        "infinite_loop",
+        "ignores_sigterm",
+        "child_left_running",
+        "signals_others",
+    ],
+)
 def test_hostile_program_fails(outcome, name: str) -> None:
     result = outcome["results"][name]
     assert not result.passed and result.status in ("failed", "timeout"), result.detail
@@ -178,8 +218,9 @@ def test_hostile_programs_are_contained(outcome) -> None:
     results = outcome["results"]
     assert "No such file" in results["read_secret"].detail  # the host's /tmp is not there
     assert not outcome["outside"].exists()
-    assert "Read-only file system" in results["write_outside"].detail \
-        or "No such file" in results["write_outside"].detail
+    assert (
+        "Read-only file system" in results["write_outside"].detail or "No such file" in results["write_outside"].detail
+    )
     assert not outcome["connected"] and "OSError" in results["network"].detail
     assert "MemoryError" in results["memory_bomb"].detail
     for name in HANGING:
@@ -191,9 +232,11 @@ def test_hostile_programs_are_contained(outcome) -> None:
 
 
 def test_writes_inside_the_scratch_directory_work() -> None:
-    program = Program("def f():\n    open('scratch.txt', 'w').write('ok')\n"
-                      "    import os\n    return open(os.path.join(os.environ['HOME'], 'scratch.txt')).read()\n",
-                      "assert f() == 'ok'\n")
+    program = Program(
+        "def f():\n    open('scratch.txt', 'w').write('ok')\n"
+        "    import os\n    return open(os.path.join(os.environ['HOME'], 'scratch.txt')).read()\n",
+        "assert f() == 'ok'\n",
+    )
     assert run_program(program, LIMITS).passed
 
 
@@ -259,7 +302,8 @@ def confinement_program(token: str, read_proc: bool) -> Program:
         "def mutate_kept():\n"
         "    for kept in KEPT:\n"
         "        kept.clear()\n"
-        "    return KEPT\n")
+        "    return KEPT\n"
+    )
     seen = "repr(env) + repr(proc_environments())" if read_proc else "repr(env)"
     test = (
         "import errno\n"
@@ -277,7 +321,8 @@ def confinement_program(token: str, read_proc: bool) -> Program:
         "returned = mutate(xs, table=table)\n"
         "assert mutate_kept() == [[]]\n"
         "assert xs == [1, 2] and table == {'k': [3]}, (xs, table)\n"
-        "assert returned == [-1, 2, 99], returned\n")
+        "assert returned == [-1, 2, 99], returned\n"
+    )
     return Program(solution, test)
 
 
@@ -290,12 +335,12 @@ def _plant_virtual_environment(tmp: Path, marker: Path) -> tuple[Path, Path]:
     (site / "pth-extra").mkdir(parents=True)
     (venv / "bin").mkdir()
     real = os.path.realpath(sys.executable)
-    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(real)}\n"
-                                     "include-system-site-packages = false\n")
+    (venv / "pyvenv.cfg").write_text(f"home = {os.path.dirname(real)}\ninclude-system-site-packages = false\n")
     (venv / "bin" / "python").symlink_to(real)
     (site / "pth_neighbour.py").write_text("VALUE = 7\n")
     (site / "zz_hook.pth").write_text(
-        f"import os; os.environ['PTH_RAN'] = '1'; open({str(marker)!r}, 'w').close()\npth-extra\n")
+        f"import os; os.environ['PTH_RAN'] = '1'; open({str(marker)!r}, 'w').close()\npth-extra\n"
+    )
     for path in (venv, *venv.rglob("*")):
         if path.is_dir() and not path.is_symlink():
             path.chmod(0o755)  # readable by the solution's own uid
@@ -304,7 +349,8 @@ def _plant_virtual_environment(tmp: Path, marker: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("mode", [isolation.NAMESPACES, isolation.NONE])
 def test_solution_sees_no_secret_no_pth_hook_capped_files_and_copies_of_arguments(
-        monkeypatch, tmp_path, mode: str) -> None:
+    monkeypatch, tmp_path, mode: str
+) -> None:
     if mode == isolation.NAMESPACES:
         _require_namespaces()
     else:
@@ -317,8 +363,7 @@ def test_solution_sees_no_secret_no_pth_hook_capped_files_and_copies_of_argument
     (readable, links), packages = isolation.readable_paths(), isolation.site_packages()
     monkeypatch.setattr(sys, "executable", str(interpreter))
     monkeypatch.setattr(isolation, "site_packages", lambda: packages + [str(site)])
-    monkeypatch.setattr(isolation, "readable_paths",
-                        lambda: (readable + [str(interpreter.parent.parent)], links))
+    monkeypatch.setattr(isolation, "readable_paths", lambda: (readable + [str(interpreter.parent.parent)], links))
     # without namespaces it may read /proc/<parent>/environ: it has the user's rights, as documented
     program = confinement_program(token, read_proc=mode == isolation.NAMESPACES)
     result = run_program(program, ROOMY, allow_unsafe=True)
@@ -331,20 +376,24 @@ def test_values_over_the_wire_limits_fail_only_that_call() -> None:
     pipe: each such call fails with an error naming the limit (no RecursionError, MemoryError or
     hang in the test process). A value over the limits fails only its call: the next one works."""
     deep, big = f"nested deeper than {wire.MAX_DEPTH}", f"over the {wire.MAX_FRAME}-byte limit"
-    expect = ("def expect_failure(call, limit):\n"
-              "    try:\n        call()\n"
-              "    except Exception as err:\n"
-              "        assert type(err).__name__ in ('SolutionError', 'WireError'), repr(err)\n"
-              "        assert limit in str(err), repr(err)\n"
-              "    else:\n        raise AssertionError('the value crossed')\n")
-    forge = ("import json, os, sys\n"
-             "ANSWERS = json.loads(sys.argv[1])['answers_fd']\n"
-             "def answer(prefix, body=b''):\n"
-             "    os.write(ANSWERS, prefix + body)\n"
-             "    return 1\n"
-             "def nested(levels):\n"
-             "    body = b'[\"ok\",' + b'[\"l\",[' * levels + b'[\"n\"]' + b']]' * levels + b']'\n"
-             "    return answer(len(body).to_bytes(4, 'big'), body)\n")
+    expect = (
+        "def expect_failure(call, limit):\n"
+        "    try:\n        call()\n"
+        "    except Exception as err:\n"
+        "        assert type(err).__name__ in ('SolutionError', 'WireError'), repr(err)\n"
+        "        assert limit in str(err), repr(err)\n"
+        "    else:\n        raise AssertionError('the value crossed')\n"
+    )
+    forge = (
+        "import json, os, sys\n"
+        "ANSWERS = json.loads(sys.argv[1])['answers_fd']\n"
+        "def answer(prefix, body=b''):\n"
+        "    os.write(ANSWERS, prefix + body)\n"
+        "    return 1\n"
+        "def nested(levels):\n"
+        "    body = b'[\"ok\",' + b'[\"l\",[' * levels + b'[\"n\"]' + b']]' * levels + b']'\n"
+        "    return answer(len(body).to_bytes(4, 'big'), body)\n"
+    )
 
     def forged(call: str, limit: str) -> Program:
         return Program(forge, expect + f"expect_failure(lambda: {call}, {limit!r})\n")
@@ -353,8 +402,8 @@ def test_values_over_the_wire_limits_fail_only_that_call() -> None:
         "returned": Program(
             "def deep():\n    x = []\n    for _ in range(10**5):\n        x = [x]\n    return x\n"
             "def huge():\n    return 'x' * (100 << 20)\n" + ADD,
-            expect + f"expect_failure(deep, {deep!r})\nexpect_failure(huge, {big!r})\n"
-            "assert f(1) == 2\n"),
+            expect + f"expect_failure(deep, {deep!r})\nexpect_failure(huge, {big!r})\nassert f(1) == 2\n",
+        ),
         # a length prefix of 4 GiB - 1, then 10**5 and 100 levels of valid nesting in a frame
         "forged_length": forged("answer(b'\\xff' * 4)", big),
         "forged_deep_frame": forged("nested(10**5)", deep),

@@ -10,38 +10,72 @@ from pathlib import Path
 
 import pytest
 
+from export import save_run
 from hlat.cli import main
 from hlat.eval import TASKS
 from hlat.eval.tasks.task_file import TaskFileError, load_task_file, load_task_files
 from hlat.eval.tasks.templates import TemplateError
-
-from export import save_run
 from task_files import ARC_ROWS, write_jsonl
 
 SHIPPED = Path(__file__).parents[2] / "src" / "hlat" / "eval" / "tasks" / "yaml"
-ARC = {"question": "Which tool cuts wood?", "answerKey": "B",
-       "choices": {"label": ["A", "B"], "text": ["a hammer", "a saw"]}}
+ARC = {
+    "question": "Which tool cuts wood?",
+    "answerKey": "B",
+    "choices": {"label": ["A", "B"], "text": ["a hammer", "a saw"]},
+}
 DOCS = {  # two examples per task, with the hub dataset's fields
     "arc_easy": [ARC, {**ARC, "answerKey": "A"}],
     "arc_challenge": [ARC, {**ARC, "question": "What cuts?"}],
-    "boolq": [{"passage": "Saws cut wood.", "question": "do saws cut wood", "label": 1},
-              {"passage": "Fish fly.", "question": "do fish fly", "label": 0}],
-    "openbookqa": [{"question_stem": "Saws are for", "answerKey": " B",
-                    "choices": {"label": ["A", "B"], "text": ["nails", "wood"]}},
-                   {"question_stem": "Light feeds", "answerKey": "A",
-                    "choices": {"label": ["A", "B"], "text": ["plants", "rocks"]}}],
-    "piqa": [{"goal": "cut wood", "sol1": "use a saw", "sol2": "use a fish", "label": 0},
-             {"goal": "boil water", "sol1": "freeze it", "sol2": "heat it", "label": 1}],
-    "siqa": [{"context": "Ann cut wood.", "question": "Why?", "answerA": "cold", "answerB": "bored",
-              "answerC": "fire", "label": "3"},
-             {"context": "Bo ran.", "question": "How?", "answerA": "fast", "answerB": "slow",
-              "answerC": "never", "label": "1"}],
-    "nq_open": [{"question": "who wrote hamlet", "answer": ["Shakespeare", "W. Shakespeare"]},
-                {"question": "capital of france", "answer": ["Paris"]}],
-    "triviaqa": [{"question": "Who wrote Hamlet", "answer": {"aliases": ["Shakespeare", "Bard"]}},
-                 {"question": "Capital of France", "answer": {"aliases": ["Paris"]}}],
-    "gsm8k": [{"question": "2+2?", "answer": "Two and two.\n#### 4"},
-              {"question": "1,000+1?", "answer": "Add.\n#### 1,001"}],
+    "boolq": [
+        {"passage": "Saws cut wood.", "question": "do saws cut wood", "label": 1},
+        {"passage": "Fish fly.", "question": "do fish fly", "label": 0},
+    ],
+    "openbookqa": [
+        {
+            "question_stem": "Saws are for",
+            "answerKey": " B",
+            "choices": {"label": ["A", "B"], "text": ["nails", "wood"]},
+        },
+        {
+            "question_stem": "Light feeds",
+            "answerKey": "A",
+            "choices": {"label": ["A", "B"], "text": ["plants", "rocks"]},
+        },
+    ],
+    "piqa": [
+        {"goal": "cut wood", "sol1": "use a saw", "sol2": "use a fish", "label": 0},
+        {"goal": "boil water", "sol1": "freeze it", "sol2": "heat it", "label": 1},
+    ],
+    "siqa": [
+        {
+            "context": "Ann cut wood.",
+            "question": "Why?",
+            "answerA": "cold",
+            "answerB": "bored",
+            "answerC": "fire",
+            "label": "3",
+        },
+        {
+            "context": "Bo ran.",
+            "question": "How?",
+            "answerA": "fast",
+            "answerB": "slow",
+            "answerC": "never",
+            "label": "1",
+        },
+    ],
+    "nq_open": [
+        {"question": "who wrote hamlet", "answer": ["Shakespeare", "W. Shakespeare"]},
+        {"question": "capital of france", "answer": ["Paris"]},
+    ],
+    "triviaqa": [
+        {"question": "Who wrote Hamlet", "answer": {"aliases": ["Shakespeare", "Bard"]}},
+        {"question": "Capital of France", "answer": {"aliases": ["Paris"]}},
+    ],
+    "gsm8k": [
+        {"question": "2+2?", "answer": "Two and two.\n#### 4"},
+        {"question": "1,000+1?", "answer": "Add.\n#### 1,001"},
+    ],
     "perplexity": [{"text": "The quick brown fox."}, {"text": "A man on a roof."}],
 }
 GENERATIONS = [" The Paris, France", " so #### 1,001 then 7", " nothing", "$5.00 and #### 4."]
@@ -55,8 +89,11 @@ def test_shipped_task_files_ask_what_the_built_in_tasks_ask() -> None:
         assert mine.kind == builtin.kind, name
         assert mine.prompt(doc, [shot]) == builtin.prompt(doc, [shot]), name
         assert mine.prompt(doc, []) == builtin.prompt(doc, []), name
-        assert (mine.data.split, mine.data.fewshot_split, mine.num_fewshot) == \
-            (builtin.data.split, builtin.data.fewshot_split, builtin.num_fewshot), name
+        assert (mine.data.split, mine.data.fewshot_split, mine.num_fewshot) == (
+            builtin.data.split,
+            builtin.data.fewshot_split,
+            builtin.num_fewshot,
+        ), name
         assert (mine.data.hub, mine.data.hub_name) == (builtin.data.hub, builtin.data.hub_name), name
         if builtin.kind == "perplexity":
             assert mine.doc_to_text(doc) == builtin.doc_to_text(doc)
@@ -69,33 +106,52 @@ def test_shipped_task_files_ask_what_the_built_in_tasks_ask() -> None:
             assert mine.metrics == builtin.metrics, name
             continue
         assert (mine.until, mine.max_tokens) == (builtin.until, builtin.max_tokens), name
-        assert (mine.ignore, mine.ignore_case, mine.ignore_punctuation) == \
-            (builtin.ignore, builtin.ignore_case, builtin.ignore_punctuation), name
+        assert (mine.ignore, mine.ignore_case, mine.ignore_punctuation) == (
+            builtin.ignore,
+            builtin.ignore_case,
+            builtin.ignore_punctuation,
+        ), name
         # the same answers extracted, metric by metric (gsm8k's keys are lm-eval's filter names)
         for ours, theirs in zip(mine.metrics, builtin.metrics):
             for text in GENERATIONS:
                 assert mine.extractors[ours](text).strip() == builtin.extractors[theirs](text).strip()
 
 
-@pytest.mark.parametrize("text, where", [
-    ("task: t\ninclude: base.yaml\n", "t.yaml:2: key 'include' is not supported"),
-    ("task: t\noutput_type: multiple_choice\nprocess_docs: !function utils.process\n",
-     "t.yaml:3: tag !function is not supported"),
-    ("task: t\ndataset_path: json\noutput_type: generate_until\ntest_split: test\n"
-     "doc_to_target: a\nmetric_list:\n  - metric: bleu\n",
-     "t.yaml:6: metric_list: metric 'bleu' is not supported for output_type generate_until"),
-    ("task: t\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
-     "doc_to_target: a\ndoc_to_choice: b\n",
-     "t.yaml:2: dataset_path: json needs dataset_kwargs.data_files"),
-    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
-     "filter_list:\n  - name: f\n    filter:\n      - function: majority_vote\n",
-     "filter function 'majority_vote' is not supported"),
-    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
-     "fewshot_config:\n  sampler: balanced\n", "t.yaml:6: fewshot_config: sampler 'balanced' is not supported"),
-    ("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
-     "fewshot_config:\n  sampler: first_n\n  samples: []\n",
-     "t.yaml:6: fewshot_config: key(s) samples not supported; only `sampler:` (first_n or default)"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("task: t\ninclude: base.yaml\n", "t.yaml:2: key 'include' is not supported"),
+        (
+            "task: t\noutput_type: multiple_choice\nprocess_docs: !function utils.process\n",
+            "t.yaml:3: tag !function is not supported",
+        ),
+        (
+            "task: t\ndataset_path: json\noutput_type: generate_until\ntest_split: test\n"
+            "doc_to_target: a\nmetric_list:\n  - metric: bleu\n",
+            "t.yaml:6: metric_list: metric 'bleu' is not supported for output_type generate_until",
+        ),
+        (
+            "task: t\ndataset_path: json\noutput_type: multiple_choice\ntest_split: test\n"
+            "doc_to_target: a\ndoc_to_choice: b\n",
+            "t.yaml:2: dataset_path: json needs dataset_kwargs.data_files",
+        ),
+        (
+            "task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+            "filter_list:\n  - name: f\n    filter:\n      - function: majority_vote\n",
+            "filter function 'majority_vote' is not supported",
+        ),
+        (
+            "task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+            "fewshot_config:\n  sampler: balanced\n",
+            "t.yaml:6: fewshot_config: sampler 'balanced' is not supported",
+        ),
+        (
+            "task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\ndoc_to_target: a\n"
+            "fewshot_config:\n  sampler: first_n\n  samples: []\n",
+            "t.yaml:6: fewshot_config: key(s) samples not supported; only `sampler:` (first_n or default)",
+        ),
+    ],
+)
 def test_unsupported_keys_are_refused_with_file_and_line(tmp_path, text, where) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(text)
@@ -111,14 +167,33 @@ def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_pat
     (tmp_path / "mine.yaml").write_text(
         "task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
         f"    test: {data}\noutput_type: multiple_choice\ntest_split: test\n"
-        "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
-        "doc_to_target: answerKey\ndoc_to_choice: \"{{choices.label}}\"\n")
+        'doc_to_text: "Question: {{question}}\\nAnswer:"\n'
+        'doc_to_target: answerKey\ndoc_to_choice: "{{choices.label}}"\n'
+    )
     write_jsonl(tmp_path / "eval" / "arc_easy" / "test.jsonl", ARC_ROWS)  # the shipped copy's data
     run = save_run(tmp_path / "run", model, tokenizer_file, [1, 2])
     out = tmp_path / "out"
-    assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "mine.yaml"),
-                 "--task-file", str(SHIPPED / "arc_easy.yaml"), "--data-dir", str(tmp_path / "eval"),
-                 "--output", str(out), "--log-samples", "--batch-size", "8"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(run),
+                "--task-file",
+                str(tmp_path / "mine.yaml"),
+                "--task-file",
+                str(SHIPPED / "arc_easy.yaml"),
+                "--data-dir",
+                str(tmp_path / "eval"),
+                "--output",
+                str(out),
+                "--log-samples",
+                "--batch-size",
+                "8",
+            ]
+        )
+        == 0
+    )
     rows = json.loads((out / "sweep.json").read_text())
     assert [set(r["tasks"]) for r in rows] == [{"mine", "arc_easy"}] * 2
     for row, task in [(row, task) for row in rows for task in ("mine", "arc_easy")]:
@@ -133,8 +208,11 @@ def test_task_file_results_and_samples_in_a_sweep(model, tokenizer_file, tmp_pat
     assert f"{tmp_path / 'bad.yaml'}:2: key 'group' is not supported" in capsys.readouterr().err
     # a template that reaches for Python through a filter is refused when it renders: one message, exit 2
     marker = tmp_path / "MARKER"
-    (tmp_path / "evil.yaml").write_text((tmp_path / "mine.yaml").read_text().replace(
-        "Question: {{question}}", f"{{{{ (lipsum|attr('__globals__')).os.system('touch {marker}') }}}}"))
+    (tmp_path / "evil.yaml").write_text(
+        (tmp_path / "mine.yaml")
+        .read_text()
+        .replace("Question: {{question}}", f"{{{{ (lipsum|attr('__globals__')).os.system('touch {marker}') }}}}")
+    )
     assert main(["eval", "--checkpoint", str(run), "--task-file", str(tmp_path / "evil.yaml")]) == 2
     assert "access to attribute '__globals__' of 'function' object is unsafe" in capsys.readouterr().err
     assert not marker.exists()
@@ -145,12 +223,16 @@ def test_local_folder_templates_and_a_missing_field(tmp_path) -> None:
     description; a template naming a field the example lacks fails naming the fields it has."""
     from hlat.eval.tasks import load_split
 
-    write_jsonl(tmp_path / "qa" / "test.jsonl", [
-        {"q": "Which cuts?", "options": ["a saw", "a fish"], "gold": "a saw", "topic": "tools"}])
+    write_jsonl(
+        tmp_path / "qa" / "test.jsonl",
+        [{"q": "Which cuts?", "options": ["a saw", "a fish"], "gold": "a saw", "topic": "tools"}],
+    )
     path = tmp_path / "qa.yaml"
-    path.write_text("task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
-                    "description: \"About {{topic}}.\\n\\n\"\ndoc_to_text: \"Q: {{q}}\\nA:\"\n"
-                    "doc_to_choice: options\ndoc_to_target: gold\n")
+    path.write_text(
+        "task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
+        'description: "About {{topic}}.\\n\\n"\ndoc_to_text: "Q: {{q}}\\nA:"\n'
+        "doc_to_choice: options\ndoc_to_target: gold\n"
+    )
     task = load_task_file(path)
     (doc,) = load_split(task.data, "test", None)
     assert task.prompt(doc, [doc]) == "About tools.\n\nQ: Which cuts?\nA: a saw\n\nQ: Which cuts?\nA:"
@@ -183,8 +265,10 @@ def test_a_hostile_template_runs_nothing(tmp_path, monkeypatch, escape, where) -
     keys = {"doc_to_text": '"Q: {{q}}"', "description": '""', "doc_to_target": "gold", "doc_to_choice": "options"}
     keys[where] = json.dumps(escape)
     path = tmp_path / "qa.yaml"
-    path.write_text("task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
-                    + "".join(f"{key}: {value}\n" for key, value in keys.items()))
+    path.write_text(
+        "task: qa\ndataset_path: qa\noutput_type: multiple_choice\ntest_split: test\n"
+        + "".join(f"{key}: {value}\n" for key, value in keys.items())
+    )
     try:
         task = load_task_file(path)
         (doc,) = load_split(task.data, "test", None)
@@ -195,11 +279,14 @@ def test_a_hostile_template_runs_nothing(tmp_path, monkeypatch, escape, where) -
     assert not (tmp_path / "MARKER").exists()
 
 
-@pytest.mark.parametrize("template, refusal", [
-    ("{{ 'x' * 10 ** 8 }}", "an exponent above|a repetition of more than"),
-    ("{{ ('x' * 1000) * 1001 }}", "a repetition of more than 1,000,000 items"),
-    ("{% for i in range(10 ** 6) %}{% endfor %}", "Range too big"),
-])
+@pytest.mark.parametrize(
+    "template, refusal",
+    [
+        ("{{ 'x' * 10 ** 8 }}", "an exponent above|a repetition of more than"),
+        ("{{ ('x' * 1000) * 1001 }}", "a repetition of more than 1,000,000 items"),
+        ("{% for i in range(10 ** 6) %}{% endfor %}", "Range too big"),
+    ],
+)
 def test_a_template_cannot_exhaust_memory(template, refusal) -> None:
     from hlat.eval.tasks.templates import render
 
@@ -210,8 +297,10 @@ def test_a_template_cannot_exhaust_memory(template, refusal) -> None:
 def test_a_python_yaml_tag_runs_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "t.yaml"
-    path.write_text("task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\n"
-                    "doc_to_target: !!python/object/apply:os.system ['touch MARKER']\n")
+    path.write_text(
+        "task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\n"
+        "doc_to_target: !!python/object/apply:os.system ['touch MARKER']\n"
+    )
     with pytest.raises(TaskFileError, match="python/object/apply:os.system"):
         load_task_file(path)
     assert not (tmp_path / "MARKER").exists()

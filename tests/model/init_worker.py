@@ -15,13 +15,24 @@ from hlat.model import Llama
 from hlat.parallel.init import canonical_name, init_parameters
 from hlat.precision import cast_parameters
 from hlat.train.trainer import Trainer
-
 from runs import ScenarioContext, tiny_args
 
 # Large enough tensors that a sample std is within ~1% of the true one; 4 layers, so a stage of a
 # 2-stage pipeline holds 2 and the scaled init must still use the whole model's depth.
-MODEL = ["--model.d_model", "128", "--model.n_layers", "4", "--model.n_heads", "4", "--model.n_kv_heads", "2",
-         "--model.ffn_dim", "256", "--model.init_std", "0.021"]
+MODEL = [
+    "--model.d_model",
+    "128",
+    "--model.n_layers",
+    "4",
+    "--model.n_heads",
+    "4",
+    "--model.n_kv_heads",
+    "2",
+    "--model.ffn_dim",
+    "256",
+    "--model.init_std",
+    "0.021",
+]
 
 
 def measure(ctx: ScenarioContext, layout: list[str]) -> None:
@@ -36,6 +47,13 @@ def measure(ctx: ScenarioContext, layout: list[str]) -> None:
             name = canonical_name(name)
             full = full_tensor(param.detach())  # collective over the parameter's mesh, same order on every rank
             f32 = full.float()
-            stats[name] = {"std": f32.std().item(), "mean": f32.mean().item(), "min": f32.min().item(), "max": f32.max().item(),
-                           "numel": full.numel(), "dtype": str(param.dtype), "single_device": torch.equal(full, reference[name])}
+            stats[name] = {
+                "std": f32.std().item(),
+                "mean": f32.mean().item(),
+                "min": f32.min().item(),
+                "max": f32.max().item(),
+                "numel": full.numel(),
+                "dtype": str(param.dtype),
+                "single_device": torch.equal(full, reference[name]),
+            }
     (ctx.out / f"stats.rank{ctx.rank}.json").write_text(json.dumps(stats))

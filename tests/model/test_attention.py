@@ -12,20 +12,25 @@ B, H, KV, T, D = 2, 8, 2, 40, 16
 
 def qkv(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, T, D, generator=gen, requires_grad=True),
-            torch.randn(B, KV, T, D, generator=gen, requires_grad=True),
-            torch.randn(B, KV, T, D, generator=gen, requires_grad=True))
+    return (
+        torch.randn(B, H, T, D, generator=gen, requires_grad=True),
+        torch.randn(B, KV, T, D, generator=gen, requires_grad=True),
+        torch.randn(B, KV, T, D, generator=gen, requires_grad=True),
+    )
 
 
 def doc_ids() -> torch.Tensor:
     # row 0: documents of 7, 20 and 13 tokens; row 1: one document of 40
-    return torch.stack([torch.repeat_interleave(torch.arange(3), torch.tensor([7, 20, 13])), torch.zeros(T, dtype=torch.long)])
+    return torch.stack(
+        [torch.repeat_interleave(torch.arange(3), torch.tensor([7, 20, 13])), torch.zeros(T, dtype=torch.long)]
+    )
 
 
 def repeated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     n = q.size(1) // k.size(1)
-    return F.scaled_dot_product_attention(q, k.repeat_interleave(n, 1), v.repeat_interleave(n, 1),
-                                          attn_mask=mask, is_causal=mask is None)
+    return F.scaled_dot_product_attention(
+        q, k.repeat_interleave(n, 1), v.repeat_interleave(n, 1), attn_mask=mask, is_causal=mask is None
+    )
 
 
 @pytest.mark.parametrize("masked", [False, True])
@@ -85,8 +90,12 @@ def test_document_mask_by_device() -> None:
 def test_model_builds_the_mask_from_document_ids() -> None:
     """doc_ids (how pipeline stages get the mask) = the same mask passed in."""
     torch.manual_seed(0)
-    model = Llama(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=T))
+    model = Llama(
+        ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=T)
+    )
     x = torch.randint(0, 50, (B, T))
-    torch.testing.assert_close(model(x, doc_ids=doc_ids()), model(x, attn_mask=document_mask(doc_ids())), rtol=0, atol=0)
+    torch.testing.assert_close(
+        model(x, doc_ids=doc_ids()), model(x, attn_mask=document_mask(doc_ids())), rtol=0, atol=0
+    )
     with pytest.raises(ValueError, match="not both"):
         model(x, attn_mask=document_mask(doc_ids()), doc_ids=doc_ids())

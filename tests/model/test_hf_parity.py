@@ -3,31 +3,68 @@
 import pytest
 import torch
 
+from deps import require
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.model import Llama, count_params
 from hlat.model.hf import hf_config_dict, hf_to_hlat, hlat_to_hf, model_config_from_hf
 
-from deps import require
-
 transformers = require("transformers")
 
 CONFIGS = {
-    "mha": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4,
-                       ffn_dim=176, max_seq_len=64, norm_eps=1e-6),
-    "gqa": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2,
-                       ffn_dim=160, max_seq_len=64, rope_theta=500000.0),
+    "mha": ModelConfig(
+        vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=176, max_seq_len=64, norm_eps=1e-6
+    ),
+    "gqa": ModelConfig(
+        vocab_size=128,
+        d_model=64,
+        n_layers=2,
+        n_heads=8,
+        n_kv_heads=2,
+        ffn_dim=160,
+        max_seq_len=64,
+        rope_theta=500000.0,
+    ),
     # SmolLM2's variant: the output head is the embedding matrix
-    "tied": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                        ffn_dim=160, max_seq_len=64, tie_embeddings=True),
+    "tied": ModelConfig(
+        vocab_size=128,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=160,
+        max_seq_len=64,
+        tie_embeddings=True,
+    ),
     # Llama 3.1's RoPE at a small scale: pre-trained at 16 positions, so the 48 tested take all
     # three bands of the llama3 rule (scaled, blended, kept) across head_dim 16's frequencies
-    "llama3-rope": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                               ffn_dim=160, max_seq_len=64, rope_theta=500000.0, rope_scaling="llama3",
-                               rope_factor=8.0, rope_original_max_seq_len=16),
-    "linear-rope-head_dim-bias": ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                             ffn_dim=160, max_seq_len=64, head_dim=24, attention_bias=True,
-                                             mlp_bias=True, rope_scaling="linear", rope_factor=4.0),
+    "llama3-rope": ModelConfig(
+        vocab_size=128,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=160,
+        max_seq_len=64,
+        rope_theta=500000.0,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_original_max_seq_len=16,
+    ),
+    "linear-rope-head_dim-bias": ModelConfig(
+        vocab_size=128,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=160,
+        max_seq_len=64,
+        head_dim=24,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling="linear",
+        rope_factor=4.0,
+    ),
 }
 
 
@@ -89,8 +126,12 @@ def test_config_round_trip_and_unknown_keys() -> None:
         hf_to_hlat({"model.layers.0.self_attn.q_norm.weight": torch.ones(1)})
     with pytest.raises(KeyError, match="layers.0.attention.wz.weight"):
         hlat_to_hf({"layers.0.attention.wz.weight": torch.ones(1)})
-    assert hf_to_hlat({"model.rotary_emb.inv_freq": torch.ones(1),
-                       "model.layers.3.self_attn.rotary_emb.inv_freq": torch.ones(1)}) == {}
+    assert (
+        hf_to_hlat(
+            {"model.rotary_emb.inv_freq": torch.ones(1), "model.layers.3.self_attn.rotary_emb.inv_freq": torch.ones(1)}
+        )
+        == {}
+    )
 
 
 def test_tied_weight_is_one_parameter_through_conversions() -> None:
@@ -112,17 +153,29 @@ def test_tied_weight_is_one_parameter_through_conversions() -> None:
 
 def test_variant_validation_names_field_and_fix() -> None:
     base = CONFIGS["mha"]
-    cases = {"head_dim": dict(head_dim=15), "rope_scaling": dict(rope_scaling="yarn"),
-             "rope_factor": dict(rope_scaling="linear", rope_factor=0.5),
-             "rope_high_freq_factor": dict(rope_scaling="llama3", rope_factor=8.0, rope_high_freq_factor=1.0),
-             "tie_embeddings": dict(tie_embeddings="yes")}
+    cases = {
+        "head_dim": dict(head_dim=15),
+        "rope_scaling": dict(rope_scaling="yarn"),
+        "rope_factor": dict(rope_scaling="linear", rope_factor=0.5),
+        "rope_high_freq_factor": dict(rope_scaling="llama3", rope_factor=8.0, rope_high_freq_factor=1.0),
+        "tie_embeddings": dict(tie_embeddings="yes"),
+    }
     for field, change in cases.items():
         problems = dict(ModelConfig(**{**base.__dict__, **change}).validate())
         assert field in problems, (field, problems)
     # accepted: tied embeddings under pipeline parallelism (bf16-sr too: the two copies' rounding
     # noise is keyed by the shared name), a vocabulary tp shards unevenly
-    load_config("tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], world=2)
-    load_config("tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--precision.mode", "bf16-sr"], world=2)
-    load_config("tiny", None, ["--model.vocab_size", "4097", "--parallel.tp", "2", "--parallel.dp_sharding", "zero2"], world=2)
+    load_config(
+        "tiny",
+        None,
+        ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"],
+        world=2,
+    )
+    load_config(
+        "tiny", None, ["--model.tie_embeddings", "true", "--parallel.pp", "2", "--precision.mode", "bf16-sr"], world=2
+    )
+    load_config(
+        "tiny", None, ["--model.vocab_size", "4097", "--parallel.tp", "2", "--parallel.dp_sharding", "zero2"], world=2
+    )
     # an explicit head_dim frees d_model from being a multiple of n_heads
     assert ModelConfig(**{**base.__dict__, "d_model": 60, "head_dim": 16}).validate() == []

@@ -18,14 +18,19 @@ import torch
 
 from hlat.config.model import ModelConfig
 from hlat.model import Llama
-
 from runs import Scenario
 
 LAYOUTS = {
-    "init-tp2-fsdp2-bf16sr": (4, ["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp", "--precision.mode", "bf16-sr"]),
+    "init-tp2-fsdp2-bf16sr": (
+        4,
+        ["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp", "--precision.mode", "bf16-sr"],
+    ),
     "init-pp2": (2, ["--parallel.pp", "2"]),
 }
-SCENARIOS = [Scenario(name, "model/init_worker.py:measure", world, {"layout": layout}) for name, (world, layout) in LAYOUTS.items()]
+SCENARIOS = [
+    Scenario(name, "model/init_worker.py:measure", world, {"layout": layout})
+    for name, (world, layout) in LAYOUTS.items()
+]
 INIT_STD, N_LAYERS = 0.021, 4  # init_worker.MODEL: HLAT 7B's std
 
 
@@ -45,8 +50,14 @@ def test_initialisation_follows_hlat_rule(scenarios, layout):
     for rank in range(world):
         stats.update(scenarios.json(layout, f"stats.rank{rank}.json"))  # ranks of other stages add their names
     with torch.device("meta"):
-        names = {name for name, _ in Llama(ModelConfig(vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2,
-                                                       ffn_dim=256, max_seq_len=64)).named_parameters()}
+        names = {
+            name
+            for name, _ in Llama(
+                ModelConfig(
+                    vocab_size=512, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=256, max_seq_len=64
+                )
+            ).named_parameters()
+        }
     assert set(stats) == names  # every parameter of the model, none missing under any stage or shard
     for name, s in stats.items():
         assert s["single_device"], name
@@ -57,4 +68,8 @@ def test_initialisation_follows_hlat_rule(scenarios, layout):
         standard_error = std / math.sqrt(2 * s["numel"])
         assert abs(s["std"] - std) < 4 * standard_error, (name, s["std"], std)
         assert abs(s["mean"]) < 4 * std / math.sqrt(s["numel"]), (name, s["mean"])
-        assert max(-s["min"], s["max"]) <= 2 * math.sqrt(3) * std * (1 + 2**-8), (name, s["min"], s["max"])  # bf16 rounding
+        assert max(-s["min"], s["max"]) <= 2 * math.sqrt(3) * std * (1 + 2**-8), (
+            name,
+            s["min"],
+            s["max"],
+        )  # bf16 rounding

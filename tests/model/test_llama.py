@@ -6,11 +6,11 @@ import torch
 from hlat.config.model import ModelConfig
 from hlat.model import KVCache, Llama
 
-SMALL = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=128,
-                    max_seq_len=32)
+SMALL = ModelConfig(vocab_size=97, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 # Big enough for ~0.1-0.5% standard-error std estimates, small enough to build in well under 1 s.
-MEDIUM = ModelConfig(vocab_size=1000, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4,
-                     ffn_dim=688, max_seq_len=64, init_std=0.021)
+MEDIUM = ModelConfig(
+    vocab_size=1000, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=688, max_seq_len=64, init_std=0.021
+)
 
 
 def tokens(cfg: ModelConfig, T: int, seed: int = 0) -> torch.Tensor:
@@ -20,9 +20,17 @@ def tokens(cfg: ModelConfig, T: int, seed: int = 0) -> torch.Tensor:
 def test_module_names() -> None:
     names = set(Llama(SMALL).state_dict())
     assert {"tok_embeddings.weight", "norm.weight", "output.weight"} <= names
-    for part in ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "feed_forward.w1", "feed_forward.w2", "feed_forward.w3",
-                 "attention_norm", "ffn_norm"):
+    for part in (
+        "attention.wq",
+        "attention.wk",
+        "attention.wv",
+        "attention.wo",
+        "feed_forward.w1",
+        "feed_forward.w2",
+        "feed_forward.w3",
+        "attention_norm",
+        "ffn_norm",
+    ):
         assert f"layers.1.{part}.weight" in names
     assert len(names) == 3 + 2 * 9  # no biases, and the RoPE tables are not persistent
     assert not any("bias" in n or "rope" in n for n in names)
@@ -32,8 +40,7 @@ def check_init_stats(model: Llama, cfg: ModelConfig) -> None:
     std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
     expected = {"tok_embeddings.weight": std, "output.weight": std}
     for i in range(cfg.n_layers):
-        for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1",
-                     "feed_forward.w3"):
+        for name in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
             expected[f"layers.{i}.{name}.weight"] = std
         expected[f"layers.{i}.attention.wo.weight"] = out_std
         expected[f"layers.{i}.feed_forward.w2.weight"] = out_std
@@ -133,7 +140,7 @@ def test_kv_cache_decoding_matches_the_full_forward() -> None:
         cache = KVCache(8)
         parts = [model(x[:, :5], positions[:, :5], causal[..., :5, :5], cache)]
         for t in range(5, 8):
-            parts.append(model(x[:, t:t + 1], positions[:, t:t + 1], causal[..., t:t + 1, :t + 1], cache))
+            parts.append(model(x[:, t : t + 1], positions[:, t : t + 1], causal[..., t : t + 1, : t + 1], cache))
     torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="holds 8 positions"):
         model(x[:, :1], positions[:, :1], causal[..., :1, :1], cache)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 import torch
 
+from deps import require
 from hlat.config.fields import choices
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
@@ -13,14 +14,26 @@ from hlat.model import KVCache, build_model, count_params, flops_per_token
 from hlat.model.qwen3 import Qwen3
 from hlat.model.spec import QWEN3, SPECS, hf_spec
 
-from deps import require
-
 transformers = require("transformers")
 
-BASE = ModelConfig(family="qwen3", vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32,
-                   ffn_dim=128, max_seq_len=64, norm_eps=1e-6, rope_theta=1e6)
-CONFIGS = {"gqa-head_dim": BASE, "tied": dataclasses.replace(BASE, tie_embeddings=True),
-           "mha-bias": dataclasses.replace(BASE, n_kv_heads=4, head_dim=0, attention_bias=True)}
+BASE = ModelConfig(
+    family="qwen3",
+    vocab_size=128,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=32,
+    ffn_dim=128,
+    max_seq_len=64,
+    norm_eps=1e-6,
+    rope_theta=1e6,
+)
+CONFIGS = {
+    "gqa-head_dim": BASE,
+    "tied": dataclasses.replace(BASE, tie_embeddings=True),
+    "mha-bias": dataclasses.replace(BASE, n_kv_heads=4, head_dim=0, attention_bias=True),
+}
 
 
 def _transformers_model(cfg: ModelConfig) -> torch.nn.Module:
@@ -45,7 +58,9 @@ def test_logits_match_transformers(name: str) -> None:
     with torch.no_grad():
         assert (ours(ids) - hf(ids).logits).abs().max().item() < 1e-4
     assert count_params(cfg) == sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
-    assert QWEN3.hf.to_hf(ours.state_dict()).keys() == {k for k in hf.state_dict() if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    assert QWEN3.hf.to_hf(ours.state_dict()).keys() == {
+        k for k in hf.state_dict() if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
 
 
 def test_config_round_trips_through_transformers() -> None:
@@ -70,7 +85,7 @@ def test_cached_decoding_matches_a_full_forward() -> None:
         full = model(ids)
         for t in range(ids.shape[1]):
             mask = torch.ones(1, 1, 1, t + 1, dtype=torch.bool)
-            steps.append(model(ids[:, t:t + 1], positions=torch.tensor([[t]]), attn_mask=mask, cache=cache))
+            steps.append(model(ids[:, t : t + 1], positions=torch.tensor([[t]]), attn_mask=mask, cache=cache))
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
 
@@ -78,9 +93,19 @@ def test_preset_matches_the_model_card() -> None:
     """qwen3-0.6b against transformers' Qwen3ForCausalLM of the same shape (built on meta) and the
     model card's figures: 0.6B parameters, 0.44B without the (tied) embedding."""
     cfg = load_config("qwen3-0.6b").model
-    assert (cfg.family, cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.attn_head_dim, cfg.ffn_dim,
-            cfg.vocab_size, cfg.tie_embeddings, cfg.rope_theta, cfg.max_seq_len) == \
-        ("qwen3", 28, 1024, 16, 8, 128, 3072, 151936, True, 1e6, 40960)
+    assert (
+        cfg.family,
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.attn_head_dim,
+        cfg.ffn_dim,
+        cfg.vocab_size,
+        cfg.tie_embeddings,
+        cfg.rope_theta,
+        cfg.max_seq_len,
+    ) == ("qwen3", 28, 1024, 16, 8, 128, 3072, 151936, True, 1e6, 40960)
     with torch.device("meta"):
         hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3.hf.config_dict(cfg)))
         ours = build_model(cfg)
@@ -97,5 +122,8 @@ def test_flops_count_the_query_heads_width() -> None:
 
 def test_family_is_looked_up_and_checked() -> None:
     assert tuple(SPECS) == choices(ModelConfig, "family")
-    assert ModelConfig().family == "llama" and type(build_model(dataclasses.replace(BASE, family="llama"))).__name__ == "Llama"
+    assert (
+        ModelConfig().family == "llama"
+        and type(build_model(dataclasses.replace(BASE, family="llama"))).__name__ == "Llama"
+    )
     assert [field for field, _ in dataclasses.replace(BASE, family="qwen2").validate()] == ["family"]

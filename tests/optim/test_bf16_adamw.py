@@ -52,6 +52,7 @@ def test_seeded_and_deterministic():
         params = bf16_params()
         run(params, BF16AdamW(params, seed=seed, compile=False, **HYPER), 3)
         return params
+
     a, b, c = final(0), final(0), final(1)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))

@@ -18,14 +18,17 @@ def sr(x: torch.Tensor, seed: int = 7) -> torch.Tensor:
     return round_to_bf16(x, noise)
 
 
-@pytest.mark.parametrize("value", [
-    1.0 + 1 / 3 * 2**-7,  # a third of an ulp above 1
-    -(1.0 + 0.9 * 2**-7),  # negative, nearly a whole ulp
-    3.1e-39,  # bf16 subnormal range
-    -7.7e-41,
-    3.3e38,  # near overflow, below the largest finite bf16 (3.39e38)
-    1e-4,
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        1.0 + 1 / 3 * 2**-7,  # a third of an ulp above 1
+        -(1.0 + 0.9 * 2**-7),  # negative, nearly a whole ulp
+        3.1e-39,  # bf16 subnormal range
+        -7.7e-41,
+        3.3e38,  # near overflow, below the largest finite bf16 (3.39e38)
+        1e-4,
+    ],
+)
 def test_unbiased_and_only_neighbours(value):
     x = torch.full((N,), value, dtype=torch.float32)
     rounded = sr(x).float()
@@ -42,8 +45,9 @@ def test_exact_bf16_values_and_specials_are_unchanged():
     bits = torch.randint(-(2**15), 2**15, (100_000,), dtype=torch.int16, generator=gen)
     exact = bits.view(torch.bfloat16)
     exact = exact[torch.isfinite(exact)]
-    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 3.3895e38, -3.3895e38, 9.2e-41],
-                            dtype=torch.bfloat16)
+    specials = torch.tensor(
+        [0.0, -0.0, float("inf"), -float("inf"), 3.3895e38, -3.3895e38, 9.2e-41], dtype=torch.bfloat16
+    )
     values = torch.cat([exact, specials])
     assert torch.equal(sr(values.float()).view(torch.int16), values.view(torch.int16))
     assert sr(torch.tensor([float("nan")])).isnan().all()

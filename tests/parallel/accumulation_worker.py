@@ -41,15 +41,23 @@ def run(spec: str, layout: Layout, out: Path) -> None:
     keep (reshard_after_backward false), fp32acc (fp32_grad_accum), bf16reduce (reduce_dtype bf16)."""
     _, sharding, mode, options = spec.split(",")
     flags = set(options.split("+"))
-    par = ParallelConfig(pp=layout.pp, dp=layout.dp, tp=layout.tp, dp_sharding=sharding, reshard_after_backward="keep" not in flags)
-    precision = PrecisionConfig(mode=mode, fp32_grad_accum="fp32acc" in flags, reduce_dtype="bf16" if "bf16reduce" in flags else "fp32")
+    par = ParallelConfig(
+        pp=layout.pp, dp=layout.dp, tp=layout.tp, dp_sharding=sharding, reshard_after_backward="keep" not in flags
+    )
+    precision = PrecisionConfig(
+        mode=mode, fp32_grad_accum="fp32acc" in flags, reduce_dtype="bf16" if "bf16reduce" in flags else "fp32"
+    )
     per_dp = GLOBAL_BATCH // layout.dp
-    model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision)
-    optimizers = Optimizers(model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(mode), seed=3, compile=False))
+    model = build_parallel_model(
+        MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision
+    )
+    optimizers = Optimizers(
+        model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(mode), seed=3, compile=False)
+    )
     losses, gathers = [], []
     for tokens in global_batches():
-        mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
-        batches = [Batch(mine[i:i + MICRO], labels_for(mine[i:i + MICRO])) for i in range(0, per_dp, MICRO)]
+        mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
+        batches = [Batch(mine[i : i + MICRO], labels_for(mine[i : i + MICRO])) for i in range(0, per_dp, MICRO)]
         before = GATHERS[0]
         share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
         gathers.append(GATHERS[0] - before)

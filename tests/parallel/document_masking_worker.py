@@ -27,15 +27,16 @@ def losses(ctx, schedules: list[str]) -> None:  # type: ignore[no-untyped-def]
         pp = ctx.world
         layout = Layout(1, 0, Degrees(), None) if pp == 1 else make_layout(Degrees(pp=pp), torch.device("cpu"))
         par = ParallelConfig(pp=pp, pp_schedule=schedule, pp_stages_per_rank=2 if schedule == "interleaved-1f1b" else 1)
-        model = build_parallel_model(MODEL, par, layout, torch.device("cpu"), seed=7,
-                                     n_microbatches=GLOBAL_BATCH // MICRO, precision_mode="fp32")
+        model = build_parallel_model(
+            MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=GLOBAL_BATCH // MICRO, precision_mode="fp32"
+        )
         optimizers = Optimizers(model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3)))
         gen = torch.Generator().manual_seed(1)
         steps = []
         for _ in range(STEPS):
             tokens = torch.randint(1, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen)
             tokens[torch.rand(GLOBAL_BATCH, SEQ, generator=gen) < 0.08] = EOS  # ~2.5 documents per row
-            batches = [make_batch(tokens[i:i + MICRO], EOS, True, True) for i in range(0, GLOBAL_BATCH, MICRO)]
+            batches = [make_batch(tokens[i : i + MICRO], EOS, True, True) for i in range(0, GLOBAL_BATCH, MICRO)]
             share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
             steps.append(model.reduce_loss(share).item())
         val = model.validation_loss(batches)

@@ -29,13 +29,23 @@ from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
-VARIANTS = {"": MODEL, "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a Case's variant
-            # biases, Llama 3.1's RoPE scaling (wavelengths over 16 scaled here), a head_dim that is not d_model / n_heads
-            "bias": dataclasses.replace(MODEL, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0,
-                                        rope_original_max_seq_len=16, head_dim=32),
-            "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
-            # Qwen3 dense: QK-norm over head_dim 32 (!= d_model / n_heads), tied embeddings, RoPE theta 1e6
-            "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6)}
+VARIANTS = {
+    "": MODEL,
+    "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a Case's variant
+    # biases, Llama 3.1's RoPE scaling (wavelengths over 16 scaled here), a head_dim that is not d_model / n_heads
+    "bias": dataclasses.replace(
+        MODEL,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_original_max_seq_len=16,
+        head_dim=32,
+    ),
+    "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
+    # Qwen3 dense: QK-norm over head_dim 32 (!= d_model / n_heads), tied embeddings, RoPE theta 1e6
+    "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6),
+}
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 
 
@@ -60,8 +70,20 @@ class Case:
         """Readable and unique, e.g. pp2-dp2x2-tp1-fsdp-1f1b-none-tied; names its result files."""
         dp = f"{self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else str(self.dp)
         stages = f"x{self.stages_per_rank}" if self.stages_per_rank > 1 else ""
-        return "-".join(filter(None, (f"pp{self.pp}{stages}", f"dp{dp}", f"tp{self.tp}", self.dp_sharding, self.schedule,
-                                      self.recompute, self.variant)))
+        return "-".join(
+            filter(
+                None,
+                (
+                    f"pp{self.pp}{stages}",
+                    f"dp{dp}",
+                    f"tp{self.tp}",
+                    self.dp_sharding,
+                    self.schedule,
+                    self.recompute,
+                    self.variant,
+                ),
+            )
+        )
 
     @property
     def degrees(self) -> Degrees:
@@ -77,28 +99,50 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     """Train STEPS steps under `case` and save its results as files named by case.id. `compiled`:
     each block torch.compiled."""
     model_cfg, sharding = VARIANTS[case.variant], case.dp_sharding
-    par = ParallelConfig(tp=case.tp, pp=case.pp, dp=layout.dp, dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
-                         dp_sharding=sharding, pp_schedule=case.schedule, pp_stages_per_rank=case.stages_per_rank,
-                         activation_checkpoint=case.recompute)
+    par = ParallelConfig(
+        tp=case.tp,
+        pp=case.pp,
+        dp=layout.dp,
+        dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
+        dp_sharding=sharding,
+        pp_schedule=case.schedule,
+        pp_stages_per_rank=case.stages_per_rank,
+        activation_checkpoint=case.recompute,
+    )
     per_dp = GLOBAL_BATCH // layout.dp
     micro = MICRO if per_dp // MICRO >= case.pp else per_dp // case.pp  # a pipeline needs >= pp micro-batches
     torch._dynamo.utils.counters.clear()
-    model = build_parallel_model(model_cfg, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // micro, precision_mode="fp32",
-                                 compiled=compiled)
+    model = build_parallel_model(
+        model_cfg,
+        par,
+        layout,
+        torch.device("cpu"),
+        seed=7,
+        n_microbatches=per_dp // micro,
+        precision_mode="fp32",
+        compiled=compiled,
+    )
     if sharding == "zero1" and layout.dp > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         from hlat.optim import decay_groups
 
-        build = lambda part: ZeroRedundancyOptimizer(decay_groups(part, OptimConfig()), optimizer_class=torch.optim.AdamW,
-                                                    process_group=layout.group("dp"), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+        build = lambda part: ZeroRedundancyOptimizer(
+            decay_groups(part, OptimConfig()),
+            optimizer_class=torch.optim.AdamW,
+            process_group=layout.group("dp"),
+            lr=1e-3,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            foreach=True,
+        )
     else:
         build = lambda part: build_adamw(part, OptimConfig(lr=1e-3))
     optimizers = Optimizers(model.parts, build)
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
-        mine = tokens[layout.dp_rank * per_dp:(layout.dp_rank + 1) * per_dp]
-        batches = [Batch(mine[i:i + micro], labels_for(mine[i:i + micro])) for i in range(0, per_dp, micro)]
+        mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
+        batches = [Batch(mine[i : i + micro], labels_for(mine[i : i + micro])) for i in range(0, per_dp, micro)]
         share, norm = train_step(model, optimizers, batches, grad_clip=1.0)
         losses.append(model.reduce_loss(share).item())
         norms.append(norm.item())
@@ -110,7 +154,9 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     kv_flops = _kv_flops(model.parts[0], model_cfg.vocab_size) if layout.tp > model_cfg.n_kv_heads else None
     if layout.rank == 0:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # > 0: the blocks did compile
-        (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops}))
+        (out / f"{tag}.json").write_text(
+            json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops})
+        )
 
 
 def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:
@@ -127,8 +173,11 @@ def layouts(ctx, cases: list[dict], backend: str = "") -> None:
     "" eager, else every block compiled with that torch.compile backend (the suite runs eager,
     tests/conftest.py, so compilation is switched back on here)."""
     compiled = bool(backend)
-    patched = (mock.patch.object(parallelize, "compile_blocks", functools.partial(compile_blocks, backend=backend))
-               if compiled else contextlib.nullcontext())
+    patched = (
+        mock.patch.object(parallelize, "compile_blocks", functools.partial(compile_blocks, backend=backend))
+        if compiled
+        else contextlib.nullcontext()
+    )
     with torch._dynamo.config.patch(disable=not compiled), patched:
         for case in (Case(**fields) for fields in cases):
             layout = Layout(1, 0, Degrees(), None) if ctx.world == 1 else make_layout(case.degrees, torch.device("cpu"))

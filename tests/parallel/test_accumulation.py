@@ -16,10 +16,17 @@ from parallel.parity_worker import STEPS
 from runs import Scenario, ScenarioResults
 
 ONE = ["1,ddp,fp32,", "1,ddp,mixed,", "1,ddp,bf16-sr,fp32acc"]
-TWO = ["dp2,zero2,fp32,keep", "dp2,fsdp,mixed,keep", "dp2,fsdp,bf16-sr,fp32acc",
-       "tp2,ddp,bf16-sr,fp32acc", "pp2,ddp,bf16-sr,fp32acc"]
-SCENARIOS = [Scenario(f"accumulation-{world}", "parallel/accumulation_worker.py:specs", world, {"specs": specs})
-             for world, specs in ((1, ONE), (2, TWO))]
+TWO = [
+    "dp2,zero2,fp32,keep",
+    "dp2,fsdp,mixed,keep",
+    "dp2,fsdp,bf16-sr,fp32acc",
+    "tp2,ddp,bf16-sr,fp32acc",
+    "pp2,ddp,bf16-sr,fp32acc",
+]
+SCENARIOS = [
+    Scenario(f"accumulation-{world}", "parallel/accumulation_worker.py:specs", world, {"specs": specs})
+    for world, specs in ((1, ONE), (2, TWO))
+]
 GROUPS = 5  # FSDP2 parameter groups: 4 blocks and the root
 
 
@@ -32,8 +39,14 @@ def result(scenarios: ScenarioResults, spec: str) -> tuple[dict, dict[str, torch
     return json.loads((out / f"{tag}.json").read_text()), weights
 
 
-@pytest.mark.parametrize("spec, reference", [("dp2,zero2,fp32,keep", "1,ddp,fp32,"), ("dp2,fsdp,mixed,keep", "1,ddp,mixed,"),
-                                             ("dp2,fsdp,bf16-sr,fp32acc", "1,ddp,bf16-sr,fp32acc")])
+@pytest.mark.parametrize(
+    "spec, reference",
+    [
+        ("dp2,zero2,fp32,keep", "1,ddp,fp32,"),
+        ("dp2,fsdp,mixed,keep", "1,ddp,mixed,"),
+        ("dp2,fsdp,bf16-sr,fp32acc", "1,ddp,bf16-sr,fp32acc"),
+    ],
+)
 def test_matches_one_process(scenarios, spec, reference):
     (metrics, weights), (ref_metrics, ref_weights) = result(scenarios, spec), result(scenarios, reference)
     assert metrics["losses"] == pytest.approx(ref_metrics["losses"], rel=1e-5)

@@ -19,7 +19,9 @@ from hlat.precision import autocast, cast_parameters
 CFG = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=160, max_seq_len=32)
 
 
-def loss_and_grads(policy: str, every_other_mm: bool = False, mode: str = "fp32") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def loss_and_grads(
+    policy: str, every_other_mm: bool = False, mode: str = "fp32"
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     model = cast_parameters(Llama(CFG), mode)
     apply_activation_checkpoint(model, policy, every_other_mm)
@@ -54,8 +56,10 @@ def test_recompute_replays_the_precision_casts(policy, mode):
 
 
 def test_policies_order_by_what_they_save():
-    saved = [block_bytes(CFG, policy, every_other, batch=2, seq=32)
-             for policy, every_other in (("none", False), ("selective", False), ("op", False), ("op", True), ("full", False))]
+    saved = [
+        block_bytes(CFG, policy, every_other, batch=2, seq=32)
+        for policy, every_other in (("none", False), ("selective", False), ("op", False), ("op", True), ("full", False))
+    ]
     assert saved == sorted(saved, reverse=True) and len(set(saved)) == 5
     assert saved[-1] == 2 * 32 * CFG.d_model * 4  # full: the block's input alone
 
@@ -65,7 +69,7 @@ def test_every_other_mm_needs_op():
     assert [name for name, _ in problems] == ["recompute_every_other_mm"]
     assert "--parallel.activation_checkpoint op" in problems[0][1]
     assert not ParallelConfig(activation_checkpoint="op", recompute_every_other_mm=True).validate()
-    (name, message), = ParallelConfig(activation_checkpoint="ops").validate()
+    ((name, message),) = ParallelConfig(activation_checkpoint="ops").validate()
     assert name == "activation_checkpoint" and "none, selective, op, full" in message
 
 
@@ -85,8 +89,18 @@ def test_blocks_hold_no_in_place_op(mode, variant):
     """A compiled recompute region must not mutate (torch says so once per compiled run, and hlat
     drops that line on the strength of this test): every op of the model's forward, blocks
     included, as it runs under each precision mode, is out of place."""
-    cfg = CFG if variant != "bias-rope-scaling" else dataclasses.replace(
-        CFG, attention_bias=True, mlp_bias=True, rope_scaling="llama3", rope_factor=8.0, rope_original_max_seq_len=16)
+    cfg = (
+        CFG
+        if variant != "bias-rope-scaling"
+        else dataclasses.replace(
+            CFG,
+            attention_bias=True,
+            mlp_bias=True,
+            rope_scaling="llama3",
+            rope_factor=8.0,
+            rope_original_max_seq_len=16,
+        )
+    )
     model = cast_parameters(Llama(cfg), mode)
     tokens = torch.randint(0, cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(1))
     documents = torch.tensor([[0] * 20 + [1] * 12, [0] * 32]) if variant == "document-masking" else None
@@ -106,5 +120,7 @@ def test_the_in_place_reminder_is_dropped_and_nothing_else():
     checkpoint_block(torch.nn.Linear(2, 2), "selective", compiled=True)
     logger = logging.getLogger(wrap.__name__)
     record = lambda text: logger.makeRecord(logger.name, logging.WARNING, "wrap.py", 1, text, (), None)
-    assert not logger.filter(record("\n" + message + "\nPlease make sure the checkpointed region does not contain in-place ops"))
+    assert not logger.filter(
+        record("\n" + message + "\nPlease make sure the checkpointed region does not contain in-place ops")
+    )
     assert logger.filter(record("any other warning"))

@@ -18,7 +18,6 @@ from hlat.errors import ConfigError, UserError
 from hlat.parallel import compile as compile_mod
 from hlat.parallel.compile import decide_compile
 from hlat.train.trainer import Trainer
-
 from parallel.parity_worker import Case
 from runs import Scenario, tiny_args
 from test_parity import REFERENCES, check, results
@@ -32,8 +31,9 @@ def decide(setting: str, device: torch.device = CPU):
     return decide_compile(setting, MODEL, device, "fp32", micro_batch=2, seq_len=32, document_masking=False)
 
 
-@pytest.mark.parametrize(("given", "stored"), [("auto", "auto"), ("true", "true"), ("off", "false"), ("1", "true"),
-                                               ("False", "false")])
+@pytest.mark.parametrize(
+    ("given", "stored"), [("auto", "auto"), ("true", "true"), ("off", "false"), ("1", "true"), ("False", "false")]
+)
 def test_command_line_words(given, stored):
     assert load_config("tiny", None, ["--parallel.compile", given]).parallel.compile == stored
 
@@ -95,8 +95,10 @@ def test_bf16_storage_compiles_with_recompute(compiling):
     table = nn.Parameter(torch.randn(16, MODEL.d_model, dtype=torch.bfloat16))
     ids = torch.randint(0, 16, (2, 32))
     results = []
-    for wrapped in (checkpoint_block(block, recompute), torch.compile(checkpoint_block(block, recompute, compiled=True), fullgraph=True,
-                                                                   backend="aot_eager")):
+    for wrapped in (
+        checkpoint_block(block, recompute),
+        torch.compile(checkpoint_block(block, recompute, compiled=True), fullgraph=True, backend="aot_eager"),
+    ):
         block.zero_grad()
         with autocast("bf16-sr", CPU):
             x = nn.functional.embedding(ids, table).detach().requires_grad_()
@@ -108,7 +110,7 @@ def test_bf16_storage_compiles_with_recompute(compiling):
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compiled_x, eager_x, rtol=1e-5, atol=1e-5)
     for a, b in zip(compiled_grads, eager_grads):  # bf16 gradients: equal up to one rounding
-        torch.testing.assert_close(a, b, rtol=2 ** -7, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=2**-7, atol=1e-6)
 
 
 def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_corpus, tmp_path):
@@ -116,15 +118,24 @@ def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_
         raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nsecond line")
 
     monkeypatch.setattr(compile_mod, "probe_block", broken)
-    with pytest.raises(UserError, match=r"compiling a transformer block failed: RuntimeError: InvalidCxxCompiler: "
-                                        r"No working C\+\+ compiler found; set --parallel.compile false"):
+    with pytest.raises(
+        UserError,
+        match=r"compiling a transformer block failed: RuntimeError: InvalidCxxCompiler: "
+        r"No working C\+\+ compiler found; set --parallel.compile false",
+    ):
         decide("true")
     lines: list[str] = []
-    trainer = Trainer(load_config(None, None, tiny_args(small_corpus, tmp_path / "run", "--train.steps", "1")), out=lines.append)
+    trainer = Trainer(
+        load_config(None, None, tiny_args(small_corpus, tmp_path / "run", "--train.steps", "1")), out=lines.append
+    )
     warnings = [line for line in lines if "compile" in line]
-    assert warnings == ["warning: compile: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
-                        "compiler found); running eager"]
-    assert not any(isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in trainer.model.raw_parts[0].layers.values())
+    assert warnings == [
+        "warning: compile: torch.compile failed (RuntimeError: InvalidCxxCompiler: No working C++ "
+        "compiler found); running eager"
+    ]
+    assert not any(
+        isinstance(b, torch._dynamo.eval_frame.OptimizedModule) for b in trainer.model.raw_parts[0].layers.values()
+    )
     assert len(trainer.fit().losses) == 1
 
 
@@ -138,8 +149,15 @@ def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_
 # losses 1e-7 relative, weights 7e-6 apart.) Tensor-parallel layouts run eager
 # (test_tensor_parallel_runs_eager).
 COMPILED = [Case(dp=2, dp_sharding="fsdp", recompute="selective"), Case(pp=2, recompute="op")]
-SCENARIOS = [next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the eager reference
-             Scenario("parity-compiled-2", "parallel/parity_worker.py:layouts", 2, {"cases": [dataclasses.asdict(c) for c in COMPILED], "backend": "aot_eager"})]
+SCENARIOS = [
+    next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the eager reference
+    Scenario(
+        "parity-compiled-2",
+        "parallel/parity_worker.py:layouts",
+        2,
+        {"cases": [dataclasses.asdict(c) for c in COMPILED], "backend": "aot_eager"},
+    ),
+]
 
 
 def test_compiled_layouts_match_eager_single_process(scenarios):

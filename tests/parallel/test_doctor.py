@@ -6,7 +6,6 @@ from hlat.cli import main
 from hlat.config.load import load_config
 from hlat.model import count_params
 from hlat.parallel import preflight
-
 from runs import torchrun
 
 
@@ -47,7 +46,9 @@ def test_checkpoint_bytes_follow_precision_retention_and_archives():
 
 
 def test_torchrun_two_processes_pass_with_a_bandwidth_figure(tmp_path):
-    done = torchrun(2, ["-m", "hlat", "doctor", "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"], timeout=300)
+    done = torchrun(
+        2, ["-m", "hlat", "doctor", "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"], timeout=300
+    )
     assert "hlat doctor: tiny, 2 processes" in done.stdout and "all checks passed" in done.stdout
     assert "[rank 1] ok    devices" in done.stdout
     assert "busbw" in done.stdout and "pp 1 x dp 2 x tp 1" in done.stdout

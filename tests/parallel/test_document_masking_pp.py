@@ -8,8 +8,10 @@ import pytest
 from runs import Scenario
 
 SCHEDULES = ["1f1b", "interleaved-1f1b"]
-SCENARIOS = [Scenario("document-masking-pp-1", "parallel/document_masking_worker.py:losses", 1, {"schedules": ["1f1b"]}),
-             Scenario("document-masking-pp-2", "parallel/document_masking_worker.py:losses", 2, {"schedules": SCHEDULES})]
+SCENARIOS = [
+    Scenario("document-masking-pp-1", "parallel/document_masking_worker.py:losses", 1, {"schedules": ["1f1b"]}),
+    Scenario("document-masking-pp-2", "parallel/document_masking_worker.py:losses", 2, {"schedules": SCHEDULES}),
+]
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

@@ -5,17 +5,24 @@ import time
 import pytest
 
 from hlat.parallel.hang import _missing, _ranks, is_timeout
-
 from runs import tiny_args, torchrun
 
 
 def test_stuck_rank_is_named_with_the_step_and_phase(small_corpus, tmp_path):
     marker = tmp_path / "fault-done"
-    env = {"HLAT_FAULT": "hang:3:1", "HLAT_FAULT_MARKER": str(marker),
-           "HLAT_COLLECTIVE_TIMEOUT_S": "10"}  # > the tokenizer barrier on a loaded machine
+    env = {
+        "HLAT_FAULT": "hang:3:1",
+        "HLAT_FAULT_MARKER": str(marker),
+        "HLAT_COLLECTIVE_TIMEOUT_S": "10",
+    }  # > the tokenizer barrier on a loaded machine
     start = time.monotonic()
-    done = torchrun(2, ["-m", "hlat", "train", *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6")],
-                    env=env, timeout=180, check=False)
+    done = torchrun(
+        2,
+        ["-m", "hlat", "train", *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6")],
+        env=env,
+        timeout=180,
+        check=False,
+    )
     elapsed = time.monotonic() - start
     assert marker.is_file(), "the fault never fired"
     assert done.returncode != 0
@@ -41,9 +48,12 @@ def test_missing_ranks_are_found_by_bisection_in_few_requests():
     assert _ranks([3]) == "rank 3" and _ranks([0, 2]) == "ranks [0, 2]"
 
 
-@pytest.mark.parametrize("message, expected", [
-    ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete", True),
-    ("Connection closed by peer", False),
-])
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete", True),
+        ("Connection closed by peer", False),
+    ],
+)
 def test_timeouts_are_told_from_other_errors(message, expected):
     assert is_timeout(RuntimeError(message)) is expected

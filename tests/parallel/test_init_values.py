@@ -14,9 +14,11 @@ STRIDE = 24  # a 40 x 24 parameter
 
 def test_threefry_matches_random123_known_answers():
     """Random123's kat_vectors for threefry2x32_20: (counter, key) -> output words."""
-    cases = [((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
-             ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
-             ((0x243F6A88, 0x85A308D3), (0x13198A2E, 0x03707344), (0xC4923A9C, 0x483DF7A0))]
+    cases = [
+        ((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+        ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+        ((0x243F6A88, 0x85A308D3), (0x13198A2E, 0x03707344), (0xC4923A9C, 0x483DF7A0)),
+    ]
     for counter, key, expected in cases:
         words = [torch.tensor([w]) for w in counter]
         threefry2x32_(*words, *key)
@@ -30,7 +32,9 @@ def test_a_slice_computes_the_full_tensors_bits():
     full = init_values(torch.arange(40), torch.arange(24), STRIDE, *KEY, scale)
     rows, cols = torch.tensor([39, 2, 17, 5, 6]), torch.arange(7, 20)
     assert torch.equal(init_values(rows, cols, STRIDE, *KEY, scale), full[rows][:, cols])
-    assert torch.equal(torch.cat([init_values(torch.tensor([r]), torch.arange(24), STRIDE, *KEY, scale) for r in range(40)]), full)
+    assert torch.equal(
+        torch.cat([init_values(torch.tensor([r]), torch.arange(24), STRIDE, *KEY, scale) for r in range(40)]), full
+    )
     # The counter's high word counts too: indices past 2^32 are not those 2^32 below.
     high = init_values(torch.tensor([2**32 // 24 + 1]), torch.arange(24), STRIDE, *KEY, scale)
     assert not torch.equal(high, init_values(torch.tensor([1]), torch.arange(24) - 2**32 % 24, STRIDE, *KEY, scale))

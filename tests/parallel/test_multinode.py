@@ -17,12 +17,50 @@ def free_port() -> int:
 
 
 def test_two_nodes_rendezvous_and_train(small_corpus, tmp_path):
-    env = {**os.environ, "HLAT_CACHE": str(tmp_path / "cache"), "HLAT_RDZV_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    overrides = ["--data.source", str(small_corpus), "--model.vocab_size", "512", "--model.d_model", "64",
-                 "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
-                 "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "4",
-                 "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--train.tensorboard", "false", "--train.plot", "false",
-                 "--data.val_source", "", "--eval.every", "0", "--train.run_dir", str(tmp_path / "run")]
+    env = {
+        **os.environ,
+        "HLAT_CACHE": str(tmp_path / "cache"),
+        "HLAT_RDZV_PORT": str(free_port()),
+        "OMP_NUM_THREADS": "1",
+    }
+    overrides = [
+        "--data.source",
+        str(small_corpus),
+        "--model.vocab_size",
+        "512",
+        "--model.d_model",
+        "64",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "4",
+        "--model.n_kv_heads",
+        "2",
+        "--model.ffn_dim",
+        "128",
+        "--model.max_seq_len",
+        "64",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "4",
+        "--train.micro_batch",
+        "2",
+        "--train.steps",
+        "2",
+        "--train.log_every",
+        "1",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--data.val_source",
+        "",
+        "--eval.every",
+        "0",
+        "--train.run_dir",
+        str(tmp_path / "run"),
+    ]
     runs.wait_for_shared_launch()
     done = subprocess.run(["bash", str(SCRIPT), "1", *overrides], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

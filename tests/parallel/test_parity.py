@@ -35,7 +35,9 @@ TWO = [
     # tied embeddings: one matrix, its gradient summed from the embedding and the output head
     Case(dp=2, dp_sharding="fsdp", recompute="selective", variant="tied"),
     Case(tp=2, variant="tied"),  # one vocab-sharded matrix for the embedding and the output head
-    Case(tp=2, variant="bias"),  # biases, llama3 RoPE scaling and head_dim 32 (!= d_model / n_heads) over TP head shards
+    Case(
+        tp=2, variant="bias"
+    ),  # biases, llama3 RoPE scaling and head_dim 32 (!= d_model / n_heads) over TP head shards
     Case(tp=2, variant="odd"),  # vocabulary 127: uneven vocab shards (64 + 63 rows) in TP's embedding, head and loss
     # Qwen3: the QK-norm weights replicated over data and tensor parallelism, the pipeline split by its spec's costs
     Case(dp=2, variant="qwen3"),
@@ -51,17 +53,28 @@ FOUR = [
     Case(tp=4),  # tp 4 > 2 KV heads: KV projections replicated
     Case(tp=4, variant="bias"),  # ... with their biases
     Case(dp=2, tp=2, dp_sharding="fsdp", variant="tied"),
-    Case(pp=2, dp=2, dp_sharding="fsdp", variant="tied"),  # PP x FSDP: the copies' gradient shards summed between stages
+    Case(
+        pp=2, dp=2, dp_sharding="fsdp", variant="tied"
+    ),  # PP x FSDP: the copies' gradient shards summed between stages
     Case(pp=2, tp=2, variant="tied"),  # PP x TP: the embedding's Replicate gradient resharded, then summed
     Case(dp=4, dp_replicate=2, dp_sharding="fsdp"),  # HSDP: 2 replicas x 2 shards
     Case(tp=4, variant="qwen3"),  # tp 4 > 2 KV heads: k_norm over each rank's copy of its one KV head
-    Case(dp=2, tp=2, dp_sharding="fsdp", variant="qwen3"),  # FSDP2 over TP: the norms' weights sharded over dp, replicated over tp
+    Case(
+        dp=2, tp=2, dp_sharding="fsdp", variant="qwen3"
+    ),  # FSDP2 over TP: the norms' weights sharded over dp, replicated over tp
 ]
-EIGHT = [Case(pp=2, dp=2, tp=2, dp_sharding="zero2"), Case(dp=2, tp=4, dp_sharding="fsdp"),  # the second: FSDP over replicated KV projections
-         Case(dp=4, dp_replicate=2, tp=2, dp_sharding="zero2"),  # HSDP 2 x 2 x TP 2
-         Case(pp=2, dp=4, dp_replicate=2, dp_sharding="fsdp")]  # PP 2 x HSDP 2 x 2
-SCENARIOS = [Scenario(f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"cases": [dataclasses.asdict(c) for c in cases]})
-             for world, cases in ((1, list(REFERENCES.values())), (2, TWO), (4, FOUR), (8, EIGHT))]
+EIGHT = [
+    Case(pp=2, dp=2, tp=2, dp_sharding="zero2"),
+    Case(dp=2, tp=4, dp_sharding="fsdp"),  # the second: FSDP over replicated KV projections
+    Case(dp=4, dp_replicate=2, tp=2, dp_sharding="zero2"),  # HSDP 2 x 2 x TP 2
+    Case(pp=2, dp=4, dp_replicate=2, dp_sharding="fsdp"),
+]  # PP 2 x HSDP 2 x 2
+SCENARIOS = [
+    Scenario(
+        f"parity-{world}", "parallel/parity_worker.py:layouts", world, {"cases": [dataclasses.asdict(c) for c in cases]}
+    )
+    for world, cases in ((1, list(REFERENCES.values())), (2, TWO), (4, FOUR), (8, EIGHT))
+]
 
 
 def results(out: Path, case: Case) -> tuple[dict, dict]:
@@ -95,8 +108,11 @@ def test_layouts_match_single_process(reference, scenarios, world, cases):
         check(reference, scenarios.path(f"parity-{world}"), case)
 
 
-@pytest.mark.parametrize("world, case", [(4, Case(tp=4)), (4, Case(tp=4, variant="bias")), (8, Case(dp=2, tp=4, dp_sharding="fsdp"))],
-                         ids=lambda value: value.id if isinstance(value, Case) else str(value))
+@pytest.mark.parametrize(
+    "world, case",
+    [(4, Case(tp=4)), (4, Case(tp=4, variant="bias")), (8, Case(dp=2, tp=4, dp_sharding="fsdp"))],
+    ids=lambda value: value.id if isinstance(value, Case) else str(value),
+)
 def test_replicated_kv_projections_compute_one_head_per_rank(scenarios, world, case):
     """tp 4 over 2 KV heads: each rank computes only the KV head its query heads use, not both."""
     model = VARIANTS[case.variant]

@@ -17,9 +17,18 @@ from hlat.train.sinks import MetricSinks, read_metrics
 from runs import Scenario, ScenarioResults
 
 SLOW_S = 0.05  # CPU seconds rank 1 burns in every step: several times the tiny model's own step
-SCENARIOS = [Scenario("slow-rank", "train/layout_runs.py:train", 2, {
-    "steps": 3, "extra": ["--train.slow_rank_windows", "2", "--train.tensorboard", "true"],
-    "env": {"HLAT_FAULT": f"slow:1:1:{SLOW_S}"}})]
+SCENARIOS = [
+    Scenario(
+        "slow-rank",
+        "train/layout_runs.py:train",
+        2,
+        {
+            "steps": 3,
+            "extra": ["--train.slow_rank_windows", "2", "--train.tensorboard", "true"],
+            "env": {"HLAT_FAULT": f"slow:1:1:{SLOW_S}"},
+        },
+    )
+]
 
 
 def test_a_rank_that_stays_slow_is_reported_once_and_a_spike_is_not():
@@ -53,15 +62,33 @@ def test_ranks_are_compared_within_their_pipeline_stage():
 
 def test_console_line_shows_the_slowest_rank(tmp_path, capsys):
     sinks = MetricSinks(tmp_path, total_steps=2, start_step=0, tensorboard=False)
-    sinks.log({"step": 2, "loss": 5.0, "ppl": 148.4, "lr": 1e-3, "grad_norm": 1.0, "param_norm": 10.0, "tokens": 512,
-               "tokens_per_s": 100.0, "mfu": None, "step_s": 0.2, "data_frac": 0.01, "mem_peak_gib": 0.5,
-               "slowest_rank": 3, "slowest_lag_s": 0.05, "slowest_score": 0.35, "median_compute_s": 0.1})
+    sinks.log(
+        {
+            "step": 2,
+            "loss": 5.0,
+            "ppl": 148.4,
+            "lr": 1e-3,
+            "grad_norm": 1.0,
+            "param_norm": 10.0,
+            "tokens": 512,
+            "tokens_per_s": 100.0,
+            "mfu": None,
+            "step_s": 0.2,
+            "data_frac": 0.01,
+            "mem_peak_gib": 0.5,
+            "slowest_rank": 3,
+            "slowest_lag_s": 0.05,
+            "slowest_score": 0.35,
+            "median_compute_s": 0.1,
+        }
+    )
     sinks.close()
     assert "| slowest rank 3 +0.050 s (score 35%)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("field, value, problem", [("slow_rank_threshold", "0", "must be > 0"),
-                                                   ("slow_rank_windows", "0", "must be >= 1")])
+@pytest.mark.parametrize(
+    "field, value, problem", [("slow_rank_threshold", "0", "must be > 0"), ("slow_rank_windows", "0", "must be >= 1")]
+)
 def test_slow_rank_settings_are_checked(field, value, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)) as err:
         load_config("tiny", None, [f"--train.{field}", value])
@@ -72,7 +99,9 @@ def test_injected_slow_rank_is_named_with_its_host(scenarios: ScenarioResults):
     out = scenarios.path("slow-rank")
     messages = json.loads((out / "summary.rank0.json").read_text())["messages"]
     named = [m for m in messages if m.startswith("slow rank:")]
-    assert len(named) == 1 and named[0].startswith(f"slow rank: rank 1 on host {socket.gethostname()} has computed "), messages
+    assert len(named) == 1 and named[0].startswith(f"slow rank: rank 1 on host {socket.gethostname()} has computed "), (
+        messages
+    )
     records = [r for r in read_metrics(out / "run") if "loss" in r]
     assert [r["slowest_rank"] for r in records] == [1, 1, 1]
     for r in records:  # over the median (mean) of two ranks: about half the delay, less CPU-time noise under load

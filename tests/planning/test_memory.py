@@ -62,9 +62,22 @@ def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
 def test_tied_embeddings_count_once_per_stage_under_tp():
     """Training re-ties the head to the embedding after TP (Llama.tie_weights): one matrix per rank
     without a pipeline, one per end stage with one (the last stage's copy is its head)."""
+
     def locals_(tie: str, pp: str) -> list[int]:
-        cfg = load_config("tiny", None, ["--model.tie_embeddings", tie, "--parallel.tp", "2", "--parallel.pp", pp,
-                                         "--parallel.dp_sharding", "zero2"])
+        cfg = load_config(
+            "tiny",
+            None,
+            [
+                "--model.tie_embeddings",
+                tie,
+                "--parallel.tp",
+                "2",
+                "--parallel.pp",
+                pp,
+                "--parallel.dp_sharding",
+                "zero2",
+            ],
+        )
         return [s.local_params for s in plan(cfg, world=4)[1]]
 
     assert locals_("true", "2") == locals_("false", "2")
@@ -81,9 +94,24 @@ def test_kv_heads_and_tp_that_do_not_divide_are_refused():
 def test_activation_model_matches_a_live_measurement(policy):
     """The plan's bytes per block against what a block keeps for backward on CPU (fp32)."""
     mode, every_other = policy.split("-")[0], policy.endswith("every-other")
-    overrides = ["--model.d_model", "64", "--model.n_heads", "4", "--model.n_kv_heads", "4", "--model.ffn_dim", "176",
-                 "--data.seq_len", "64", "--train.micro_batch", "2", "--parallel.activation_checkpoint", mode,
-                 "--parallel.recompute_every_other_mm", str(every_other).lower()]
+    overrides = [
+        "--model.d_model",
+        "64",
+        "--model.n_heads",
+        "4",
+        "--model.n_kv_heads",
+        "4",
+        "--model.ffn_dim",
+        "176",
+        "--data.seq_len",
+        "64",
+        "--train.micro_batch",
+        "2",
+        "--parallel.activation_checkpoint",
+        mode,
+        "--parallel.recompute_every_other_mm",
+        str(every_other).lower(),
+    ]
     cfg = load_config("tiny", None, overrides)
     measured = block_bytes(cfg.model, mode, every_other, batch=2, seq=64)
     assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.2)
@@ -130,7 +158,10 @@ def test_mixed_gathers_bf16_and_accumulates_in_the_reduce_dtype():
 
 def test_fsdp_holds_gathered_weights_between_micro_batches_only_without_resharding():
     assert _state("parallel.dp_sharding", "fsdp")[0] == 2 * LOCAL / 128
-    assert _state("parallel.dp_sharding", "fsdp", "parallel.reshard_after_backward", "false")[0] == 2 * LOCAL / 128 + 2 * LOCAL
+    assert (
+        _state("parallel.dp_sharding", "fsdp", "parallel.reshard_after_backward", "false")[0]
+        == 2 * LOCAL / 128 + 2 * LOCAL
+    )
 
 
 def test_hsdp_shards_state_over_dp_shard_only():

@@ -52,11 +52,14 @@ def test_compute_is_executed_flops_over_peak_times_efficiency():
     assert step.mfu == pytest.approx(0.5 * flops_per_token(cfg.model, 256) / executed)  # MFU keeps the 12 L d s
     # full recompute runs the blocks' forward again: 2 FLOPs per block weight and causal attention's 2 L d s
     full = step_time(cfg, 1, SYSTEM, _layout(recompute="full"))
-    block_weights = 4 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256)  # wq wo, wk wv (4 kv heads), mlp, norms
+    block_weights = 4 * (
+        2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 688 + 2 * 256
+    )  # wq wo, wk wv (4 kv heads), mlp, norms
     assert full.compute_s == pytest.approx((executed + 2 * block_weights + 2 * 4 * 256 * 256) * tokens / 50e12)
     # op saving every other matmul recomputes wk, wo and w3
-    every_other = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, activation_checkpoint="op",
-                                                                        recompute_every_other_mm=True))
+    every_other = dataclasses.replace(
+        cfg, parallel=dataclasses.replace(cfg.parallel, activation_checkpoint="op", recompute_every_other_mm=True)
+    )
     op = step_time(every_other, 1, SYSTEM, _layout(recompute="op"))
     assert op.compute_s == pytest.approx((executed + 2 * 4 * 256 * (128 + 256 + 688)) * tokens / 50e12)
 
@@ -66,8 +69,12 @@ def test_tensor_parallel_traffic_within_a_node():
     step = step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8))
     assert step.tp_s == pytest.approx(8 * 0.5 * (8 * 256 * 256 * 4) * 4 / 100e9)
     # "op" recomputes the 2 gathers (it saves only the reduce-scatters' outputs), "full" all 4
-    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="op")).tp_s == pytest.approx(step.tp_s * 10 / 8)
-    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="full")).tp_s == pytest.approx(step.tp_s * 12 / 8)
+    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="op")).tp_s == pytest.approx(
+        step.tp_s * 10 / 8
+    )
+    assert step_time(_tiny(), 2, SYSTEM, _layout(tp=2, micro=8, recompute="full")).tp_s == pytest.approx(
+        step.tp_s * 12 / 8
+    )
 
 
 def test_data_parallel_traffic_is_exposed_beyond_its_window():
@@ -106,7 +113,11 @@ def test_search_returns_only_fitting_layouts_fastest_first():
     speeds = [c.step.tokens_per_s for c in found]
     assert speeds == sorted(speeds, reverse=True)
     assert {c.layout.tp for c in everything} == {1, 2} and {c.layout.pp for c in everything} == {1, 2, 4}
-    assert {c.layout.name for c in everything} >= {"tp 1 x pp 1 x hsdp 2x2", "tp 1 x pp 1 x fsdp 4", "tp 1 x pp 1 x ddp 4"}
+    assert {c.layout.name for c in everything} >= {
+        "tp 1 x pp 1 x hsdp 2x2",
+        "tp 1 x pp 1 x fsdp 4",
+        "tp 1 x pp 1 x ddp 4",
+    }
 
 
 def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
@@ -127,7 +138,13 @@ def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
 def test_the_system_is_a_table_row_with_custom_figures_on_top():
     cfg = load_config("hlat-7b")  # bf16-sr: the bf16 peak
     trn1 = make_system("trn1", Figures(inter_gbs=12.5), cfg, 4096)
-    assert (trn1.peak_tflops, trn1.memory_gib, trn1.per_node, trn1.intra_gbs, trn1.inter_gbs) == (190.0, 32, 16, 206.0, 12.5)
+    assert (trn1.peak_tflops, trn1.memory_gib, trn1.per_node, trn1.intra_gbs, trn1.inter_gbs) == (
+        190.0,
+        32,
+        16,
+        206.0,
+        12.5,
+    )
     assert trn1.family == "trainium" and trn1.efficiency == efficiencies()["trainium"]
     custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, per_node=8, efficiency=0.5), cfg, 8)
     assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.family) == (400.0, 64.0, 0.5, "gpu")

@@ -25,8 +25,18 @@ from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 
 GOLDEN = Path(__file__).with_name("golden_tiny.json")
-OVERRIDES = ["--train.steps", "8", "--train.log_every", "1", "--eval.every", "0", "--train.plot", "false",
-             "--train.tensorboard", "false"]
+OVERRIDES = [
+    "--train.steps",
+    "8",
+    "--train.log_every",
+    "1",
+    "--eval.every",
+    "0",
+    "--train.plot",
+    "false",
+    "--train.tensorboard",
+    "false",
+]
 
 
 def command(run_dir: str = "RUN_DIR") -> str:
@@ -61,7 +71,10 @@ def regenerate() -> None:
         "eager_losses": eager,
         "eager_vs_compiled_rel": relative_difference(compiled, eager),
         "rtol": old.get("rtol", 1e-4),
-        "rtol_reason": old.get("rtol_reason", "compiled vs eager and CPU kinds differ by rounding only; set with a margin over what was measured"),
+        "rtol_reason": old.get(
+            "rtol_reason",
+            "compiled vs eager and CPU kinds differ by rounding only; set with a margin over what was measured",
+        ),
     }
     GOLDEN.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {GOLDEN}: eager vs compiled at most {record['eager_vs_compiled_rel']:.2e} relative")

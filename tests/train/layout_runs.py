@@ -21,8 +21,15 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 from runs import ScenarioContext, tiny_args  # noqa: E402
 
 
-def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str = "auto", start_from: str | None = None,
-          save_only: bool = False, env: dict[str, str] | None = None) -> None:
+def train(
+    ctx: ScenarioContext,
+    steps: int,
+    extra: list[str] = (),
+    resume: str = "auto",
+    start_from: str | None = None,
+    save_only: bool = False,
+    env: dict[str, str] | None = None,
+) -> None:
     """Train (or, with `save_only`, resume and save at once) ctx.out/run to `steps`, in a copy of
     scenario `start_from`'s run directory if given (so that one stays as it was); `env` is set
     for this scenario only (e.g. an HLAT_FAULT)."""
@@ -30,7 +37,9 @@ def train(ctx: ScenarioContext, steps: int, extra: list[str] = (), resume: str =
         _train(ctx, steps, extra, resume, start_from, save_only)
 
 
-def _train(ctx: ScenarioContext, steps: int, extra: list[str], resume: str, start_from: str | None, save_only: bool) -> None:
+def _train(
+    ctx: ScenarioContext, steps: int, extra: list[str], resume: str, start_from: str | None, save_only: bool
+) -> None:
     run = ctx.out / "run"
     if start_from and ctx.rank == 0:
         shutil.copytree(ctx.root / start_from / "run", run)
@@ -38,8 +47,11 @@ def _train(ctx: ScenarioContext, steps: int, extra: list[str], resume: str, star
         dist.barrier()
     extra = [arg.format(root=ctx.root) for arg in extra]  # "{root}/name": another scenario's files
     messages: list[str] = []
-    trainer = Trainer(load_config("tiny", None, tiny_args(ctx.corpus, run, "--train.steps", str(steps), *extra)),
-                      resume=resume, out=messages.append)
+    trainer = Trainer(
+        load_config("tiny", None, tiny_args(ctx.corpus, run, "--train.steps", str(steps), *extra)),
+        resume=resume,
+        out=messages.append,
+    )
     console = io.StringIO()  # what the progress bar writes (e.g. the tasks' timing line)
     with contextlib.redirect_stdout(console):
         if save_only:
@@ -49,8 +61,13 @@ def _train(ctx: ScenarioContext, steps: int, extra: list[str], resume: str, star
             losses: list[float] = []
         else:
             losses = trainer.fit().losses
-    summary = {"step": trainer.step, "losses": losses, "messages": messages, "console": console.getvalue(),
-               "tokens_emitted": trainer.loader.tokens_emitted}
+    summary = {
+        "step": trainer.step,
+        "losses": losses,
+        "messages": messages,
+        "console": console.getvalue(),
+        "tokens_emitted": trainer.loader.tokens_emitted,
+    }
     (ctx.out / f"summary.rank{ctx.rank}.json").write_text(json.dumps(summary))
 
 
@@ -58,7 +75,7 @@ def mixture_sources(ctx: ScenarioContext, docs: int, chars: int) -> None:
     """Two text sources for a mixture, `docs` short documents each (consecutive lines of the
     corpus up to `chars` characters): short documents make the mixture's granularity fine."""
     files = sorted(ctx.corpus.iterdir())
-    for name, half in (("a", files[: len(files) // 2]), ("b", files[len(files) // 2:])):
+    for name, half in (("a", files[: len(files) // 2]), ("b", files[len(files) // 2 :])):
         lines = [line for f in half for line in f.read_text().splitlines() if line.strip()]
         out, piece = ctx.out / name, ""
         out.mkdir()

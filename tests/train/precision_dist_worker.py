@@ -31,20 +31,66 @@ LAYOUTS = {
 
 def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
     return [
-        "--data.source", corpus, "--model.vocab_size", "512", "--model.d_model", "64",
-        "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
-        "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2",
-        "--train.log_every", "1", "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
-        "--train.run_dir", str(run_dir),
-        "--checkpoint.every", "2", "--optim.lr", "1e-2", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100",
-        "--eval.every", "0", "--precision.mode", "bf16-sr", "--train.steps", str(steps), "--parallel.compile", "false",
+        "--data.source",
+        corpus,
+        "--model.vocab_size",
+        "512",
+        "--model.d_model",
+        "64",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "4",
+        "--model.n_kv_heads",
+        "2",
+        "--model.ffn_dim",
+        "128",
+        "--model.max_seq_len",
+        "64",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "8",
+        "--train.micro_batch",
+        "2",
+        "--train.log_every",
+        "1",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.peak_tflops",
+        "1",
+        "--train.run_dir",
+        str(run_dir),
+        "--checkpoint.every",
+        "2",
+        "--optim.lr",
+        "1e-2",
+        "--schedule.warmup_steps",
+        "1",
+        "--schedule.decay_steps",
+        "100",
+        "--eval.every",
+        "0",
+        "--precision.mode",
+        "bf16-sr",
+        "--train.steps",
+        str(steps),
+        "--parallel.compile",
+        "false",
     ]
 
 
 def dtypes(trainer: Trainer) -> dict[str, list[str]]:
     params = list(trainer.model.parameters())
-    state = [t for opt in trainer.optimizers.optimizers for s in getattr(opt, "optim", opt).state.values()
-             for t in s.values() if isinstance(t, torch.Tensor) and t.ndim > 0]
+    state = [
+        t
+        for opt in trainer.optimizers.optimizers
+        for s in getattr(opt, "optim", opt).state.values()
+        for t in s.values()
+        if isinstance(t, torch.Tensor) and t.ndim > 0
+    ]
     return {
         "params": sorted({str(local_tensor(p).dtype) for p in params}),
         "grads": sorted({str(local_tensor(p.grad).dtype) for p in params if p.grad is not None}),
@@ -54,14 +100,23 @@ def dtypes(trainer: Trainer) -> dict[str, list[str]]:
         # noise is shared. Under FSDP/TP each rank's digest is of its own shard.
         "digest": [_digest(params)],
         # the tied matrix alone: the pipeline's two copies must hold the same bits
-        "tied_digest": [_digest([p for part in trainer.model.parts for n, p in part.named_parameters()
-                                 if n.endswith("tok_embeddings.weight")])],
+        "tied_digest": [
+            _digest(
+                [
+                    p
+                    for part in trainer.model.parts
+                    for n, p in part.named_parameters()
+                    if n.endswith("tok_embeddings.weight")
+                ]
+            )
+        ],
     }
 
 
 def _digest(params: list[torch.Tensor]) -> str:
-    return hashlib.sha256(b"".join(local_tensor(p).detach().contiguous().view(torch.int16).numpy().tobytes()
-                                   for p in params)).hexdigest()
+    return hashlib.sha256(
+        b"".join(local_tensor(p).detach().contiguous().view(torch.int16).numpy().tobytes() for p in params)
+    ).hexdigest()
 
 
 def train(name: str, args: list[str], out: Path, resume: str = "auto") -> None:

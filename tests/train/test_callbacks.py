@@ -15,10 +15,22 @@ from runs import tiny_args
 # 4 steps, logged and checkpointed every 2, validation at the last step.
 ARGS = ("--train.steps", "4", "--train.log_every", "2", "--checkpoint.every", "2", "--eval.every", "4")
 EXPECTED = [
-    ("on_start", 0), ("on_step_start", 0), ("on_step_end", 1),
-    ("on_step_start", 1), ("on_window", 2), ("on_log", 2), ("on_checkpoint", 2), ("on_step_end", 2),
-    ("on_step_start", 2), ("on_step_end", 3),
-    ("on_step_start", 3), ("on_window", 4), ("on_log", 4), ("on_validation", 4), ("on_checkpoint", 4), ("on_step_end", 4),
+    ("on_start", 0),
+    ("on_step_start", 0),
+    ("on_step_end", 1),
+    ("on_step_start", 1),
+    ("on_window", 2),
+    ("on_log", 2),
+    ("on_checkpoint", 2),
+    ("on_step_end", 2),
+    ("on_step_start", 2),
+    ("on_step_end", 3),
+    ("on_step_start", 3),
+    ("on_window", 4),
+    ("on_log", 4),
+    ("on_validation", 4),
+    ("on_checkpoint", 4),
+    ("on_step_end", 4),
     ("on_end", 4),
 ]
 
@@ -71,8 +83,11 @@ def test_a_python_callback_sees_every_hook_in_order_and_the_failure(small_corpus
             return super().__getattribute__(name)
 
     recorder = Recorder()
-    Trainer(load_config("tiny", None, tiny_args(small_corpus, tmp_path / "run", *ARGS)), out=lambda _: None,
-            callbacks=[recorder]).fit()
+    Trainer(
+        load_config("tiny", None, tiny_args(small_corpus, tmp_path / "run", *ARGS)),
+        out=lambda _: None,
+        callbacks=[recorder],
+    ).fit()
     assert recorder.seen == EXPECTED
 
     class Stop(Callback):
@@ -82,19 +97,31 @@ def test_a_python_callback_sees_every_hook_in_order_and_the_failure(small_corpus
 
     failing = Recorder()
     with pytest.raises(KeyboardInterrupt):
-        Trainer(load_config("tiny", None, tiny_args(small_corpus, tmp_path / "stopped", *ARGS)), out=lambda _: None,
-                callbacks=[Stop(), failing]).fit()
+        Trainer(
+            load_config("tiny", None, tiny_args(small_corpus, tmp_path / "stopped", *ARGS)),
+            out=lambda _: None,
+            callbacks=[Stop(), failing],
+        ).fit()
     assert failing.seen == [("on_start", 0), ("on_step_start", 0), ("on_failure", 1)]
 
 
-@pytest.mark.parametrize("path, problem", [
-    ("my_callbacks.Recorder", "'my_callbacks.Recorder' is not an import path; write 'package.module:ClassName'"),
-    ("no_such_module:Recorder", "'no_such_module:Recorder' does not import (ModuleNotFoundError: No module named "
-                                "'no_such_module'); put its package on PYTHONPATH or install it"),
-    ("json:dumps", "'json:dumps' names function, not a subclass of hlat.train.callbacks.base.Callback; name such a class"),
-    ("json:Nothing", "'json:Nothing' names nothing, not a subclass"),
-    ("json:JSONDecoder", "'json:JSONDecoder' names class JSONDecoder, not a subclass"),
-])
+@pytest.mark.parametrize(
+    "path, problem",
+    [
+        ("my_callbacks.Recorder", "'my_callbacks.Recorder' is not an import path; write 'package.module:ClassName'"),
+        (
+            "no_such_module:Recorder",
+            "'no_such_module:Recorder' does not import (ModuleNotFoundError: No module named "
+            "'no_such_module'); put its package on PYTHONPATH or install it",
+        ),
+        (
+            "json:dumps",
+            "'json:dumps' names function, not a subclass of hlat.train.callbacks.base.Callback; name such a class",
+        ),
+        ("json:Nothing", "'json:Nothing' names nothing, not a subclass"),
+        ("json:JSONDecoder", "'json:JSONDecoder' names class JSONDecoder, not a subclass"),
+    ],
+)
 def test_a_callback_path_that_does_not_name_a_callback_is_a_configuration_error(small_corpus, tmp_path, path, problem):
     cfg = load_config("tiny", None, tiny_args(small_corpus, tmp_path / "run", "--train.callbacks", path))
     with pytest.raises(ConfigError) as err:

@@ -12,7 +12,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from hlat.checkpoint import CheckpointManager
 from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
-
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args
 
 STEPS = ["--train.steps", "6", "--checkpoint.every", "2"]
@@ -51,7 +50,9 @@ def _optimizer_state(trainer: Trainer) -> list[torch.Tensor]:
 def test_nonfinite_gradient_step_is_skipped_exactly(small_corpus, tmp_path, monkeypatch, mode):
     """Step 3 gets a NaN gradient: weights, moments and step counts after it equal those before it."""
     run = tmp_path / mode
-    trainer = Trainer(cfg(small_corpus, run, "--precision.mode", mode, "--precision.compile_optimizer", "false"), out=quiet)
+    trainer = Trainer(
+        cfg(small_corpus, run, "--precision.mode", mode, "--precision.compile_optimizer", "false"), out=quiet
+    )
     real = trainer.model.forward_backward
     snapshots = []
 
@@ -83,12 +84,26 @@ def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path,
     the run goes back to step 4, skips the data of steps 5-8 and trains steps 5-8 again on the
     data an uninterrupted run would have read at steps 9-12. metrics.jsonl and TensorBoard then
     hold each step once, with the values of the steps that were kept."""
-    args = ["--train.steps", "8", "--checkpoint.every", "4", "--train.log_every", "2", "--train.tensorboard", "true",
-            "--recovery.spike_sigmas", "20", "--recovery.spike_window", "3"]
+    args = [
+        "--train.steps",
+        "8",
+        "--checkpoint.every",
+        "4",
+        "--train.log_every",
+        "2",
+        "--train.tensorboard",
+        "true",
+        "--recovery.spike_sigmas",
+        "20",
+        "--recovery.spike_window",
+        "3",
+    ]
     run = tmp_path / "spike"
     messages = []
     reference = Trainer(cfg(small_corpus, tmp_path / "reference", *args), out=quiet)  # only reads its data
-    expected = [_batch_ids(reference.loader.next_batch() for _ in range(reference.accum)) for _ in range(12)]  # steps 1-12
+    expected = [
+        _batch_ids(reference.loader.next_batch() for _ in range(reference.accum)) for _ in range(12)
+    ]  # steps 1-12
     trainer = Trainer(cfg(small_corpus, run, *args), out=messages.append)
     real = trainer.model.forward_backward
     trained = []
@@ -99,8 +114,11 @@ def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path,
 
     monkeypatch.setattr(trainer.model, "forward_backward", poisoned)
     summary = trainer.fit()
-    assert any(m.startswith("loss spike at step 7 (loss ") and "rolled back to step 4 (step_00000004) and skipped the 4 steps"
-               in m for m in messages), messages
+    assert any(
+        m.startswith("loss spike at step 7 (loss ")
+        and "rolled back to step 4 (step_00000004) and skipped the 4 steps" in m
+        for m in messages
+    ), messages
     assert summary.step == 8 and trainer.recovery.rollbacks == 1
     # Trained on, in order: steps 1-8 (5-8 then undone), then 9-12: no batch skipped but the
     # window 5-8, none trained twice.
@@ -110,8 +128,10 @@ def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path,
     assert [r["step"] for r in records if "loss" in r] == [2, 4, 6, 8]  # step 6 of the rolled-back window once
     logged = {r["step"]: r["loss"] for r in records if "loss" in r}
     for step in (2, 4, 6, 8):
-        window = summary.losses[step - 2:step]
+        window = summary.losses[step - 2 : step]
         assert logged[step] == sum(window) / 2
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(k, pytest.approx(v)) for k, v in logged.items()]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+        (k, pytest.approx(v)) for k, v in logged.items()
+    ]

@@ -29,7 +29,8 @@ def test_default_path_reproduces_golden_losses(compiled):
     assert golden["command"] == command()
     assert losses == pytest.approx(golden["losses"], rel=golden["rtol"]), (
         f"the default path's losses moved from {GOLDEN.name} (made by: {golden['command']}); if a default changed "
-        "on purpose, regenerate it: python tests/train/golden.py")
+        "on purpose, regenerate it: python tests/train/golden.py"
+    )
 
 
 def test_compiled_matches_eager_step_by_step(compiled, tmp_path):

@@ -30,14 +30,30 @@ LOADER_DELAY_S = 0.01  # per micro-batch: data wait the records must show
 
 
 def test_records_carry_memory_time_and_data_wait_with_no_host_sync_between_logging_steps(
-        small_corpus, tmp_path, monkeypatch, capsys):
+    small_corpus, tmp_path, monkeypatch, capsys
+):
     """6 steps of 4 micro-batches, logged every 3, profiling steps 2-3. Every tensor read on the
     training thread is counted with the trainer's step and whether it happened inside a step: none
     may happen inside one, and the others only on logging steps (the loader's prefetch thread
     works on its own CPU tensors and is not counted)."""
-    cfg = load_config("tiny", None, tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6", "--train.log_every", "3",
-                                              "--checkpoint.every", "100", "--profile.steps", "2:3",
-                                              "--train.price_per_node_hour", "3600"))
+    cfg = load_config(
+        "tiny",
+        None,
+        tiny_args(
+            small_corpus,
+            tmp_path / "run",
+            "--train.steps",
+            "6",
+            "--train.log_every",
+            "3",
+            "--checkpoint.every",
+            "100",
+            "--profile.steps",
+            "2:3",
+            "--train.price_per_node_hour",
+            "3600",
+        ),
+    )
     messages: list[str] = []
     trainer = Trainer(cfg, out=messages.append)
     next_batch = trainer.loader.next_batch
@@ -90,15 +106,21 @@ def test_records_carry_memory_time_and_data_wait_with_no_host_sync_between_loggi
     assert f"| cost {records[1]['cost']:,.2f} so far, " in out
     trace = tmp_path / "run" / "profile" / "rank0_steps2-3.pt.trace.json"
     assert [m for m in messages if m.startswith("profile:")] == [
-        f"profile: wrote {trace} (one set per rank; docs/training.md says how to open them)"]
+        f"profile: wrote {trace} (one set per rank; docs/training.md says how to open them)"
+    ]
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == "aten::mm" for e in events)  # the model's matmuls, on the CPU
 
 
-@pytest.mark.parametrize("steps, problem", [
-    ("3:2", "write A:B with 1 <= A <= B"), ("0:2", "write A:B with 1 <= A <= B"), ("2", "write A:B with 1 <= A <= B"),
-    ("2:9", "ends after the run's last step (train.steps=6); trace steps within 1:6"),
-])
+@pytest.mark.parametrize(
+    "steps, problem",
+    [
+        ("3:2", "write A:B with 1 <= A <= B"),
+        ("0:2", "write A:B with 1 <= A <= B"),
+        ("2", "write A:B with 1 <= A <= B"),
+        ("2:9", "ends after the run's last step (train.steps=6); trace steps within 1:6"),
+    ],
+)
 def test_profile_steps_are_checked(steps, problem):
     with pytest.raises(ConfigError, match=re.escape(problem)) as err:
         load_config("tiny", None, ["--train.steps", "6", "--profile.steps", steps])
@@ -107,7 +129,9 @@ def test_profile_steps_are_checked(steps, problem):
 
 def test_wandb_asked_for_but_not_installed_fails_at_start_up(monkeypatch):
     monkeypatch.setattr(wandb_config, "wandb_installed", lambda: False)
-    with pytest.raises(ConfigError, match=re.escape("wandb.enabled: the wandb package is not installed; pip install 'hlat[wandb]'")):
+    with pytest.raises(
+        ConfigError, match=re.escape("wandb.enabled: the wandb package is not installed; pip install 'hlat[wandb]'")
+    ):
         load_config("tiny", None, ["--wandb.enabled", "true"])
 
 
@@ -135,8 +159,11 @@ def test_wandb_runs_hold_the_records_of_each_stretch_of_kept_steps(tmp_path, mon
         records = _complete_wandb_records(path)
         run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
         config = {item.key: json.loads(item.value_json) for item in run.config.update}
-        history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-                   for r in records if r.WhichOneof("record_type") == "history"]
+        history = [
+            {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+            for r in records
+            if r.WhichOneof("record_type") == "history"
+        ]
         runs[run.display_name] = (run.run_group, config, history)
     assert set(runs) == {"tiny", "tiny from step 2"}
     for name, start in (("tiny", 0), ("tiny from step 2", 2)):
@@ -148,8 +175,21 @@ def test_wandb_runs_hold_the_records_of_each_stretch_of_kept_steps(tmp_path, mon
 
 
 def _record(step: int, loss: float) -> dict[str, float]:
-    return {"step": step, "loss": loss, "ppl": 1.0, "lr": 1e-3, "grad_norm": 1.0, "param_norm": 10.0, "tokens": 512 * step,
-            "tokens_per_s": 100.0, "mfu": 0.01, "step_s": 0.5, "data_s": 0.1, "data_frac": 0.1, "mem_peak_gib": 1.5}
+    return {
+        "step": step,
+        "loss": loss,
+        "ppl": 1.0,
+        "lr": 1e-3,
+        "grad_norm": 1.0,
+        "param_norm": 10.0,
+        "tokens": 512 * step,
+        "tokens_per_s": 100.0,
+        "mfu": 0.01,
+        "step_s": 0.5,
+        "data_s": 0.1,
+        "data_frac": 0.1,
+        "mem_peak_gib": 1.5,
+    }
 
 
 def _complete_wandb_records(path: Path, timeout_s: float = 30.0) -> list:
@@ -161,7 +201,9 @@ def _complete_wandb_records(path: Path, timeout_s: float = 30.0) -> list:
         kinds = [r.WhichOneof("record_type") for r in records]
         if "exit" in kinds:
             return records
-        assert time.monotonic() < deadline, f"{path} ({path.stat().st_size} bytes) has no exit record after {timeout_s} s: {kinds}"
+        assert time.monotonic() < deadline, (
+            f"{path} ({path.stat().st_size} bytes) has no exit record after {timeout_s} s: {kinds}"
+        )
         time.sleep(0.1)
 
 
@@ -179,13 +221,13 @@ def _wandb_records(path: Path) -> Iterator:
         if room < 7:
             pos += room
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0:  # zero-filled rest of a block
             pos += room
             continue
         if pos + 7 + length > len(data):  # still being written
             return
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             record = wandb_internal_pb2.Record()

@@ -13,7 +13,6 @@ from hlat.train.gemm_ceiling import CACHE_FILE, gemm_ceiling_tflops, model_shape
 from hlat.train.peak import resolve_peak, slow_bf16_warning
 from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
-
 from test_trainer import tiny_cfg
 
 CPU = torch.device("cpu")
@@ -27,7 +26,9 @@ def test_cpu_peak_is_cores_times_flops_per_cycle_times_clock():
     peak = cpu_peak(facts(), threads=2, dtype=torch.float32)
     assert peak.gflops == pytest.approx(2 * 32 * 2.3)
     assert peak.explanation == "2 cores x 32 FLOP/cycle (AVX2 FMA, fp32) x 2.3 GHz (max clock from test)"
-    assert cpu_peak(facts(), threads=16, dtype=torch.float32).gflops == pytest.approx(4 * 32 * 2.3)  # physical cores cap
+    assert cpu_peak(facts(), threads=16, dtype=torch.float32).gflops == pytest.approx(
+        4 * 32 * 2.3
+    )  # physical cores cap
     assert cpu_peak(facts("AVX512"), 1, torch.float32).gflops == pytest.approx(64 * 2.3)
     # bf16: AMX, then AVX512-BF16 (2 x the AVX-512 fp32 rate), else emulated at the fp32 ceiling.
     assert cpu_peak(facts("AVX512", {"amx_bf16", "avx512_bf16"}), 1, torch.bfloat16).gflops == pytest.approx(1024 * 2.3)
@@ -39,7 +40,9 @@ def test_cpu_peak_is_cores_times_flops_per_cycle_times_clock():
 
 
 def test_clock_sources_in_order_and_physical_cores():
-    cpuinfo = "".join(f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i // 2}\ncpu MHz\t\t: 2445.4\n\n" for i in range(4))
+    cpuinfo = "".join(
+        f"processor\t: {i}\nphysical id\t: 0\ncore id\t\t: {i // 2}\ncpu MHz\t\t: 2445.4\n\n" for i in range(4)
+    )
     assert max_clock_ghz(cpuinfo, "3500000\n", "CPU max MHz: 3000.0") == (3.5, f"max clock from {MAX_FREQ}")
     assert max_clock_ghz(cpuinfo, "", "CPU max MHz:                     3000.0000\n")[0] == 3.0
     ghz, source = max_clock_ghz(cpuinfo, "", "")
@@ -116,7 +119,9 @@ def test_slow_bf16_warning_follows_the_cpu_flags():
 
 def test_a_tiny_run_reports_mfu_at_most_one_against_its_stated_peak(small_corpus, tmp_path):
     lines = []
-    cfg = tiny_cfg(small_corpus, tmp_path / "run", "--train.steps", "2", "--train.peak_tflops", "0", "--eval.every", "0")
+    cfg = tiny_cfg(
+        small_corpus, tmp_path / "run", "--train.steps", "2", "--train.peak_tflops", "0", "--eval.every", "0"
+    )
     Trainer(cfg, out=lines.append).fit()
     startup = next(line for line in lines if "MFU against" in line)
     assert "FLOP/cycle" in startup and "measured GEMM ceiling" in startup, startup

@@ -8,7 +8,14 @@ from hlat.errors import ConfigError
 from hlat.model import Llama
 from hlat.optim import build_adamw
 from hlat.parallel.loss import token_loss_sum
-from hlat.precision import autocast, bf16_rounding, cast_parameters, compute_dtype, emulated_mixed, state_bytes_per_param
+from hlat.precision import (
+    autocast,
+    bf16_rounding,
+    cast_parameters,
+    compute_dtype,
+    emulated_mixed,
+    state_bytes_per_param,
+)
 from hlat.train.trainer import Trainer
 from test_trainer import quiet, tiny_cfg
 
@@ -102,6 +109,6 @@ def test_emulated_mixed_matches_mixed():
             token_loss_sum(logits, labels).backward()
         results.append((logits.detach().float(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (real, real_grad), (emulated, emulated_grad), (fp32, fp32_grad) = results
-    torch.testing.assert_close(emulated, real, rtol=2 ** -6, atol=2 ** -7)
+    torch.testing.assert_close(emulated, real, rtol=2**-6, atol=2**-7)
     assert (emulated - real).abs().mean() < 0.6 * (fp32 - real).abs().mean()
     assert (emulated_grad - real_grad).norm() < 0.7 * (fp32_grad - real_grad).norm()

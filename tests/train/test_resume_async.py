@@ -5,7 +5,6 @@ from hlat.checkpoint import CheckpointManager
 from hlat.config.load import load_config
 from hlat.eval import load_model
 from hlat.train.trainer import Trainer
-
 from runs import assert_same_tensors, checkpoint_tensors, tiny_args
 
 
@@ -13,8 +12,19 @@ def test_async_save_equals_sync_and_archives_are_kept(small_corpus, tmp_path):
     steps = ["--train.steps", "6", "--checkpoint.every", "2", "--checkpoint.keep_last", "1"]
     Trainer(load_config("tiny", None, tiny_args(small_corpus, tmp_path / "sync", *steps)), out=lambda _: None).fit()
     messages: list[str] = []
-    cfg = load_config("tiny", None, tiny_args(small_corpus, tmp_path / "async", *steps, "--checkpoint.async_save", "true",
-                                              "--checkpoint.archive_every_tokens", "512"))
+    cfg = load_config(
+        "tiny",
+        None,
+        tiny_args(
+            small_corpus,
+            tmp_path / "async",
+            *steps,
+            "--checkpoint.async_save",
+            "true",
+            "--checkpoint.archive_every_tokens",
+            "512",
+        ),
+    )
     Trainer(cfg, out=messages.append).fit()
     assert sum("in the background (training blocked" in m for m in messages) == 3
     assert sum("committed (written in" in m for m in messages) == 3

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from hlat.checkpoint import CheckpointManager
-
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors
 
 TRAIN = "train/layout_runs.py:train"
@@ -29,8 +28,12 @@ SAVED = "reshard-tp2xdp2"
 
 
 def resave(name: str, world: int, start_from: str, layout: list[str]) -> Scenario:
-    return Scenario(name, TRAIN, world, {"steps": 2, "extra": layout, "resume": "require", "start_from": start_from,
-                                         "save_only": True})
+    return Scenario(
+        name,
+        TRAIN,
+        world,
+        {"steps": 2, "extra": layout, "resume": "require", "start_from": start_from, "save_only": True},
+    )
 
 
 SCENARIOS = [
@@ -57,10 +60,15 @@ def resharded(scenarios: ScenarioResults, name: str) -> bool:
     return any("resharded from" in m for m in scenarios.json(name, "summary.rank0.json")["messages"])
 
 
-@pytest.mark.parametrize("saved, resumed", [(SAVED, ["reshard-hsdp", "reshard-hsdp-single", "reshard-single", "reshard-back"]),
-                                            ("zero1", ["zero1-single", "zero1-back"]),
-                                            ("tied-pp2", ["tied-pp2-single", "tied-pp2-back"])],
-                         ids=["tp2xdp2-hsdp-single", "zero1-single", "tied-pp2-single"])
+@pytest.mark.parametrize(
+    "saved, resumed",
+    [
+        (SAVED, ["reshard-hsdp", "reshard-hsdp-single", "reshard-single", "reshard-back"]),
+        ("zero1", ["zero1-single", "zero1-back"]),
+        ("tied-pp2", ["tied-pp2-single", "tied-pp2-back"]),
+    ],
+    ids=["tp2xdp2-hsdp-single", "zero1-single", "tied-pp2-single"],
+)
 def test_resharded_checkpoints_are_identical(scenarios, tmp_path, saved, resumed):
     reference = tensors(scenarios, saved, tmp_path)
     assert any(".exp_avg_sq" in k for k in reference) and any(k.startswith("model.") for k in reference)

@@ -22,13 +22,49 @@ from hlat.train.trainer import Trainer
 
 def tiny_cfg(corpus, run_dir, *extra: str):
     overrides = [
-        "--data.source", str(corpus), "--model.vocab_size", "512", "--model.d_model", "64",
-        "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
-        "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "4",
-        "--train.micro_batch", "2", "--train.steps", "6", "--train.log_every", "1",
-        "--precision.mode", "fp32", "--train.run_dir", str(run_dir), "--checkpoint.every", "3",
-        "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6", "--train.tensorboard", "false", "--train.plot", "false",
-        "--train.peak_tflops", "1", *extra,
+        "--data.source",
+        str(corpus),
+        "--model.vocab_size",
+        "512",
+        "--model.d_model",
+        "64",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "4",
+        "--model.n_kv_heads",
+        "2",
+        "--model.ffn_dim",
+        "128",
+        "--model.max_seq_len",
+        "64",
+        "--data.seq_len",
+        "32",
+        "--train.global_batch",
+        "4",
+        "--train.micro_batch",
+        "2",
+        "--train.steps",
+        "6",
+        "--train.log_every",
+        "1",
+        "--precision.mode",
+        "fp32",
+        "--train.run_dir",
+        str(run_dir),
+        "--checkpoint.every",
+        "3",
+        "--schedule.warmup_steps",
+        "2",
+        "--schedule.decay_steps",
+        "6",
+        "--train.tensorboard",
+        "false",
+        "--train.plot",
+        "false",
+        "--train.peak_tflops",
+        "1",
+        *extra,
     ]
     return load_config("tiny", None, overrides)
 
@@ -45,7 +81,9 @@ def test_loss_is_independent_of_micro_batch_split():
     labels[0, :5] = -100  # uneven target counts per row: the mean must be over the global batch
     results = []
     for micro in (8, 4, 1):
-        model = build_parallel_model(cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 1, 8 // micro, "fp32")
+        model = build_parallel_model(
+            cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 1, 8 // micro, "fp32"
+        )
         # SGD with lr 1: the update is the gradient, so weights compare gradients exactly.
         opt = Optimizers(model.parts, lambda part: torch.optim.SGD(part.parameters(), lr=1.0))
         batches = [Batch(tokens[i : i + micro], labels[i : i + micro]) for i in range(0, 8, micro)]
@@ -102,16 +140,35 @@ def test_resume_is_exact(small_corpus, tmp_path, monkeypatch):
     weights = []
     for run in ("split", "straight"):
         mgr = CheckpointManager(tmp_path / run / "checkpoints", keep_last=1)
-        target = {"model": {k: torch.zeros_like(v) for k, v in Llama(tiny_cfg(small_corpus, tmp_path).model).state_dict().items()}}
+        target = {
+            "model": {
+                k: torch.zeros_like(v) for k, v in Llama(tiny_cfg(small_corpus, tmp_path).model).state_dict().items()
+            }
+        }
         mgr.load_sharded(mgr.latest(), target)
         weights.append(target["model"])
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[1])
 
 
 def test_run_directory_contents_and_learning(small_corpus, tmp_path):
-    cfg = tiny_cfg(small_corpus, tmp_path / "run", "--train.steps", "40", "--train.log_every", "10",
-                   "--optim.lr", "3e-3", "--schedule.decay_steps", "40", "--train.tensorboard", "true",
-                   "--train.plot", "true", "--checkpoint.every", "20")
+    cfg = tiny_cfg(
+        small_corpus,
+        tmp_path / "run",
+        "--train.steps",
+        "40",
+        "--train.log_every",
+        "10",
+        "--optim.lr",
+        "3e-3",
+        "--schedule.decay_steps",
+        "40",
+        "--train.tensorboard",
+        "true",
+        "--train.plot",
+        "true",
+        "--checkpoint.every",
+        "20",
+    )
     summary = Trainer(cfg, out=quiet).fit()
     run = tmp_path / "run"
     assert (run / "config.toml").is_file() and (run / "loss.png").stat().st_size > 1000
@@ -147,11 +204,22 @@ def _checkpoint_weights(path, model_cfg) -> dict[str, torch.Tensor]:
 def test_init_from_is_ignored_once_the_run_has_a_checkpoint(small_corpus, tmp_path):
     """A job restarted with --checkpoint.init_from (an hlat run, or hf:DIR) resumes its own
     checkpoint: "resuming from", the next step, the checkpoint's weights and optimizer state."""
-    one = ("--train.global_batch", "2", "--checkpoint.every", "1", "--schedule.warmup_steps", "0",  # step 1 at a real LR
-           "--eval.every", "0", "--train.steps")
+    one = (
+        "--train.global_batch",
+        "2",
+        "--checkpoint.every",
+        "1",
+        "--schedule.warmup_steps",
+        "0",  # step 1 at a real LR
+        "--eval.every",
+        "0",
+        "--train.steps",
+    )
     Trainer(tiny_cfg(small_corpus, tmp_path / "source", *one, "1"), out=quiet).fit()
     hf = export_hf(tmp_path / "source", tmp_path / "hf")
-    source = _checkpoint_weights(tmp_path / "source" / "checkpoints" / "step_00000001", tiny_cfg(small_corpus, tmp_path).model)
+    source = _checkpoint_weights(
+        tmp_path / "source" / "checkpoints" / "step_00000001", tiny_cfg(small_corpus, tmp_path).model
+    )
     for name, spec in (("from-hlat", str(tmp_path / "source")), ("from-hf", f"hf:{hf}")):
         run, init = tmp_path / name, ("--checkpoint.init_from", spec)
         messages = []
@@ -161,7 +229,9 @@ def test_init_from_is_ignored_once_the_run_has_a_checkpoint(small_corpus, tmp_pa
         first.fit()
         messages = []
         again = Trainer(tiny_cfg(small_corpus, run, *init, *one, "2"), out=messages.append)
-        assert any(m.startswith(f"resuming from {run / 'checkpoints' / 'step_00000001'} (step 1,") for m in messages), messages
+        assert any(m.startswith(f"resuming from {run / 'checkpoints' / 'step_00000001'} (step 1,") for m in messages), (
+            messages
+        )
         assert not any("initialised from" in m for m in messages), messages
         assert again.step == 1 and again.optimizers.optimizers[0].state  # the checkpoint's optimizer, not a new one
         saved, now = _checkpoint_weights(run / "checkpoints" / "step_00000001", again.cfg.model), _weights(again)

@@ -49,9 +49,11 @@ def model_config_of(parts: Iterable[nn.Module]) -> ModelConfig:
 def checkpoint_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
     """The model tensors an hlat checkpoint holds, from its (already verified) DCP metadata."""
     prefix = MODEL_KEY + "."
-    return {key.removeprefix(prefix): tuple(meta.size)
-            for key, meta in read_metadata(Path(checkpoint) / METADATA).state_dict_metadata.items()
-            if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+    return {
+        key.removeprefix(prefix): tuple(meta.size)
+        for key, meta in read_metadata(Path(checkpoint) / METADATA).state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
 
 
 def rename_from_hf(state: Mapping[str, T], cfg: ModelConfig) -> tuple[dict[str, T], list[str]]:
@@ -82,13 +84,21 @@ def check_complete(source: str, expected: Shapes, found: Shapes, unknown: Iterab
     `unknown` are further unexpected names (a Hugging Face tensor hlat has no name for)."""
     missing = _ordered(expected.keys() - found.keys())
     unexpected = _ordered([*(found.keys() - expected.keys()), *unknown])
-    shapes = [f"{name} {tuple(found[name])} (the model's is {tuple(expected[name])})"
-              for name in _ordered(expected.keys() & found.keys()) if tuple(found[name]) != tuple(expected[name])]
-    problems = [f"{kind} {_listed(names)}" for kind, names in
-                (("missing tensors", missing), ("unexpected", unexpected), ("wrong shapes", shapes)) if names]
+    shapes = [
+        f"{name} {tuple(found[name])} (the model's is {tuple(expected[name])})"
+        for name in _ordered(expected.keys() & found.keys())
+        if tuple(found[name]) != tuple(expected[name])
+    ]
+    problems = [
+        f"{kind} {_listed(names)}"
+        for kind, names in (("missing tensors", missing), ("unexpected", unexpected), ("wrong shapes", shapes))
+        if names
+    ]
     if problems:
-        raise IncompleteWeights(f"{source}: {'; '.join(problems)}; the weights do not match the model "
-                                "configuration (check [model] against the source's architecture)")
+        raise IncompleteWeights(
+            f"{source}: {'; '.join(problems)}; the weights do not match the model "
+            "configuration (check [model] against the source's architecture)"
+        )
 
 
 def _ordered(names: Iterable[str]) -> list[str]:

@@ -16,4 +16,6 @@ def refusal(err: Exception) -> str:
     message goes on to suggest weights_only=False, which is exactly what must not happen); other
     errors whole."""
     asked = re.search(r"GLOBAL (\S+)", str(err))
-    return f"its pickle asks for {asked.group(1)}, which no weights file needs (it could run code)" if asked else str(err)
+    return (
+        f"its pickle asks for {asked.group(1)}, which no weights file needs (it could run code)" if asked else str(err)
+    )

@@ -51,10 +51,18 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
             save_file(shard, str(out / file), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, file))
         total = sum(t.numel() * t.element_size() for t in weights.values())
-        (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+        )
     tok = loaded.tokenizer
-    config = {**hf_config, "architectures": [mapping.architecture], "model_type": mapping.model_type,
-              "torch_dtype": dtype, "eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id if loaded.bos else None}
+    config = {
+        **hf_config,
+        "architectures": [mapping.architecture],
+        "model_type": mapping.model_type,
+        "torch_dtype": dtype,
+        "eos_token_id": tok.eos_id,
+        "bos_token_id": tok.bos_id if loaded.bos else None,
+    }
     (out / "config.json").write_text(json.dumps(config, indent=1))
     tok_file = find_tokenizer_file(run_dir)
     if tok_file is not None:
@@ -62,7 +70,16 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     # Documents end with EOS, and begin with BOS only when the run trained with data.bos: say so,
     # or a LLaMA tokenizer class would add a BOS (and lm-eval conditions empty contexts on its BOS).
     bos = {"bos_token": tok.bos_token} if loaded.bos else {}
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": tok.eos_token, **bos,
-        "add_bos_token": loaded.bos, "model_max_length": loaded.model.cfg.max_seq_len}, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": tok.eos_token,
+                **bos,
+                "add_bos_token": loaded.bos,
+                "model_max_length": loaded.model.cfg.max_seq_len,
+            },
+            indent=1,
+        )
+    )
     return out

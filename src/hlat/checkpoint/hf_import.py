@@ -85,8 +85,9 @@ def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)  # never full unpickling
     except pickle.UnpicklingError as err:
-        raise ImportRefused(f"{file}: refused, {refusal(err)}; use a trusted copy of the model, preferably "
-                            "safetensors") from err
+        raise ImportRefused(
+            f"{file}: refused, {refusal(err)}; use a trusted copy of the model, preferably safetensors"
+        ) from err
     yield from state.items()
 
 
@@ -104,8 +105,10 @@ Reader = Callable[[Path], Iterator[tuple[str, torch.Tensor]]]
 def _weight_files(directory: Path) -> tuple[list[Path], Reader, int | None]:
     """The weight files of a Hugging Face directory, how to read one, and the number of tensors
     when an index says it."""
-    for index_name, reader in (("model.safetensors.index.json", _read_safetensors),
-                               ("pytorch_model.bin.index.json", _read_bin)):
+    for index_name, reader in (
+        ("model.safetensors.index.json", _read_safetensors),
+        ("pytorch_model.bin.index.json", _read_bin),
+    ):
         index = directory / index_name
         if index.is_file():
             try:
@@ -120,8 +123,10 @@ def _weight_files(directory: Path) -> tuple[list[Path], Reader, int | None]:
     for name, reader in (("model.safetensors", _read_safetensors), ("pytorch_model.bin", _read_bin)):
         if (directory / name).is_file():
             return [directory / name], reader, None
-    raise FileNotFoundError(f"{directory} has {HF_CONFIG} but no weights (model.safetensors, "
-                            "pytorch_model.bin or a sharded index of either)")
+    raise FileNotFoundError(
+        f"{directory} has {HF_CONFIG} but no weights (model.safetensors, "
+        "pytorch_model.bin or a sharded index of either)"
+    )
 
 
 def hf_weights(directory: Path, dtype: torch.dtype | None = None, progress: bool = False) -> dict[str, torch.Tensor]:
@@ -146,27 +151,36 @@ def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str
     try:
         check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
     except IncompleteWeights as err:
-        raise ImportRefused(f"{err} (the tensors {HF_CONFIG} describes: check its tie_word_embeddings, "
-                             "attention_bias, mlp_bias and head_dim)") from err
+        raise ImportRefused(
+            f"{err} (the tensors {HF_CONFIG} describes: check its tie_word_embeddings, "
+            "attention_bias, mlp_bias and head_dim)"
+        ) from err
     return weights
 
 
-def _find_tokenizer(directory: Path, override: Path | None,
-                    cfg: ModelConfig) -> tuple[Path, Tokenizer | SentencePieceTokenizer]:
+def _find_tokenizer(
+    directory: Path, override: Path | None, cfg: ModelConfig
+) -> tuple[Path, Tokenizer | SentencePieceTokenizer]:
     """The tokenizer file to copy, and the tokenizer hlat loaded from it."""
     file = Path(override).expanduser() if override else find_tokenizer_file(directory)
     if file is None or not file.is_file():
         where = override or " nor ".join(str(directory / n) for n in TOKENIZER_FILES)
-        raise ImportRefused(f"{where} exists: training and evaluation need the "
-                            "model's tokenizer; pass --tokenizer FILE (a tokenizer.json or SentencePiece .model)")
+        raise ImportRefused(
+            f"{where} exists: training and evaluation need the "
+            "model's tokenizer; pass --tokenizer FILE (a tokenizer.json or SentencePiece .model)"
+        )
     try:
         tok = load_tokenizer(file)
     except (ValueError, OSError, RuntimeError) as err:  # e.g. no end-of-document token
         # the fix is usually the model's own tokenizer, which the source directory may lack
-        raise ImportRefused(f"tokenizer {file}: {err}; or pass the model's own tokenizer with --tokenizer FILE") from err
+        raise ImportRefused(
+            f"tokenizer {file}: {err}; or pass the model's own tokenizer with --tokenizer FILE"
+        ) from err
     if tok.vocab_size > cfg.vocab_size:
-        raise ImportRefused(f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
-                            f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer")
+        raise ImportRefused(
+            f"tokenizer {file} has {tok.vocab_size} tokens but {HF_CONFIG} vocab_size="
+            f"{cfg.vocab_size}; pass the model's own tokenizer with --tokenizer"
+        )
     return file, tok
 
 
@@ -185,15 +199,19 @@ def _run_config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: P
     if run.data.seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
         run.data.seq_len = cfg.max_seq_len
         keys.append("data.seq_len")
-    return (f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given\n"
-            "# here take the preset's (--preset) or the defaults' values.\n" + run.to_toml(keys))
+    return (
+        f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given\n"
+        "# here take the preset's (--preset) or the defaults' values.\n" + run.to_toml(keys)
+    )
 
 
 def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progress: bool = False) -> ImportSummary:
     """Write `run_dir` (new or empty) from the Hugging Face LLaMA or Qwen3 directory `source`."""
     source, run_dir = Path(source).expanduser().resolve(), Path(run_dir).expanduser().resolve()
     if not (source / HF_CONFIG).is_file():
-        raise ImportRefused(f"{source} has no {HF_CONFIG}: give a Hugging Face model directory (save_pretrained's output)")
+        raise ImportRefused(
+            f"{source} has no {HF_CONFIG}: give a Hugging Face model directory (save_pretrained's output)"
+        )
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ImportRefused(f"{run_dir} exists and is not empty; import into a new directory (nothing is overwritten)")
     cfg = hf_model_config(source)
@@ -208,8 +226,17 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
         shutil.copyfile(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
     (run_dir / RUN_CONFIG).write_text(_run_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
     stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
-        IMPORT_STEP, {"model": weights}, None,
-        {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)})
+        IMPORT_STEP,
+        {"model": weights},
+        None,
+        {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)},
+    )
     config = json.loads((source / HF_CONFIG).read_text())
-    return ImportSummary(run_dir, stats.path, cfg, count_params(cfg),
-                         str(config.get("torch_dtype") or config.get("dtype") or "unknown"), run_dir / tok_name)
+    return ImportSummary(
+        run_dir,
+        stats.path,
+        cfg,
+        count_params(cfg),
+        str(config.get("torch_dtype") or config.get("dtype") or "unknown"),
+        run_dir / tok_name,
+    )

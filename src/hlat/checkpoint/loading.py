@@ -22,8 +22,8 @@ from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
 from hlat.model import Llama, build_model
-from hlat.model.spec import hf_spec
 from hlat.model.llama import rope_tables
+from hlat.model.spec import hf_spec
 
 
 @dataclass
@@ -58,8 +58,9 @@ def load_checkpoint_weights(checkpoint: Path, model: Llama) -> dict[str, int]:
     return dict(manager.load_shared(checkpoint).get("progress", {}))
 
 
-def load_model(path: str | Path, tokenizer: str | Path | None = None,
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(
+    path: str | Path, tokenizer: str | Path | None = None, dtype: torch.dtype = torch.float32
+) -> LoadedModel:
     """The model at `path` (see the module docstring); a run directory loads its newest checkpoint.
     `tokenizer` (a tokenizer.json) overrides the one found next to the model."""
     path = Path(path).expanduser()
@@ -68,19 +69,25 @@ def load_model(path: str | Path, tokenizer: str | Path | None = None,
     if is_run_dir(path):
         saved = run_checkpoints(path)
         if not saved:
-            raise FileNotFoundError(f"run directory {path} has no checkpoints under checkpoints/; "
-                                    "train it first or pass a checkpoint directory")
+            raise FileNotFoundError(
+                f"run directory {path} has no checkpoints under checkpoints/; "
+                "train it first or pass a checkpoint directory"
+            )
         path = saved[-1]
     if (path / MANIFEST).is_file():
         return load_hlat_checkpoint(path, tokenizer, dtype)
     raise FileNotFoundError(
         f"{path} is neither an hlat checkpoint (step_NNNNNNNN/ with {MANIFEST}), an hlat run "
-        "directory (config.toml + checkpoints/) nor a Hugging Face model directory (config.json)")
+        "directory (config.toml + checkpoints/) nor a Hugging Face model directory (config.json)"
+    )
 
 
-def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
-                         dtype: torch.dtype = torch.float32,
-                         cached: tuple[ModelConfig, DataConfig, Tokenizer] | None = None) -> LoadedModel:
+def load_hlat_checkpoint(
+    checkpoint: Path,
+    tokenizer: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    cached: tuple[ModelConfig, DataConfig, Tokenizer] | None = None,
+) -> LoadedModel:
     """One checkpoint of a run; `cached` (configs, tokenizer) skips re-reading them in a sweep.
     A run trained with data.bos is evaluated with BOS in front of every context and as prefix."""
     run_dir = checkpoint.parent.parent
@@ -93,12 +100,20 @@ def load_hlat_checkpoint(checkpoint: Path, tokenizer: str | Path | None = None,
     model = empty_model(model_cfg, dtype)
     progress = load_checkpoint_weights(checkpoint, model)
     prefix = tok.bos_id if data_cfg.bos and tok.bos_id is not None else prefix_token(run_dir, tok)
-    return LoadedModel(model.eval(), tok, f"{run_dir.name}/{checkpoint.name}", prefix,
-                       progress.get("step"), progress.get("tokens"), bos=data_cfg.bos)
+    return LoadedModel(
+        model.eval(),
+        tok,
+        f"{run_dir.name}/{checkpoint.name}",
+        prefix,
+        progress.get("step"),
+        progress.get("tokens"),
+        bos=data_cfg.bos,
+    )
 
 
-def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
-                  override: str | Path | None = None) -> Tokenizer | SentencePieceTokenizer:
+def run_tokenizer(
+    run_dir: Path, data: DataConfig, vocab_size: int, override: str | Path | None = None
+) -> Tokenizer | SentencePieceTokenizer:
     """The tokenizer a run trained with: an explicit file, else the run directory's tokenizer.json
     or tokenizer.model, else the config's data.tokenizer, else the cached BPE that build_tokenizer
     trained on the corpus."""
@@ -117,7 +132,8 @@ def run_tokenizer(run_dir: Path, data: DataConfig, vocab_size: int,
         raise FileNotFoundError(
             f"cannot find the tokenizer of {run_dir}: it was a BPE trained on data.source="
             f"{data.source or '(embedded corpus)'}, which cannot be opened ({err}); pass "
-            "--tokenizer PATH/tokenizer.json") from err
+            "--tokenizer PATH/tokenizer.json"
+        ) from err
     return build_tokenizer(data, vocab_size, source)[0]
 
 
@@ -127,13 +143,20 @@ def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) 
     cfg = mapping.model_config(config)
     tok_file = Path(tokenizer) if tokenizer else find_tokenizer_file(directory)
     if tok_file is None or not tok_file.is_file():
-        raise FileNotFoundError(f"{tokenizer or directory / 'tokenizer.json'}: no such file; pass --tokenizer PATH "
-                                "(a Hugging Face tokenizer.json or a SentencePiece .model)")
+        raise FileNotFoundError(
+            f"{tokenizer or directory / 'tokenizer.json'}: no such file; pass --tokenizer PATH "
+            "(a Hugging Face tokenizer.json or a SentencePiece .model)"
+        )
     tok = load_tokenizer(tok_file)
     model = empty_model(cfg, dtype)
     model.load_state_dict(mapping.to_hlat(hf_weights(directory)), strict=True)
-    return LoadedModel(model.eval(), tok, directory.name, prefix_token(directory, tok),
-                       bos=hf_adds_bos(tok, directory / "tokenizer_config.json"))
+    return LoadedModel(
+        model.eval(),
+        tok,
+        directory.name,
+        prefix_token(directory, tok),
+        bos=hf_adds_bos(tok, directory / "tokenizer_config.json"),
+    )
 
 
 def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> int:

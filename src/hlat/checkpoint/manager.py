@@ -143,8 +143,14 @@ class CheckpointManager:
         self._group: dist.ProcessGroup | None = None  # background saves talk on their own group
         self._finisher: ThreadPoolExecutor | None = None  # hashes and commits background saves
 
-    def save(self, step: int, sharded: dict[str, Any], rank_state: dict[str, Any] | None,
-             shared: dict[str, Any] | None, background: bool = False) -> SaveStats:
+    def save(
+        self,
+        step: int,
+        sharded: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+        shared: dict[str, Any] | None,
+        background: bool = False,
+    ) -> SaveStats:
         """Collective: every rank calls it. A background save returns once the state is staged.
         A failure of any rank raises CheckpointError on every rank (see the module docstring)."""
         started = time.perf_counter()
@@ -176,8 +182,9 @@ class CheckpointManager:
             # sharing one gloo group between two threads would interleave their messages. Same
             # timeout as training's groups (new_group would default to 30 minutes).
             self._group = dist.new_group(backend="gloo", timeout=collective_timeout())
-        written = dcp.async_save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(),
-                                 process_group=self._group)
+        written = dcp.async_save(
+            sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed(), process_group=self._group
+        )
         stats = SaveStats(final, time.perf_counter() - started, background=True)
         if self._finisher is None:
             self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hlat-checkpoint-commit")
@@ -198,8 +205,9 @@ class CheckpointManager:
         self._commit_on_rank0(tmp, stats.path, step, hashes, self._group)
         stats.write_s = time.perf_counter() - started
 
-    def _commit_on_rank0(self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]],
-                         group: dist.ProcessGroup | None) -> None:
+    def _commit_on_rank0(
+        self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]], group: dist.ProcessGroup | None
+    ) -> None:
         """Collective over `group`: rank 0 commits; every rank returns once it has (or raises)."""
         maybe_kill("commit", step, _rank())
         with _on_every_rank(f"to commit {final}", group):
@@ -334,14 +342,25 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{file}: checkpoint format {found}, this hlat reads format {FORMAT_VERSION}: use the hlat version that "
             "wrote it (to resume, or to `hlat export` its weights and start from them here with "
-            "--checkpoint.init_from hf:DIR)")
+            "--checkpoint.init_from hf:DIR)"
+        )
     files = manifest.get("files")
-    well_formed = isinstance(files, dict) and isinstance(manifest.get("world"), int) and all(
-        isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)
-        and _inside(name) for name, entry in files.items())
+    well_formed = (
+        isinstance(files, dict)
+        and isinstance(manifest.get("world"), int)
+        and all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get("sha256"), str)
+            and _inside(name)
+            for name, entry in files.items()
+        )
+    )
     if not well_formed:
-        raise CheckpointError(f"{file} is malformed: it needs 'world' and 'files' mapping relative paths inside "
-                              "the checkpoint to their 'bytes' and 'sha256'")
+        raise CheckpointError(
+            f"{file} is malformed: it needs 'world' and 'files' mapping relative paths inside "
+            "the checkpoint to their 'bytes' and 'sha256'"
+        )
     if METADATA not in files:
         raise CheckpointError(f"{file} does not list {METADATA}")
     return manifest
@@ -383,8 +402,9 @@ def own_files(tmp: Path, rank: int) -> list[Path]:
     return [tmp / rank_file(rank), *sorted((tmp / DCP_DIR).glob(f"__{rank}_*.distcp"))]
 
 
-def _gather_hashes(tmp: Path, step: int, group: dist.ProcessGroup | None,
-                   failure: str | None = None) -> dict[str, dict[str, Any]]:
+def _gather_hashes(
+    tmp: Path, step: int, group: dist.ProcessGroup | None, failure: str | None = None
+) -> dict[str, dict[str, Any]]:
     """Collective over `group`: every rank describes (size, SHA-256) the files it wrote, and
     every rank receives all of them (rank 0 writes them into the manifest). A failure on any
     rank (`failure`, or one while hashing) raises CheckpointError on every rank."""

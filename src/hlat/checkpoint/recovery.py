@@ -44,6 +44,7 @@ class SpikeDetector:
 @dataclass
 class Incident:
     """What a logging window went wrong with, and what the config says to do about it."""
+
     step: int  # the first bad step
     what: str  # e.g. "loss spike at step 5 (loss 9.1234)", for messages
     action: Literal["rollback", "skip"]
@@ -67,8 +68,10 @@ class Recovery:
         self.skipped_judged = skipped_steps
         spike = self.spikes.first_spike(losses)
         if new_skips and cfg.nonfinite == "error":
-            raise FloatingPointError(f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{last_step} "
-                                     "(recovery.nonfinite=error); lower --optim.lr or check the data")
+            raise FloatingPointError(
+                f"{new_skips} step(s) with NaN/Inf gradients in steps {first_step}-{last_step} "
+                "(recovery.nonfinite=error); lower --optim.lr or check the data"
+            )
         if spike is not None:
             bad = first_step + spike
             what = f"loss spike at step {bad} (loss {losses[spike]:.4f})"

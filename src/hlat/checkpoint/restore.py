@@ -14,7 +14,14 @@ from typing import Any
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from hlat.checkpoint.completeness import check_complete, checkpoint_shapes, drop_tied_copy, model_config_of, model_shapes, rename_from_hf
+from hlat.checkpoint.completeness import (
+    check_complete,
+    checkpoint_shapes,
+    drop_tied_copy,
+    model_config_of,
+    model_shapes,
+    rename_from_hf,
+)
 from hlat.checkpoint.manager import CheckpointError, CheckpointManager, rank_file
 from hlat.data import merge_states
 
@@ -27,8 +34,9 @@ def holds_training_state(path: Path) -> bool:
     return any(Path(path).glob("rank_*.pt"))
 
 
-def rank_state_for(manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int,
-                   same_layout: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def rank_state_for(
+    manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int, same_layout: bool
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(loader state, RNG state or None) for this process from checkpoint `path`.
 
     RNG states belong to a process of the saved layout; a resharded run keeps its seeded ones.
@@ -44,8 +52,10 @@ def rank_state_for(manager: CheckpointManager, path: Path, rank: int, dp_rank: i
         loader = manager.load_rank_state(path, int(file.stem.removeprefix("rank_")))["loader"]
         by_dp.setdefault(loader["dp_rank"], loader)
     if not by_dp:
-        raise CheckpointError(f"{path} has no rank_*.pt files: it holds weights only (an archive); "
-                              "start from it with --checkpoint.init_from instead")
+        raise CheckpointError(
+            f"{path} has no rank_*.pt files: it holds weights only (an archive); "
+            "start from it with --checkpoint.init_from instead"
+        )
     saved_dp = next(iter(by_dp.values()))["dp_size"]
     if saved_dp == dp:  # only tensor/pipeline degrees changed: every rank keeps its position
         return by_dp[dp_rank], None

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
@@ -71,9 +71,12 @@ def load(state: dict[str, Any], directory: Path, no_dist: bool) -> None:
     """Fill `state` in place from the DCP checkpoint in `directory` (collective unless no_dist).
     Raises CheckpointError with every failing rank's message."""
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(directory),
-                 no_dist=no_dist)
+        dcp.load(
+            state, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(directory), no_dist=no_dist
+        )
     except CheckpointException as err:  # DCP's own wrapper (a BaseException) of every rank's failure
-        failures = "; ".join(f"rank {rank}: {''.join(traceback.format_exception_only(type(exc), exc)).strip()}"
-                             for rank, (exc, _) in sorted(err.failures.items()))
+        failures = "; ".join(
+            f"rank {rank}: {''.join(traceback.format_exception_only(type(exc), exc)).strip()}"
+            for rank, (exc, _) in sorted(err.failures.items())
+        )
         raise CheckpointError(f"cannot load {directory}: {failures}") from err

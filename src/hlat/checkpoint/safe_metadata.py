@@ -22,32 +22,36 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata
 
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
-_ALLOWED: frozenset[tuple[str, str]] = frozenset({
-    (_DCP_METADATA, "Metadata"),
-    (_DCP_METADATA, "MetadataIndex"),
-    (_DCP_METADATA, "StorageMeta"),
-    (_DCP_METADATA, "TensorStorageMetadata"),
-    (_DCP_METADATA, "BytesStorageMetadata"),
-    (_DCP_METADATA, "ChunkStorageMetadata"),
-    (_DCP_METADATA, "TensorProperties"),
-    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),  # maps the name "torch.strided" to the layout object
-    ("torch", "Size"),
-    ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"),  # the checkpoint_id DCP records (Python >= 3.13: pathlib._local)
-    ("pathlib", "WindowsPath"),
-    ("pathlib._local", "PosixPath"),
-    ("pathlib._local", "WindowsPath"),
-    # dtypes are module attributes of torch (torch.float32, ...): objects, not callables
-    *(("torch", name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)),
-})
+_ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {
+        (_DCP_METADATA, "Metadata"),
+        (_DCP_METADATA, "MetadataIndex"),
+        (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "TensorStorageMetadata"),
+        (_DCP_METADATA, "BytesStorageMetadata"),
+        (_DCP_METADATA, "ChunkStorageMetadata"),
+        (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch.serialization", "_get_layout"),  # maps the name "torch.strided" to the layout object
+        ("torch", "Size"),
+        ("collections", "OrderedDict"),
+        ("pathlib", "PosixPath"),  # the checkpoint_id DCP records (Python >= 3.13: pathlib._local)
+        ("pathlib", "WindowsPath"),
+        ("pathlib._local", "PosixPath"),
+        ("pathlib._local", "WindowsPath"),
+        # dtypes are module attributes of torch (torch.float32, ...): objects, not callables
+        *(("torch", name) for name in dir(torch) if isinstance(getattr(torch, name), torch.dtype)),
+    }
+)
 
 
 class _AllowListUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in _ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a class that checkpoint metadata contains")
+            raise pickle.UnpicklingError(
+                f"refusing to load {module}.{name}: not a class that checkpoint metadata contains"
+            )
         return super().find_class(module, name)
 
 

@@ -12,4 +12,8 @@ OVERRIDES_HELP = (
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", help="preset name (default: tiny); `hlat presets` lists them")
-    parser.add_argument("--config", metavar="FILE", help="TOML file of [section] tables, applied over --preset or its own top-level preset = NAME")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file of [section] tables, applied over --preset or its own top-level preset = NAME",
+    )

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "doctor", allow_abbrev=False, help="pre-flight checks: devices, layout, collective latency and bandwidth, disk",
+        "doctor",
+        allow_abbrev=False,
+        help="pre-flight checks: devices, layout, collective latency and bandwidth, disk",
         description="Check what the configured run needs before starting it: the devices each rank sees, that "
         "pp x dp x tp fits the world size, an all_reduce round trip and its bandwidth (each with a timeout that "
         "names a missing rank), free disk for the checkpoints, and a writable run directory. Launch it like "
@@ -23,9 +25,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: torchrun --nproc_per_node 8 -m hlat doctor --preset hlat-7b --parallel.tp 2",
     )
     add_config_args(parser)
-    parser.add_argument("--bandwidth-mib", type=float, default=64.0, help="fp32 all_reduce size for the bandwidth test (default 64)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds a collective may wait for a missing rank before the check fails (default 60)")
+    parser.add_argument(
+        "--bandwidth-mib", type=float, default=64.0, help="fp32 all_reduce size for the bandwidth test (default 64)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a collective may wait for a missing rank before the check fails (default 60)",
+    )
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -40,7 +48,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     cfg.fit_micro_batch(world)  # as hlat train would
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     os.environ["HLAT_COLLECTIVE_TIMEOUT_S"] = str(args.timeout)  # read by mesh.setup and the hang report
-    checks = [preflight.check_devices(cfg.train.device, rank, local_rank, local_world), preflight.check_layout(cfg, world)]
+    checks = [
+        preflight.check_devices(cfg.train.device, rank, local_rank, local_world),
+        preflight.check_layout(cfg, world),
+    ]
     if local_rank == 0:  # one per node: the run directory may be node-local or shared
         checks += [preflight.check_writable(cfg.run_dir, rank), preflight.check_disk(cfg, rank)]
     healthy = world == 1
@@ -48,8 +59,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
         layout = setup(cfg.parallel, device)
         latency = preflight.check_latency(layout, device)
-        bandwidth = preflight.check_bandwidth(layout, device, args.bandwidth_mib) if not latency.failed else \
-            preflight.Check("all_reduce bandwidth", None, "skip", "the round trip failed")
+        bandwidth = (
+            preflight.check_bandwidth(layout, device, args.bandwidth_mib)
+            if not latency.failed
+            else preflight.Check("all_reduce bandwidth", None, "skip", "the round trip failed")
+        )
         checks += [latency, bandwidth]
         healthy = not latency.failed and not bandwidth.failed
     if world > 1:
@@ -89,7 +103,8 @@ def line(check: Check) -> str:
 
 def table(name: str, world: int, checks: list[Check], gathered: bool) -> str:
     rows = [("check", "rank", "result", "figure")] + [
-        (c.name, "all" if c.rank is None else str(c.rank), c.status, c.figure) for c in checks]
+        (c.name, "all" if c.rank is None else str(c.rank), c.status, c.figure) for c in checks
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     out = [f"hlat doctor: {name}, {world} process{'es' if world > 1 else ''}"]
     out += ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]

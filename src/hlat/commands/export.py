@@ -8,7 +8,9 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "export", allow_abbrev=False, help="write a Hugging Face LLaMA directory (safetensors, config.json, tokenizer)",
+        "export",
+        allow_abbrev=False,
+        help="write a Hugging Face LLaMA directory (safetensors, config.json, tokenizer)",
         description="Export the weights of an hlat checkpoint (saved in any parallel layout), weights-only archive, "
         "or run directory (its newest checkpoint) for transformers' LlamaForCausalLM.from_pretrained. "
         "The reverse is hlat train --checkpoint.init_from hf:DIR.",

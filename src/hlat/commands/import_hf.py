@@ -9,7 +9,9 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "import", allow_abbrev=False, help="turn a Hugging Face LLaMA directory into an hlat run directory",
+        "import",
+        allow_abbrev=False,
+        help="turn a Hugging Face LLaMA directory into an hlat run directory",
         description="Read a local Hugging Face LLaMA directory (config.json; model.safetensors, sharded "
         "safetensors with their index, or pytorch_model.bin; tokenizer.json or tokenizer.model) and write an "
         "hlat run directory: config.toml with the architecture, the tokenizer, and a weights-only checkpoint. "
@@ -27,14 +29,16 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
     done = import_hf(args.source, args.run_dir, args.tokenizer, progress=sys.stderr.isatty())  # refusals: hlat.cli
     cfg, run_dir = done.model, done.run_dir
-    print(f"imported {args.source} into {run_dir}\n"
-          f"  model: {done.params / 1e6:,.1f}M parameters, d_model {cfg.d_model}, {cfg.n_layers} layers, "
-          f"{cfg.n_heads} heads ({cfg.n_kv_heads} key/value), vocab {cfg.vocab_size}\n"
-          f"  weights: {done.checkpoint} (float32; source dtype {done.source_dtype})\n"
-          f"  tokenizer: {done.tokenizer}\n"
-          f"next:\n"
-          f"  hlat eval --checkpoint {run_dir} --tasks arc_easy\n"
-          f"  hlat export {run_dir} OUT_DIR\n"
-          f"  hlat train --config {run_dir / 'config.toml'}   # continue pre-training "
-          "from these weights (new optimizer)")
+    print(
+        f"imported {args.source} into {run_dir}\n"
+        f"  model: {done.params / 1e6:,.1f}M parameters, d_model {cfg.d_model}, {cfg.n_layers} layers, "
+        f"{cfg.n_heads} heads ({cfg.n_kv_heads} key/value), vocab {cfg.vocab_size}\n"
+        f"  weights: {done.checkpoint} (float32; source dtype {done.source_dtype})\n"
+        f"  tokenizer: {done.tokenizer}\n"
+        f"next:\n"
+        f"  hlat eval --checkpoint {run_dir} --tasks arc_easy\n"
+        f"  hlat export {run_dir} OUT_DIR\n"
+        f"  hlat train --config {run_dir / 'config.toml'}   # continue pre-training "
+        "from these weights (new optimizer)"
+    )
     return 0

@@ -8,8 +8,12 @@ from hlat.commands.common import OVERRIDES_HELP
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("params", allow_abbrev=False, help="parameter count and training FLOPs per token of a preset",
-                            description="Print parameter count and training FLOPs per token. " + OVERRIDES_HELP)
+    parser = sub.add_parser(
+        "params",
+        allow_abbrev=False,
+        help="parameter count and training FLOPs per token of a preset",
+        description="Print parameter count and training FLOPs per token. " + OVERRIDES_HELP,
+    )
     parser.add_argument("preset", nargs="?", help="preset name (default: tiny)")
     parser.add_argument("--config", metavar="FILE", help="TOML file applied over the preset")
 
@@ -22,8 +26,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     n = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     embedding = cfg.model.vocab_size * cfg.model.d_model
-    print(f"{cfg.name}: {n:,} parameters ({n / 1e9:.2f}B), "
-          + ("its embedding matrix also the output head" if cfg.model.tie_embeddings
-             else f"{n - embedding:,} without the input embedding"))
+    print(
+        f"{cfg.name}: {n:,} parameters ({n / 1e9:.2f}B), "
+        + (
+            "its embedding matrix also the output head"
+            if cfg.model.tie_embeddings
+            else f"{n - embedding:,} without the input embedding"
+        )
+    )
     print(f"training FLOPs per token at seq_len {cfg.data.seq_len}: {flops:.4g} (6N + 12·L·d·T)")
     return 0

@@ -10,37 +10,61 @@ from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "plan", allow_abbrev=False, help="dry run: per-rank memory, step time, tokens/s, days and cost of a layout",
+        "plan",
+        allow_abbrev=False,
+        help="dry run: per-rank memory, step time, tokens/s, days and cost of a layout",
         description="Build the model on the meta device under a fake process group of --world ranks and print, "
         "per pipeline stage, weight, gradient, optimizer-state and activation memory; with --device, the predicted "
         "step time (compute, exposed communication, pipeline bubble), tokens/s, MFU, days to the token budget and "
         "cost (docs/parallelism.md). " + OVERRIDES_HELP,
-        epilog="examples: hlat plan --preset hlat-70b --world 4096 --device \"H100 SXM\"; "
+        epilog='examples: hlat plan --preset hlat-70b --world 4096 --device "H100 SXM"; '
         "hlat plan --preset hlat-7b --world 256 --device trn1 --search; hlat plan --hlat; hlat plan --calibration",
     )
     add_config_args(parser)
     parser.add_argument("--world", type=int, help="number of ranks (accelerators) to plan for (required)")
-    parser.add_argument("--device", help="an accelerator of hlat's table (e.g. \"H100 SXM\", trn1), or cpu (this machine, "
-                        "as the trainer's MFU sees it): memory fit and throughput; `--device list` prints the table")
-    figures = parser.add_argument_group("custom figures (replace the device's; without --device, --peak-tflops and "
-                                        "--memory-gib are required)")
+    parser.add_argument(
+        "--device",
+        help='an accelerator of hlat\'s table (e.g. "H100 SXM", trn1), or cpu (this machine, '
+        "as the trainer's MFU sees it): memory fit and throughput; `--device list` prints the table",
+    )
+    figures = parser.add_argument_group(
+        "custom figures (replace the device's; without --device, --peak-tflops and --memory-gib are required)"
+    )
     figures.add_argument("--peak-tflops", type=float, help="dense peak per rank in the run's compute dtype, TFLOP/s")
     figures.add_argument("--memory-gib", type=float, help="memory per rank, GiB")
-    figures.add_argument("--intra-gbs", type=float, help="one-way bandwidth per rank within a node, GB/s (0: not counted)")
+    figures.add_argument(
+        "--intra-gbs", type=float, help="one-way bandwidth per rank within a node, GB/s (0: not counted)"
+    )
     figures.add_argument("--inter-gbs", type=float, help="one-way bandwidth per rank across nodes, GB/s")
     figures.add_argument("--per-node", type=int, help="ranks per node")
-    figures.add_argument("--efficiency", type=float, help="fraction of the peak compute reaches (default: the device "
-                         "family's calibrated constant, hlat plan --calibration)")
-    parser.add_argument("--price-per-node-hour", type=float, help="cost of a node-hour (default: train.price_per_node_hour; "
-                        "0: no cost)")
+    figures.add_argument(
+        "--efficiency",
+        type=float,
+        help="fraction of the peak compute reaches (default: the device "
+        "family's calibrated constant, hlat plan --calibration)",
+    )
+    parser.add_argument(
+        "--price-per-node-hour", type=float, help="cost of a node-hour (default: train.price_per_node_hour; 0: no cost)"
+    )
     parser.add_argument("--tokens", type=float, help="token budget (default: train.steps x global batch x sequence)")
-    parser.add_argument("--search", action="store_true", help="rank every layout (tp, pp, ddp/zero1/zero2/fsdp/hsdp, "
-                        "micro-batch, recompute) that fits in memory by predicted tokens/s (needs --device)")
+    parser.add_argument(
+        "--search",
+        action="store_true",
+        help="rank every layout (tp, pp, ddp/zero1/zero2/fsdp/hsdp, "
+        "micro-batch, recompute) that fits in memory by predicted tokens/s (needs --device)",
+    )
     parser.add_argument("--top", type=int, default=10, help="layouts --search prints (default 10)")
-    parser.add_argument("--calibration", action="store_true", help="print the published runs the efficiency constants "
-                        "are fitted on, with fitted and held-out errors")
-    parser.add_argument("--hlat", action="store_true", help="HLAT's 7B and 70B on 4096 trn1 chips and on as many A100 "
-                        "40GB (p4d.24xlarge): days and cost per trillion tokens")
+    parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="print the published runs the efficiency constants are fitted on, with fitted and held-out errors",
+    )
+    parser.add_argument(
+        "--hlat",
+        action="store_true",
+        help="HLAT's 7B and 70B on 4096 trn1 chips and on as many A100 "
+        "40GB (p4d.24xlarge): days and cost per trillion tokens",
+    )
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -72,8 +96,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     figures = Figures(args.peak_tflops, args.memory_gib, args.intra_gbs, args.inter_gbs, args.per_node, args.efficiency)
     system = make_system(args.device, figures, cfg, args.world)
     if args.search and system is None:
-        raise UserError("--search needs a device to rank layouts on: --device NAME (hlat plan --device list), "
-                        "--device cpu, or --peak-tflops and --memory-gib")
+        raise UserError(
+            "--search needs a device to rank layouts on: --device NAME (hlat plan --device list), "
+            "--device cpu, or --peak-tflops and --memory-gib"
+        )
     print("".join(note + "\n" for note in cfg.notes), end="")
     degrees, stages = plan(cfg, args.world)
     print(format_plan(cfg, args.world, degrees, stages))

@@ -9,7 +9,9 @@ from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "prepare", allow_abbrev=False, help="tokenize data.source once into token shards for training",
+        "prepare",
+        allow_abbrev=False,
+        help="tokenize data.source once into token shards for training",
         description="Tokenize every document of --data.source with the run's tokenizer into token shards "
         "(uint16/uint32 memmaps + document offsets + a manifest with checksums). Re-running the same "
         "command resumes an interrupted run. Train from them with --data.source OUT. " + OVERRIDES_HELP,
@@ -38,16 +40,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     print(line)
     docs = OnlineDocuments(open_entry(entries[0], cfg.data), tokenizer, cfg.data.max_doc_chars)
     with tqdm(total=len(docs), unit="doc", desc="prepare", dynamic_ncols=True) as bar:
+
         def progress(n_docs: int, n_tokens: int) -> None:
             bar.update(n_docs)
             bar.set_postfix(tokens=f"{progress.tokens + n_tokens:,}")  # type: ignore[attr-defined]
             progress.tokens += n_tokens  # type: ignore[attr-defined]
 
         progress.tokens = 0  # type: ignore[attr-defined]
-        manifest = prepare_shards(docs, Path(args.out), args.docs_per_shard,
-                                  skip_bad=cfg.data.bad_documents == "skip", progress=progress)
+        manifest = prepare_shards(
+            docs, Path(args.out), args.docs_per_shard, skip_bad=cfg.data.bad_documents == "skip", progress=progress
+        )
     tokens = sum(s["num_tokens"] for s in manifest["shards"])
-    print(f"prepared {manifest['num_docs']:,} documents, {tokens:,} tokens ({manifest['dtype']}) in "
-          f"{len(manifest['shards'])} shards under {args.out}; {len(manifest['bad'])} bad documents skipped. "
-          f"Train with --data.source {args.out}")
+    print(
+        f"prepared {manifest['num_docs']:,} documents, {tokens:,} tokens ({manifest['dtype']}) in "
+        f"{len(manifest['shards'])} shards under {args.out}; {len(manifest['bad'])} bad documents skipped. "
+        f"Train with --data.source {args.out}"
+    )
     return 0

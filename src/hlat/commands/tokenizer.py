@@ -9,7 +9,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("tokenizer", allow_abbrev=False, help="train a byte-level BPE tokenizer on a data source")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     train = actions.add_parser(
-        "train", allow_abbrev=False, help="train a byte-level BPE (EOS <|endoftext|>) and write tokenizer.json",
+        "train",
+        allow_abbrev=False,
+        help="train a byte-level BPE (EOS <|endoftext|>) and write tokenizer.json",
         description="Train a byte-level BPE on SOURCE (anything data.source accepts: Arrow, Parquet, JSONL, "
         "text, a datasets directory, hf:NAME; comma-separated for several).",
         epilog="example: hlat tokenizer train corpus.parquet --vocab-size 32000 --out tokenizer.json",
@@ -17,10 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     train.add_argument("source", help="the documents to train on")
     train.add_argument("--vocab-size", type=int, required=True)
     train.add_argument("--out", required=True, help="where to write tokenizer.json")
-    train.add_argument("--max-chars", type=int, default=1_000_000_000, help="characters to train on at most (default 1e9)")
+    train.add_argument(
+        "--max-chars", type=int, default=1_000_000_000, help="characters to train on at most (default 1e9)"
+    )
     train.add_argument("--text-field", default="text", help="column / JSON field of the text (default: text)")
-    train.add_argument("--bad-documents", choices=("error", "skip"), default="skip",
-                       help="unreadable documents: skip (counted) or error (default: skip)")
+    train.add_argument(
+        "--bad-documents",
+        choices=("error", "skip"),
+        default="skip",
+        help="unreadable documents: skip (counted) or error (default: skip)",
+    )
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -46,7 +54,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         bar.total = bar.n
         bar.refresh()
     tok.save(args.out)
-    print(f"trained a {tok.vocab_size}-token byte-level BPE on {stats['docs']:,} documents "
-          f"({stats['bytes'] / 1e6:.1f} MB, {stats['bad']} unreadable skipped) of {source.name} in "
-          f"{time.perf_counter() - t0:.1f} s: {args.out}")
+    print(
+        f"trained a {tok.vocab_size}-token byte-level BPE on {stats['docs']:,} documents "
+        f"({stats['bytes'] / 1e6:.1f} MB, {stats['bad']} unreadable skipped) of {source.name} in "
+        f"{time.perf_counter() - t0:.1f} s: {args.out}"
+    )
     return 0

@@ -9,15 +9,23 @@ from hlat.commands.common import OVERRIDES_HELP, add_config_args
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "train", allow_abbrev=False, help="train a model (auto-resumes from the run directory's newest checkpoint)",
+        "train",
+        allow_abbrev=False,
+        help="train a model (auto-resumes from the run directory's newest checkpoint)",
         description="Train a model. With no arguments: the tiny preset on the embedded corpus (Python's "
         "standard library), on this machine, with no download. " + OVERRIDES_HELP,
         epilog="example: hlat train --preset small --train.steps 500 --optim.lr 1e-3",
     )
     add_config_args(parser)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true", help="require a checkpoint to resume from (default: resume if one exists)")
-    group.add_argument("--fresh", action="store_true", help="start over: delete this run directory's checkpoints, metrics and events first")
+    group.add_argument(
+        "--resume", action="store_true", help="require a checkpoint to resume from (default: resume if one exists)"
+    )
+    group.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: delete this run directory's checkpoints, metrics and events first",
+    )
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:

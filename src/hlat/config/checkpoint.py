@@ -31,7 +31,9 @@ class CheckpointConfig:
         if self.every < 1:
             problems.append(("every", f"must be >= 1, got {self.every}"))
         if self.keep_last < 1:
-            problems.append(("keep_last", f"must be >= 1 (the newest checkpoint is what resume needs), got {self.keep_last}"))
+            problems.append(
+                ("keep_last", f"must be >= 1 (the newest checkpoint is what resume needs), got {self.keep_last}")
+            )
         if self.archive_every_tokens < 0:
             problems.append(("archive_every_tokens", f"must be >= 0 (0 = no archive), got {self.archive_every_tokens}"))
         return problems

@@ -83,9 +83,7 @@ class DataConfig:
         """Problems as (field, message naming the fix); empty when the config is usable."""
         problems: list[tuple[str, str]] = []
         if self.seq_len < 2:
-            problems.append(
-                ("seq_len", f"seq_len={self.seq_len} is too small; use at least 2 (HLAT uses 4096)")
-            )
+            problems.append(("seq_len", f"seq_len={self.seq_len} is too small; use at least 2 (HLAT uses 4096)"))
         if self.max_doc_chars < 1:
             problems.append(
                 (
@@ -97,12 +95,13 @@ class DataConfig:
             problems.append(
                 (
                     "tokenizer_train_chars",
-                    f"tokenizer_train_chars={self.tokenizer_train_chars} must be positive "
-                    "(default 8000000)",
+                    f"tokenizer_train_chars={self.tokenizer_train_chars} must be positive (default 8000000)",
                 )
             )
         if self.bad_documents not in choices(DataConfig, "bad_documents"):
-            problems.append(("bad_documents", f"{self.bad_documents!r}: use {' or '.join(choices(DataConfig, 'bad_documents'))}"))
+            problems.append(
+                ("bad_documents", f"{self.bad_documents!r}: use {' or '.join(choices(DataConfig, 'bad_documents'))}")
+            )
         if self.virtual_shards < 1:
             problems.append(("virtual_shards", f"{self.virtual_shards} must be positive (default 512)"))
         if not 0 < self.val_fraction < 1:
@@ -113,8 +112,13 @@ class DataConfig:
             if len(weights) != len(entries) or any(not w > 0 for w in weights):
                 raise ValueError
         except ValueError:
-            problems.append(("weights", f"{self.weights!r}: give {len(entries)} positive numbers, "
-                             "comma-separated, one per data.source entry"))
+            problems.append(
+                (
+                    "weights",
+                    f"{self.weights!r}: give {len(entries)} positive numbers, "
+                    "comma-separated, one per data.source entry",
+                )
+            )
         return problems + path_problems(self)
 
 

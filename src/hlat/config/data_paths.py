@@ -75,11 +75,15 @@ def check_source_path(entry: str) -> str | None:
         return None if entry != "hf:" else "hf: needs a dataset name, e.g. hf:allenai/c4"
     path = Path(entry).expanduser()
     if not path.exists():
-        return (f"no such file or directory: {entry}; give a data file or directory, hf:NAME, or "
-                "leave empty for the embedded corpus")
+        return (
+            f"no such file or directory: {entry}; give a data file or directory, hf:NAME, or "
+            "leave empty for the embedded corpus"
+        )
     if path.is_dir() and entry_kind(entry) == "text" and not scan_text_files(path):
-        return (f"no data or text files under {entry}; give a directory of .arrow/.parquet/.jsonl "
-                "or text files, or leave empty for the embedded corpus")
+        return (
+            f"no data or text files under {entry}; give a directory of .arrow/.parquet/.jsonl "
+            "or text files, or leave empty for the embedded corpus"
+        )
     return None
 
 

@@ -42,23 +42,43 @@ class EvalConfig:
         if self.every < 0:
             problems.append(("every", f"must be >= 0 (0 = no validation), got {self.every}"))
         if self.batches < 1:
-            problems.append(("batches", f"must be >= 1, got {self.batches}; the validation set "
-                             "is batches x train.micro_batch rows of data.seq_len tokens"))
+            problems.append(
+                (
+                    "batches",
+                    f"must be >= 1, got {self.batches}; the validation set "
+                    "is batches x train.micro_batch rows of data.seq_len tokens",
+                )
+            )
         if self.tasks_every < 0:
             problems.append(("tasks_every", f"must be >= 0 (0 = no downstream tasks), got {self.tasks_every}"))
         elif self.tasks_every and not self.task_names():
-            problems.append(("tasks_every", f"is {self.tasks_every} but eval.tasks is empty; name the tasks "
-                             "(--eval.tasks arc_easy,piqa) or set eval.tasks_every 0"))
+            problems.append(
+                (
+                    "tasks_every",
+                    f"is {self.tasks_every} but eval.tasks is empty; name the tasks "
+                    "(--eval.tasks arc_easy,piqa) or set eval.tasks_every 0",
+                )
+            )
         elif self.task_names() and not self.tasks_every:
-            problems.append(("tasks", f"{self.tasks!r} would never run because eval.tasks_every is 0; set "
-                             "--eval.tasks_every N (steps), or clear eval.tasks"))
+            problems.append(
+                (
+                    "tasks",
+                    f"{self.tasks!r} would never run because eval.tasks_every is 0; set "
+                    "--eval.tasks_every N (steps), or clear eval.tasks",
+                )
+            )
         if self.tasks_limit < 1:
             problems.append(("tasks_limit", f"must be >= 1 document per task, got {self.tasks_limit}"))
         if self.tasks_shots < -1:
             problems.append(("tasks_shots", f"must be >= 0, or -1 for each task's default, got {self.tasks_shots}"))
         if self.data_dir and not Path(self.data_dir).expanduser().is_dir():
-            problems.append(("data_dir", f"{self.data_dir} is not a directory; point it at the local task "
-                             "files (<dir>/<task>/<split>.jsonl, see docs/evaluation.md) or leave it empty for the hub"))
+            problems.append(
+                (
+                    "data_dir",
+                    f"{self.data_dir} is not a directory; point it at the local task "
+                    "files (<dir>/<task>/<split>.jsonl, see docs/evaluation.md) or leave it empty for the hub",
+                )
+            )
         return problems
 
     def due(self, step: int) -> bool:

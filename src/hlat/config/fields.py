@@ -27,8 +27,11 @@ def choices(cls: type, name: str) -> tuple[str, ...]:
 
 def choice_problems(section: Any, *names: str) -> list[tuple[str, str]]:
     """(field, "got 'x'; choose one of a, b, c") for each named choice the section's value is not."""
-    return [(name, f"got {getattr(section, name)!r}; choose one of {', '.join(choices(type(section), name))}")
-            for name in names if getattr(section, name) not in choices(type(section), name)]
+    return [
+        (name, f"got {getattr(section, name)!r}; choose one of {', '.join(choices(type(section), name))}")
+        for name in names
+        if getattr(section, name) not in choices(type(section), name)
+    ]
 
 
 @cache
@@ -38,7 +41,12 @@ def field_docs(cls: type) -> dict[str, str]:
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs

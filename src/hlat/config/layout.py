@@ -43,14 +43,35 @@ def resolve_degrees(cfg: ParallelConfig, world: int) -> Degrees:
     parallel.dp_shard, or all of dp when it is 0 (plain FSDP, and ddp/zero1's one replica)."""
     inner = cfg.tp * cfg.pp
     if world % inner:
-        raise ConfigError([("parallel.tp", f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes")])
+        raise ConfigError(
+            [
+                (
+                    "parallel.tp",
+                    f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes",
+                )
+            ]
+        )
     dp = cfg.dp or world // inner
     if dp * inner != world:
-        raise ConfigError([("parallel.dp", f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0")])
+        raise ConfigError(
+            [
+                (
+                    "parallel.dp",
+                    f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0",
+                )
+            ]
+        )
     if cfg.dp_shard and dp % cfg.dp_shard:
         divisors = [d for d in range(1, dp + 1) if not dp % d]
-        raise ConfigError([("parallel.dp_shard", f"dp_shard={cfg.dp_shard} does not divide dp={dp} (pp={cfg.pp} x tp={cfg.tp} over {world} "
-                            f"processes); choose one of {', '.join(map(str, divisors))} (0 = all of dp)")])
+        raise ConfigError(
+            [
+                (
+                    "parallel.dp_shard",
+                    f"dp_shard={cfg.dp_shard} does not divide dp={dp} (pp={cfg.pp} x tp={cfg.tp} over {world} "
+                    f"processes); choose one of {', '.join(map(str, divisors))} (0 = all of dp)",
+                )
+            ]
+        )
     shard = cfg.dp_shard or dp
     return Degrees(pp=cfg.pp, dp_replicate=dp // shard, dp_shard=shard, cp=cfg.cp, tp=cfg.tp)
 
@@ -60,8 +81,13 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     if cfg.n_heads % tp:
         problems.append(("parallel.tp", f"tp={tp} does not divide model.n_heads={cfg.n_heads}"))
     if cfg.n_kv_heads % tp and tp % cfg.n_kv_heads:
-        problems.append(("parallel.tp", f"tp={tp} and model.n_kv_heads={cfg.n_kv_heads}: one must divide the other "
-                         "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)"))
+        problems.append(
+            (
+                "parallel.tp",
+                f"tp={tp} and model.n_kv_heads={cfg.n_kv_heads}: one must divide the other "
+                "(KV heads are split over tp ranks, or replicated when there are more ranks than heads)",
+            )
+        )
     if cfg.ffn_dim % tp:
         problems.append(("model.ffn_dim", f"{cfg.ffn_dim} is not divisible by parallel.tp={tp}"))
     if problems:
@@ -73,15 +99,36 @@ def check_data_parallel(sharding: str, degrees: Degrees) -> None:
         return
     if sharding == "ddp" and (degrees.tp > 1 or degrees.pp > 1):
         # DDP's reducer supports neither DTensor weights nor the pipeline's split backward passes.
-        raise ConfigError([("parallel.dp_sharding", "ddp is 1-D data parallel only; with tp or pp use zero2 (same memory as ddp "
-                            "for weights during the step, sharded gradients and optimizer state) or fsdp")])
+        raise ConfigError(
+            [
+                (
+                    "parallel.dp_sharding",
+                    "ddp is 1-D data parallel only; with tp or pp use zero2 (same memory as ddp "
+                    "for weights during the step, sharded gradients and optimizer state) or fsdp",
+                )
+            ]
+        )
     if sharding == "zero1" and (degrees.tp > 1 or degrees.pp > 1):
-        raise ConfigError([("parallel.dp_sharding", "zero1 (ZeroRedundancyOptimizer) is 1-D data parallel only; with tp or pp use zero2, "
-                            "which shards the optimizer state as ZeRO-1 does and the gradients too, at the same communication volume")])
+        raise ConfigError(
+            [
+                (
+                    "parallel.dp_sharding",
+                    "zero1 (ZeroRedundancyOptimizer) is 1-D data parallel only; with tp or pp use zero2, "
+                    "which shards the optimizer state as ZeRO-1 does and the gradients too, at the same communication volume",
+                )
+            ]
+        )
 
 
 def check_grad_accum(precision: PrecisionConfig, sharding: str, dp: int) -> None:
     if precision.fp32_grad_accum and dp > 1 and sharding in ("ddp", "zero1"):
         # DDP's reducer reads .grad in its own buckets; FSDP2 accumulates in its reduce dtype.
-        raise ConfigError([("precision.fp32_grad_accum", f"not supported with dp_sharding {sharding}; use --parallel.dp_sharding "
-                            "zero2 (weights whole as under ddp, gradients reduced in fp32) or set it to false")])
+        raise ConfigError(
+            [
+                (
+                    "precision.fp32_grad_accum",
+                    f"not supported with dp_sharding {sharding}; use --parallel.dp_sharding "
+                    "zero2 (weights whole as under ddp, gradients reduced in fp32) or set it to false",
+                )
+            ]
+        )

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import tomllib
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 from hlat.config.run import Check, RunConfig
@@ -26,8 +26,13 @@ def preset_names() -> list[str]:
     return sorted(p.name.removesuffix(".toml") for p in resources.files(PRESETS).iterdir() if p.name.endswith(".toml"))
 
 
-def load_config(preset: str | None = None, config_file: str | Path | None = None, overrides: list[str] | None = None,
-                world: int | None = None, checks: Sequence[Check] = ()) -> RunConfig:
+def load_config(
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: list[str] | None = None,
+    world: int | None = None,
+    checks: Sequence[Check] = (),
+) -> RunConfig:
     """Preset <- config file <- command-line overrides, then validate.
 
     The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
@@ -51,9 +56,20 @@ def load_config(preset: str | None = None, config_file: str | Path | None = None
     base = preset or table.pop("preset", None) or (None if config_file else DEFAULT_PRESET)
     if base is not None:
         if base not in preset_names():
-            raise ConfigError([("preset", f"unknown preset{did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}")])
-        _apply_table(cfg, tomllib.loads(resources.files(PRESETS).joinpath(f"{base}.toml").read_text()),
-                     source=f"preset {base}", user=False)
+            raise ConfigError(
+                [
+                    (
+                        "preset",
+                        f"unknown preset{did_you_mean(base, preset_names())}; available: {', '.join(preset_names())}",
+                    )
+                ]
+            )
+        _apply_table(
+            cfg,
+            tomllib.loads(resources.files(PRESETS).joinpath(f"{base}.toml").read_text()),
+            source=f"preset {base}",
+            user=False,
+        )
         cfg.name = base if config_file is None else cfg.name
     _apply_table(cfg, table, source=str(config_file), user=True)
     for key, value in parse_overrides(overrides or []):
@@ -106,11 +122,25 @@ def set_field(cfg: RunConfig, key: str, value: Any, source: str, user: bool) -> 
     section_name, _, field_name = key.partition(".")
     sections = cfg.sections()
     if section_name not in sections or not field_name:
-        raise ConfigError([(key, f"unknown section{did_you_mean(section_name, list(sections))} (from {source}); sections: {', '.join(sections)}")])
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"unknown section{did_you_mean(section_name, list(sections))} (from {source}); sections: {', '.join(sections)}",
+                )
+            ]
+        )
     section = sections[section_name]
     fields = {f.name: f for f in dataclasses.fields(section)}
     if field_name not in fields:
-        raise ConfigError([(key, f"unknown field{did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}")])
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"unknown field{did_you_mean(field_name, list(fields), prefix=section_name + '.')} (from {source}); fields of [{section_name}]: {', '.join(fields)}",
+                )
+            ]
+        )
     if fields[field_name].metadata.get("accepts_bool"):  # a choice of words that include true/false
         value = _bool_word(value) if isinstance(value, (bool, str)) else value
     expected = type(getattr(type(section)(), field_name))
@@ -127,7 +157,14 @@ def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str, user: bool)
             for sub, sub_value in value.items():
                 set_field(cfg, f"{key}.{sub}", sub_value, source, user)
         else:
-            raise ConfigError([(key, f"top-level keys must be [sections] (from {source}); did you mean to put it under a section such as [train]?")])
+            raise ConfigError(
+                [
+                    (
+                        key,
+                        f"top-level keys must be [sections] (from {source}); did you mean to put it under a section such as [train]?",
+                    )
+                ]
+            )
 
 
 def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
@@ -135,7 +172,9 @@ def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
     if expected is list:  # of strings: a TOML array, or comma-separated on the command line
         items = [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
         if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-            raise ConfigError([(key, f"expected a list of strings, got {type(value).__name__} {value!r} (from {source})")])
+            raise ConfigError(
+                [(key, f"expected a list of strings, got {type(value).__name__} {value!r} (from {source})")]
+            )
         return items
     if isinstance(value, str) and expected is not str:
         text = value.strip().lower()
@@ -155,7 +194,9 @@ def _coerce(key: str, value: Any, expected: type, source: str) -> Any:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise ConfigError([(key, f"expected {expected.__name__}, got {type(value).__name__} {value!r} (from {source})")])
+        raise ConfigError(
+            [(key, f"expected {expected.__name__}, got {type(value).__name__} {value!r} (from {source})")]
+        )
     return value
 
 
@@ -174,5 +215,3 @@ def did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
     when no choice is close."""
     close = difflib.get_close_matches(word, choices, n=1)
     return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"
-
-

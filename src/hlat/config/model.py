@@ -72,8 +72,7 @@ class ModelConfig:
     def validate(self) -> list[tuple[str, str]]:
         """Every problem as (field, message with the fix); empty when the config is usable."""
         problems: list[tuple[str, str]] = []
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim",
-                     "max_seq_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 problems.append((name, f"{name}={value!r} must be an integer"))
@@ -88,58 +87,101 @@ class ModelConfig:
                 problems.append((name, f"{name}={getattr(self, name)!r} must be true or false"))
         problems += self._rope_scaling_problems()
         if self.family not in choices(ModelConfig, "family"):
-            problems.append(("family", f"family={self.family!r} is not one of {', '.join(choices(ModelConfig, 'family'))}"))
+            problems.append(
+                ("family", f"family={self.family!r} is not one of {', '.join(choices(ModelConfig, 'family'))}")
+            )
         if isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim < 0:
-            problems.append(("head_dim", f"head_dim={self.head_dim!r} must be an integer >= 0 "
-                             "(0 = d_model // n_heads)"))
-        if not isinstance(self.rope_theta, (int, float)) or not math.isfinite(self.rope_theta) \
-                or self.rope_theta <= 1:
-            problems.append(("rope_theta", f"rope_theta={self.rope_theta!r} must be a finite "
-                             "number > 1 (LLaMA uses 10000.0)"))
+            problems.append(
+                ("head_dim", f"head_dim={self.head_dim!r} must be an integer >= 0 (0 = d_model // n_heads)")
+            )
+        if not isinstance(self.rope_theta, (int, float)) or not math.isfinite(self.rope_theta) or self.rope_theta <= 1:
+            problems.append(
+                ("rope_theta", f"rope_theta={self.rope_theta!r} must be a finite number > 1 (LLaMA uses 10000.0)")
+            )
         if any(field in ("d_model", "n_heads", "n_kv_heads", "head_dim") for field, _ in problems):
             return problems  # the divisibility checks below need sane head counts
 
         if self.head_dim:
             if self.head_dim % 2 != 0:
-                problems.append(("head_dim", f"head_dim={self.head_dim} is odd; RoPE rotates pairs of "
-                                 f"dimensions, so choose an even width such as {self.head_dim + 1}"))
+                problems.append(
+                    (
+                        "head_dim",
+                        f"head_dim={self.head_dim} is odd; RoPE rotates pairs of "
+                        f"dimensions, so choose an even width such as {self.head_dim + 1}",
+                    )
+                )
         elif self.d_model % self.n_heads != 0:
             near = max(self.n_heads, round(self.d_model / self.n_heads) * self.n_heads)
-            problems.append(("d_model", f"d_model={self.d_model} is not divisible by "
-                             f"n_heads={self.n_heads}; pick a multiple of {self.n_heads} "
-                             f"such as {near}"))
+            problems.append(
+                (
+                    "d_model",
+                    f"d_model={self.d_model} is not divisible by "
+                    f"n_heads={self.n_heads}; pick a multiple of {self.n_heads} "
+                    f"such as {near}",
+                )
+            )
         elif self.attn_head_dim % 2 != 0:
-            problems.append(("d_model", f"head_dim = d_model/n_heads = {self.attn_head_dim} is odd; "
-                             "RoPE rotates pairs of dimensions, so choose d_model and n_heads "
-                             f"with an even quotient (e.g. d_model="
-                             f"{self.n_heads * (self.attn_head_dim + 1)}) or set head_dim"))
+            problems.append(
+                (
+                    "d_model",
+                    f"head_dim = d_model/n_heads = {self.attn_head_dim} is odd; "
+                    "RoPE rotates pairs of dimensions, so choose d_model and n_heads "
+                    f"with an even quotient (e.g. d_model="
+                    f"{self.n_heads * (self.attn_head_dim + 1)}) or set head_dim",
+                )
+            )
         if self.n_heads % self.n_kv_heads != 0:
-            problems.append(("n_kv_heads", f"n_heads={self.n_heads} is not divisible by "
-                             f"n_kv_heads={self.n_kv_heads}; pick a divisor of {self.n_heads} "
-                             f"such as {_nearest_divisor(self.n_heads, self.n_kv_heads)}"))
+            problems.append(
+                (
+                    "n_kv_heads",
+                    f"n_heads={self.n_heads} is not divisible by "
+                    f"n_kv_heads={self.n_kv_heads}; pick a divisor of {self.n_heads} "
+                    f"such as {_nearest_divisor(self.n_heads, self.n_kv_heads)}",
+                )
+            )
         return problems
 
     def _rope_scaling_problems(self) -> list[tuple[str, str]]:
         if self.rope_scaling not in choices(ModelConfig, "rope_scaling"):
-            return [("rope_scaling", f"rope_scaling={self.rope_scaling!r} is not one of "
-                     f"{', '.join(choices(ModelConfig, 'rope_scaling'))} (transformers' rope_type names)")]
+            return [
+                (
+                    "rope_scaling",
+                    f"rope_scaling={self.rope_scaling!r} is not one of "
+                    f"{', '.join(choices(ModelConfig, 'rope_scaling'))} (transformers' rope_type names)",
+                )
+            ]
         if self.rope_scaling == "none":
             return []
         problems = []
-        if not isinstance(self.rope_factor, (int, float)) or not math.isfinite(self.rope_factor) \
-                or self.rope_factor < 1:
-            problems.append(("rope_factor", f"rope_factor={self.rope_factor!r} must be a finite number "
-                             f">= 1 with rope_scaling={self.rope_scaling!r} (Llama 3.1 uses 8.0)"))
+        if (
+            not isinstance(self.rope_factor, (int, float))
+            or not math.isfinite(self.rope_factor)
+            or self.rope_factor < 1
+        ):
+            problems.append(
+                (
+                    "rope_factor",
+                    f"rope_factor={self.rope_factor!r} must be a finite number "
+                    f">= 1 with rope_scaling={self.rope_scaling!r} (Llama 3.1 uses 8.0)",
+                )
+            )
         if self.rope_scaling == "llama3":
             low, high = self.rope_low_freq_factor, self.rope_high_freq_factor
-            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (low, high)) \
-                    or not 0 < low < high:
-                problems.append(("rope_high_freq_factor", f"rope_low_freq_factor={low!r} and "
-                                 f"rope_high_freq_factor={high!r} must satisfy 0 < low < high "
-                                 "(Llama 3.1 uses 1.0 and 4.0)"))
+            if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (low, high)) or not 0 < low < high:
+                problems.append(
+                    (
+                        "rope_high_freq_factor",
+                        f"rope_low_freq_factor={low!r} and "
+                        f"rope_high_freq_factor={high!r} must satisfy 0 < low < high "
+                        "(Llama 3.1 uses 1.0 and 4.0)",
+                    )
+                )
             original = self.rope_original_max_seq_len
             if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-                problems.append(("rope_original_max_seq_len", f"rope_original_max_seq_len={original!r} "
-                                 "must be a positive integer (Llama 3.1 uses 8192)"))
+                problems.append(
+                    (
+                        "rope_original_max_seq_len",
+                        f"rope_original_max_seq_len={original!r} must be a positive integer (Llama 3.1 uses 8192)",
+                    )
+                )
         return problems
-

@@ -64,14 +64,34 @@ class ParallelConfig:
         if self.dp_shard < 0:
             problems.append(("dp_shard", f"must be >= 0 (0 = all of dp), got {self.dp_shard}"))
         elif self.dp_shard and self.dp_sharding in ("ddp", "zero1"):
-            problems.append(("dp_shard", f"applies to dp_sharding zero2 or fsdp (sharded weights), not {self.dp_sharding}; "
-                             "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0"))
+            problems.append(
+                (
+                    "dp_shard",
+                    f"applies to dp_sharding zero2 or fsdp (sharded weights), not {self.dp_sharding}; "
+                    "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0",
+                )
+            )
         problems += choice_problems(self, "compile", "dp_sharding", "pp_schedule", "activation_checkpoint")
         if self.recompute_every_other_mm and self.activation_checkpoint != "op":
-            problems.append(("recompute_every_other_mm", f"applies to activation_checkpoint = 'op' only, got {self.activation_checkpoint!r}; "
-                             "set --parallel.activation_checkpoint op or --parallel.recompute_every_other_mm false"))
+            problems.append(
+                (
+                    "recompute_every_other_mm",
+                    f"applies to activation_checkpoint = 'op' only, got {self.activation_checkpoint!r}; "
+                    "set --parallel.activation_checkpoint op or --parallel.recompute_every_other_mm false",
+                )
+            )
         if self.pp_schedule == "interleaved-1f1b" and self.pp_stages_per_rank < 2:
-            problems.append(("pp_stages_per_rank", "interleaved-1f1b needs at least 2 virtual stages per rank; set --parallel.pp_stages_per_rank 2"))
+            problems.append(
+                (
+                    "pp_stages_per_rank",
+                    "interleaved-1f1b needs at least 2 virtual stages per rank; set --parallel.pp_stages_per_rank 2",
+                )
+            )
         if self.pp_schedule != "interleaved-1f1b" and self.pp_stages_per_rank > 1:
-            problems.append(("pp_schedule", f"{self.pp_stages_per_rank} stages per rank need --parallel.pp_schedule interleaved-1f1b"))
+            problems.append(
+                (
+                    "pp_schedule",
+                    f"{self.pp_stages_per_rank} stages per rank need --parallel.pp_schedule interleaved-1f1b",
+                )
+            )
         return problems

@@ -36,6 +36,11 @@ class PrecisionConfig:
     def validate(self) -> list[tuple[str, str]]:
         problems = choice_problems(self, "mode", "reduce_dtype")
         if self.fp32_grad_accum and self.mode in ("fp32", "mixed"):
-            problems.append(("fp32_grad_accum", f"{self.mode} already accumulates gradients in fp32; "
-                             "the switch is for bf16-sr and bf16, set it to false"))
+            problems.append(
+                (
+                    "fp32_grad_accum",
+                    f"{self.mode} already accumulates gradients in fp32; "
+                    "the switch is for bf16-sr and bf16, set it to false",
+                )
+            )
         return problems

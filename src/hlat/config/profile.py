@@ -27,6 +27,11 @@ class ProfileConfig:
             return []
         match = _STEPS.fullmatch(self.steps)
         if match is None or not 1 <= int(match[1]) <= int(match[2]):
-            return [("steps", f"got {self.steps!r}; write A:B with 1 <= A <= B, the first and last optimizer step to "
-                              "trace (e.g. --profile.steps 5:7), or \"\" for none")]
+            return [
+                (
+                    "steps",
+                    f"got {self.steps!r}; write A:B with 1 <= A <= B, the first and last optimizer step to "
+                    'trace (e.g. --profile.steps 5:7), or "" for none',
+                )
+            ]
         return []

@@ -51,21 +51,42 @@ class RunConfig:
     notes: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def sections(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if dataclasses.is_dataclass(getattr(self, f.name))}
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if dataclasses.is_dataclass(getattr(self, f.name))
+        }
 
     def validate(self, world: int | None = None, checks: Sequence[Check] = ()) -> None:
         """Raise ConfigError with every problem; with `world`, also the layout's over that many
         processes; `checks` are what only higher layers know (e.g. the task registry's names)."""
-        problems = [(f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()]
+        problems = [
+            (f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()
+        ]
         problems += [problem for check in checks for problem in check(self)]
         if self.data.seq_len > self.model.max_seq_len:
-            problems.append(("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit"))
+            problems.append(
+                (
+                    "data.seq_len",
+                    f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit",
+                )
+            )
         if self.eval.every and not self.data.val_source:
-            problems.append(("eval.every", "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0"))
+            problems.append(
+                (
+                    "eval.every",
+                    "validation needs held-out data: set --data.val_source holdout (or a path), or eval.every 0",
+                )
+            )
         traced = self.profile.range() if not self.profile.validate() else None
         if traced and traced[1] > self.train.steps:
-            problems.append(("profile.steps", f"{self.profile.steps} ends after the run's last step (train.steps={self.train.steps}); "
-                             f"trace steps within 1:{self.train.steps}"))
+            problems.append(
+                (
+                    "profile.steps",
+                    f"{self.profile.steps} ends after the run's last step (train.steps={self.train.steps}); "
+                    f"trace steps within 1:{self.train.steps}",
+                )
+            )
         if world is not None and not problems:  # the layout rules assume sane degrees and batch sizes
             problems += self.layout_problems(world)
         if problems:
@@ -91,20 +112,40 @@ class RunConfig:
                 problems += err.problems
         stages = pp * self.parallel.pp_stages_per_rank
         if pp > 1 and stages > self.model.n_layers:
-            problems.append(("parallel.pp", f"{stages} pipeline stages (pp={pp} x pp_stages_per_rank={self.parallel.pp_stages_per_rank}) "
-                             f"need at least as many layers; model.n_layers={self.model.n_layers}"))
+            problems.append(
+                (
+                    "parallel.pp",
+                    f"{stages} pipeline stages (pp={pp} x pp_stages_per_rank={self.parallel.pp_stages_per_rank}) "
+                    f"need at least as many layers; model.n_layers={self.model.n_layers}",
+                )
+            )
         batch, micro = self.train.global_batch, self.train.micro_batch
         if batch % (dp * micro) and not batch % micro:  # (not a multiple of micro: TrainConfig says so)
             fix = "" if "train.micro_batch" not in self.user_set else " or a train.micro_batch that divides it"
-            problems.append(("train.global_batch", f"{batch} sequences do not split into dp={dp} data-parallel ranks x "
-                             f"train.micro_batch={micro}; use a multiple of {dp * micro}{fix}"))
+            problems.append(
+                (
+                    "train.global_batch",
+                    f"{batch} sequences do not split into dp={dp} data-parallel ranks x "
+                    f"train.micro_batch={micro}; use a multiple of {dp * micro}{fix}",
+                )
+            )
         elif pp > 1 and batch // dp // micro < pp:
-            problems.append(("train.micro_batch", f"pipeline parallel needs at least pp={pp} micro-batches per step on each "
-                             f"data-parallel rank, got {batch // dp // micro} ({batch} / dp={dp} / micro_batch={micro}); "
-                             "lower train.micro_batch or raise train.global_batch"))
+            problems.append(
+                (
+                    "train.micro_batch",
+                    f"pipeline parallel needs at least pp={pp} micro-batches per step on each "
+                    f"data-parallel rank, got {batch // dp // micro} ({batch} / dp={dp} / micro_batch={micro}); "
+                    "lower train.micro_batch or raise train.global_batch",
+                )
+            )
         if dp > self.data.virtual_shards:
-            problems.append(("data.virtual_shards", f"{self.data.virtual_shards} shards cannot be dealt to dp={dp} "
-                             f"data-parallel ranks; set --data.virtual_shards {dp} or more"))
+            problems.append(
+                (
+                    "data.virtual_shards",
+                    f"{self.data.virtual_shards} shards cannot be dealt to dp={dp} "
+                    f"data-parallel ranks; set --data.virtual_shards {dp} or more",
+                )
+            )
         return problems
 
     def fit_micro_batch(self, world: int) -> None:
@@ -126,9 +167,11 @@ class RunConfig:
         if batch % dp or not fits or fits[0] == current:
             return
         micro = self.train.micro_batch = fits[0]
-        self.notes.append(f"train.micro_batch = {micro} instead of {current}: the global batch of {batch} over dp={dp} "
-                          f"is {per_rank} sequences per rank, {per_rank // micro} micro-batch(es) of {micro}"
-                          f"{f' (pp={pp} needs at least {pp})' if pp > 1 else ''}; set --train.micro_batch to choose")
+        self.notes.append(
+            f"train.micro_batch = {micro} instead of {current}: the global batch of {batch} over dp={dp} "
+            f"is {per_rank} sequences per rank, {per_rank // micro} micro-batch(es) of {micro}"
+            f"{f' (pp={pp} needs at least {pp})' if pp > 1 else ''}; set --train.micro_batch to choose"
+        )
 
     @property
     def run_dir(self) -> Path:

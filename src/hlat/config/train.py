@@ -55,13 +55,25 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
         if self.micro_batch >= 1 and self.global_batch % self.micro_batch:
-            problems.append(("global_batch", f"{self.global_batch} is not divisible by train.micro_batch={self.micro_batch}; make the global batch a multiple of the micro batch"))
+            problems.append(
+                (
+                    "global_batch",
+                    f"{self.global_batch} is not divisible by train.micro_batch={self.micro_batch}; make the global batch a multiple of the micro batch",
+                )
+            )
         problems += choice_problems(self, "device")
         if self.slow_rank_threshold <= 0:
-            problems.append(("slow_rank_threshold", f"must be > 0 (a fraction of the median rank's compute time, e.g. 0.1), "
-                             f"got {self.slow_rank_threshold}"))
+            problems.append(
+                (
+                    "slow_rank_threshold",
+                    f"must be > 0 (a fraction of the median rank's compute time, e.g. 0.1), "
+                    f"got {self.slow_rank_threshold}",
+                )
+            )
         if self.peak_tflops < 0:
             problems.append(("peak_tflops", f"must be >= 0 (0 = automatic), got {self.peak_tflops}"))
         if self.price_per_node_hour < 0:
-            problems.append(("price_per_node_hour", f"must be >= 0 (0 = no cost in the log), got {self.price_per_node_hour}"))
+            problems.append(
+                ("price_per_node_hour", f"must be >= 0 (0 = no cost in the log), got {self.price_per_node_hour}")
+            )
         return problems

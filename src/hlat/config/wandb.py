@@ -26,10 +26,16 @@ class WandbConfig:
     def validate(self) -> list[tuple[str, str]]:
         problems = []
         if self.mode not in choices(WandbConfig, "mode"):
-            problems.append(("mode", f"got {self.mode!r}; choose one of online, offline, disabled, or \"\" for WANDB_MODE"))
+            problems.append(
+                ("mode", f'got {self.mode!r}; choose one of online, offline, disabled, or "" for WANDB_MODE')
+            )
         if self.enabled and not wandb_installed():
-            problems.append(("enabled", "the wandb package is not installed; pip install 'hlat[wandb]' "
-                                        "(or leave wandb.enabled false)"))
+            problems.append(
+                (
+                    "enabled",
+                    "the wandb package is not installed; pip install 'hlat[wandb]' (or leave wandb.enabled false)",
+                )
+            )
         return problems
 
 

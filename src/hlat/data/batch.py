@@ -20,14 +20,15 @@ class Batch:
     positions: torch.Tensor | None = None  # int64 [B, T]
     doc_ids: torch.Tensor | None = None  # int64 [B, T]
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device, non_blocking=non_blocking)
 
         return Batch(move(self.tokens), move(self.labels), move(self.positions), move(self.doc_ids))  # type: ignore[arg-type]
 
-    def pin_memory(self) -> "Batch":
+    def pin_memory(self) -> Batch:
         """A copy in page-locked host memory, which a non_blocking copy to CUDA reads asynchronously."""
+
         def pin(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.pin_memory()
 

@@ -53,15 +53,20 @@ def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
         if k == "arrow":
             table, label = read_arrow(f), str(f)
         else:
-            mapped, dropped = convert_to_arrow(f, k or "jsonl", cfg.text_field, cfg.bad_documents == "skip",
-                                               cfg.resolved_cache_dir())
+            mapped, dropped = convert_to_arrow(
+                f, k or "jsonl", cfg.text_field, cfg.bad_documents == "skip", cfg.resolved_cache_dir()
+            )
             table, label = read_arrow(mapped), str(f)
             skipped += dropped
         parts.append((label, text_column(table, cfg.text_field, str(f))))
         fps.append(file_fingerprint(f))
     what = f"{len(files)} files under {path}" if kind == "rows" else str(path)
-    source = RowSource(parts, name=what, skipped=skipped,  # type: ignore[arg-type]
-                       fingerprint=_fingerprint(kind, cfg.text_field, fps))
+    source = RowSource(
+        parts,
+        name=what,
+        skipped=skipped,  # type: ignore[arg-type]
+        fingerprint=_fingerprint(kind, cfg.text_field, fps),
+    )
     if len(source) == 0:
         raise ValueError(f"{what} has no documents; give a source with at least one row")
     return source

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class TokenPieces:
         return np.concatenate(list(self))
 
 
-DocTokens = Union[np.ndarray, BadDocument, TokenPieces]
+DocTokens = np.ndarray | BadDocument | TokenPieces
 _EMPTY = np.empty(0, dtype=np.int64)
 
 

@@ -46,8 +46,10 @@ class DocumentsSubset:
 
 def holdout_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(train, validation) document indices: a fixed pseudo-random fraction (at least one)."""
-    keys = np.array([int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=4).digest(), "little")
-                     for i in range(n)], dtype=np.uint64)
+    keys = np.array(
+        [int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=4).digest(), "little") for i in range(n)],
+        dtype=np.uint64,
+    )
     val = keys < np.uint64(fraction * 2**32)
     if not val.any():
         val[int(np.argmin(keys))] = True
@@ -85,10 +87,18 @@ def data_bos_id(cfg: DataConfig, tokenizer: Any) -> int | None:
     if not cfg.bos:
         return None
     if tokenizer.bos_id is None:
-        raise ConfigError([("data.bos", (
-            f"the tokenizer {tokenizer.origin} has no beginning-of-document token (looked for "
-            f"{', '.join(BOS_CANDIDATES)}; a SentencePiece model's bos_id); give data.tokenizer one "
-            "that has one (Llama 3's tokenizer.json has <|begin_of_text|>) or set data.bos=false"))])
+        raise ConfigError(
+            [
+                (
+                    "data.bos",
+                    (
+                        f"the tokenizer {tokenizer.origin} has no beginning-of-document token (looked for "
+                        f"{', '.join(BOS_CANDIDATES)}; a SentencePiece model's bos_id); give data.tokenizer one "
+                        "that has one (Llama 3's tokenizer.json has <|begin_of_text|>) or set data.bos=false"
+                    ),
+                )
+            ]
+        )
     return tokenizer.bos_id
 
 
@@ -107,23 +117,41 @@ def _split(cfg: DataConfig, tokenizer: Any) -> tuple[list[DocumentTokens], Docum
     docs = open_documents(cfg, tokenizer)
     if cfg.val_source == "holdout":
         train, val = holdout_split(len(docs[0]), cfg.val_fraction)
-        return [DocumentsSubset(docs[0], train, "training split"), *docs[1:]], \
-            DocumentsSubset(docs[0], val, "held-out split")
+        return [DocumentsSubset(docs[0], train, "training split"), *docs[1:]], DocumentsSubset(
+            docs[0], val, "held-out split"
+        )
     if cfg.val_source:
         (val,) = open_documents(DataConfig(**{**cfg.__dict__, "source": cfg.val_source}), tokenizer)
         return docs, val
     return docs, None
 
 
-def build_loader(cfg: DataConfig, tokenizer: Any, seed: int, batch_size: int, dp_rank: int = 0,
-                 dp_size: int = 1, log_fn: Callable[[str], None] | None = None) -> PackedLoader:
+def build_loader(
+    cfg: DataConfig,
+    tokenizer: Any,
+    seed: int,
+    batch_size: int,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    log_fn: Callable[[str], None] | None = None,
+) -> PackedLoader:
     """The training loader of one data-parallel rank (without the held-out split, if any)."""
     docs, _ = _split(cfg, tokenizer)
     loader = PackedLoader(
-        docs, tokenizer, cfg.seq_len, batch_size, seed, dp_rank, dp_size,
-        weights=cfg.weight_list(), virtual_shards=cfg.virtual_shards,
-        document_masking=cfg.document_masking, mask_eos_target=cfg.mask_eos_target,
-        bad_documents=cfg.bad_documents, bos_id=data_bos_id(cfg, tokenizer), log_fn=log_fn,
+        docs,
+        tokenizer,
+        cfg.seq_len,
+        batch_size,
+        seed,
+        dp_rank,
+        dp_size,
+        weights=cfg.weight_list(),
+        virtual_shards=cfg.virtual_shards,
+        document_masking=cfg.document_masking,
+        mask_eos_target=cfg.mask_eos_target,
+        bad_documents=cfg.bad_documents,
+        bos_id=data_bos_id(cfg, tokenizer),
+        log_fn=log_fn,
     )
     if log_fn is not None:
         shares = ", ".join(f"{d.name} x{w:g}" for d, w in zip(loader.docs, loader.weights))
@@ -134,8 +162,9 @@ def build_loader(cfg: DataConfig, tokenizer: Any, seed: int, batch_size: int, dp
 class Validation:
     """Validation batches: the same rows, from the same position, at every evaluation."""
 
-    def __init__(self, cfg: DataConfig, tokenizer: Any, batch_size: int, num_batches: int,
-                 dp_rank: int = 0, dp_size: int = 1):
+    def __init__(
+        self, cfg: DataConfig, tokenizer: Any, batch_size: int, num_batches: int, dp_rank: int = 0, dp_size: int = 1
+    ):
         _, docs = _split(cfg, tokenizer)
         if docs is None:
             raise ValueError("no validation data: set data.val_source to a source or to holdout")
@@ -143,10 +172,19 @@ class Validation:
         self.batch_size, self.num_batches, self.dp_rank, self.dp_size = batch_size, num_batches, dp_rank, dp_size
 
     def batches(self) -> list[Batch]:
-        loader = PackedLoader(self.docs, self.tokenizer, self.cfg.seq_len, self.batch_size, VAL_SEED,
-                              self.dp_rank, self.dp_size, virtual_shards=self.cfg.virtual_shards,
-                              document_masking=self.cfg.document_masking,
-                              mask_eos_target=self.cfg.mask_eos_target,
-                              bad_documents=self.cfg.bad_documents,
-                              bos_id=data_bos_id(self.cfg, self.tokenizer), prefetch=False)
+        loader = PackedLoader(
+            self.docs,
+            self.tokenizer,
+            self.cfg.seq_len,
+            self.batch_size,
+            VAL_SEED,
+            self.dp_rank,
+            self.dp_size,
+            virtual_shards=self.cfg.virtual_shards,
+            document_masking=self.cfg.document_masking,
+            mask_eos_target=self.cfg.mask_eos_target,
+            bad_documents=self.cfg.bad_documents,
+            bos_id=data_bos_id(self.cfg, self.tokenizer),
+            prefetch=False,
+        )
         return [loader.next_batch() for _ in range(self.num_batches)]

@@ -23,7 +23,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Iterator
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from hlat.data.sources import BadDocument
 Key = tuple[int, int, int]  # (epoch, cursor, virtual shard)
 # A document's tokens (or the BadDocument reading it raised), or a piece of them; and whether it
 # is the document's last segment (then it ends with the EOS, or is empty for a blank document).
-Segment = tuple[Key, Union[np.ndarray, BadDocument], bool]
+Segment = tuple[Key, np.ndarray | BadDocument, bool]
 _CHUNK_TOKENS = 65_536
 
 
@@ -64,8 +64,7 @@ class _Permutations:
         return perm
 
 
-def _plan(heap: list[Key], lengths: dict[int, int], num_shards: int,
-          perms: _Permutations) -> Iterator[tuple[Key, int]]:
+def _plan(heap: list[Key], lengths: dict[int, int], num_shards: int, perms: _Permutations) -> Iterator[tuple[Key, int]]:
     """(key, document index) in reading order from a heap of shard positions (consumed here)."""
     while True:
         epoch, cursor, v = heapq.heappop(heap)
@@ -125,21 +124,33 @@ class RankStream:
     """One rank's documents of one source: the current document, its consumed offset, and the
     position of every owned virtual shard. Stateful."""
 
-    def __init__(self, docs: DocumentTokens, seed: int, stream: int, dp_rank: int, dp_size: int,
-                 num_shards: int, prefetch: bool = True):
+    def __init__(
+        self,
+        docs: DocumentTokens,
+        seed: int,
+        stream: int,
+        dp_rank: int,
+        dp_size: int,
+        num_shards: int,
+        prefetch: bool = True,
+    ):
         n = len(docs)
         if dp_size > num_shards:
-            raise ValueError(f"dp_size={dp_size} exceeds data.virtual_shards={num_shards}; raise "
-                             f"data.virtual_shards to at least {dp_size}")
+            raise ValueError(
+                f"dp_size={dp_size} exceeds data.virtual_shards={num_shards}; raise "
+                f"data.virtual_shards to at least {dp_size}"
+            )
         self.docs, self.seed, self.stream = docs, seed, stream
         self.dp_rank, self.dp_size, self.num_shards = dp_rank, dp_size, num_shards
         self.prefetch = prefetch
         # shard v holds perm[v::V]: ceil((n - v) / V) documents; empty shards are never read
         self.lengths = {v: -(-(n - v) // num_shards) for v in range(dp_rank, min(n, num_shards), dp_size)}
         if not self.lengths:
-            raise ValueError(f"{docs.name} has {n} documents, fewer than dp_size={dp_size}: "
-                             f"data-parallel rank {dp_rank} would get none; use a source with at "
-                             f"least {dp_size} documents")
+            raise ValueError(
+                f"{docs.name} has {n} documents, fewer than dp_size={dp_size}: "
+                f"data-parallel rank {dp_rank} would get none; use a source with at "
+                f"least {dp_size} documents"
+            )
         self.docs_per_epoch = sum(self.lengths.values())
         self._perms = _Permutations(n, seed, stream)
         self.positions: dict[int, list[int]] = {v: [0, 0, 0] for v in self.lengths}  # epoch, cursor, offset
@@ -164,8 +175,9 @@ class RankStream:
         self._stop = threading.Event()
         if self.prefetch:
             self._queue = queue.Queue(maxsize=2)
-            self._thread = threading.Thread(target=_worker, args=(chunks, self._queue, self._stop), daemon=True,
-                                            name="hlat-tokenize")
+            self._thread = threading.Thread(
+                target=_worker, args=(chunks, self._queue, self._stop), daemon=True, name="hlat-tokenize"
+            )
             self._thread.start()
         else:
             self._local = chunks
@@ -202,8 +214,10 @@ class RankStream:
             self._ahead.popleft()  # a piece already consumed (or passed over when resuming)
             self.start += len(seg)
         if isinstance(seg, np.ndarray) and len(seg) and offset >= self.start + len(seg):
-            raise ValueError(f"loader state points at token {offset} of a document of {self.start + len(seg)} "
-                             "tokens: the data or the tokenizer changed since it was saved")
+            raise ValueError(
+                f"loader state points at token {offset} of a document of {self.start + len(seg)} "
+                "tokens: the data or the tokenizer changed since it was saved"
+            )
         self.last = last
         return seg, offset
 
@@ -235,8 +249,9 @@ class RankStream:
         """The source indices this rank reads in an epoch when its shards are in step."""
         perm = self._perms(epoch)
         rows = max(self.lengths.values())
-        return [int(perm[v + c * self.num_shards]) for c in range(rows) for v in sorted(self.lengths)
-                if c < self.lengths[v]]
+        return [
+            int(perm[v + c * self.num_shards]) for c in range(rows) for v in sorted(self.lengths) if c < self.lengths[v]
+        ]
 
     def state_dict(self) -> dict[str, Any]:
         return {str(v): list(p) for v, p in self.positions.items()}
@@ -245,13 +260,17 @@ class RankStream:
         """Positions of (at least) every owned shard; shards of other ranks are ignored."""
         missing = [v for v in self.lengths if str(v) not in shards]
         if missing:
-            raise ValueError(f"the saved data position lacks virtual shards {missing[:5]} of rank "
-                             f"{self.dp_rank}: resuming on another data-parallel size needs the merged "
-                             "state of all ranks (hlat.data.merge_states)")
+            raise ValueError(
+                f"the saved data position lacks virtual shards {missing[:5]} of rank "
+                f"{self.dp_rank}: resuming on another data-parallel size needs the merged "
+                "state of all ranks (hlat.data.merge_states)"
+            )
         for v in self.lengths:
             epoch, cursor, offset = (int(x) for x in shards[str(v)])
             if epoch < 0 or not 0 <= cursor < self.lengths[v] or offset < 0:
-                raise ValueError(f"invalid data position for virtual shard {v}: epoch={epoch}, "
-                                 f"cursor={cursor}, offset={offset} (it has {self.lengths[v]} documents)")
+                raise ValueError(
+                    f"invalid data position for virtual shard {v}: epoch={epoch}, "
+                    f"cursor={cursor}, offset={offset} (it has {self.lengths[v]} documents)"
+                )
             self.positions[v] = [epoch, cursor, offset]
         self._restart()

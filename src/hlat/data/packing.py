@@ -37,8 +37,7 @@ from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
 from hlat.errors import ResumeError
 
-__all__ = ["IGNORE_INDEX", "Batch", "PackedLoader", "epoch_permutation", "labels_for",
-           "merge_states", "split_document"]
+__all__ = ["IGNORE_INDEX", "Batch", "PackedLoader", "epoch_permutation", "labels_for", "merge_states", "split_document"]
 
 log = logging.getLogger(__name__)
 _STATE_VERSION = 2
@@ -77,18 +76,20 @@ class PackedLoader:
             raise ValueError(f"bad_documents={bad_documents!r}: use error or skip")
         items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
         self.docs: list[DocumentTokens] = [
-            d if isinstance(d, DocumentTokens) else OnlineDocuments(d, tokenizer, max_doc_chars)
-            for d in items
+            d if isinstance(d, DocumentTokens) else OnlineDocuments(d, tokenizer, max_doc_chars) for d in items
         ]
         self.weights = [float(w) for w in weights] if weights is not None else [1.0] * len(self.docs)
         if len(self.weights) != len(self.docs) or any(not w > 0 for w in self.weights):
-            raise ValueError(f"weights={list(self.weights)}: give one positive weight per source "
-                             f"({len(self.docs)} sources)")
+            raise ValueError(
+                f"weights={list(self.weights)}: give one positive weight per source ({len(self.docs)} sources)"
+            )
         self.eos_id: int = tokenizer.eos_id
         for d in self.docs:
             if d.eos_id != self.eos_id:
-                raise ValueError(f"{d.name} was tokenized with EOS id {d.eos_id}, the tokenizer's is "
-                                 f"{self.eos_id}: use the tokenizer the shards were made with")
+                raise ValueError(
+                    f"{d.name} was tokenized with EOS id {d.eos_id}, the tokenizer's is "
+                    f"{self.eos_id}: use the tokenizer the shards were made with"
+                )
         if bos_id is not None:  # the BOS follows the previous EOS, so make_batch puts it in its document
             self.docs = [BosDocuments(d, bos_id) for d in self.docs]
         self.seq_len, self.batch_size, self.seed = seq_len, batch_size, seed
@@ -97,8 +98,9 @@ class PackedLoader:
         self.document_masking, self.mask_eos_target = document_masking, mask_eos_target
         self.skip_bad = bad_documents == "skip"
         self._log = log_fn or log.warning
-        self.streams = [RankStream(d, seed, k, dp_rank, dp_size, virtual_shards, prefetch)
-                        for k, d in enumerate(self.docs)]
+        self.streams = [
+            RankStream(d, seed, k, dp_rank, dp_size, virtual_shards, prefetch) for k, d in enumerate(self.docs)
+        ]
         self.docs_per_epoch = sum(s.docs_per_epoch for s in self.streams)
         self.tokens_emitted = [0] * len(self.docs)
         self._current: int | None = None  # the source whose document is in progress
@@ -162,8 +164,10 @@ class PackedLoader:
                 # unusable documents at the end of one epoch and the start of the next make a run
                 # of under two epochs' worth while any document is usable
                 if blank_run > 2 * self.docs_per_epoch:
-                    raise ValueError(f"every document of data-parallel rank {self.dp_rank}'s share of "
-                                     f"{self.docs[k].name} is empty or unreadable: nothing to train on")
+                    raise ValueError(
+                        f"every document of data-parallel rank {self.dp_rank}'s share of "
+                        f"{self.docs[k].name} is empty or unreadable: nothing to train on"
+                    )
                 stream.advance()
                 self._current = None
                 continue
@@ -213,8 +217,10 @@ class PackedLoader:
         """Resume from this rank's own state, or from ``merge_states`` of all ranks' states (any
         earlier data-parallel size: the shards are dealt to the current ranks)."""
         if state.get("version") != _STATE_VERSION:
-            raise ResumeError(f"data loader state version {state.get('version')!r} is not "
-                             f"{_STATE_VERSION}: it was saved by another hlat version; start the data anew")
+            raise ResumeError(
+                f"data loader state version {state.get('version')!r} is not "
+                f"{_STATE_VERSION}: it was saved by another hlat version; start the data anew"
+            )
         mine = self.state_dict()
         checks = [
             ("sources", "different data or tokenizer (or data.max_doc_chars or data.bos)",
@@ -230,12 +236,16 @@ class PackedLoader:
                 named = _source_change(state.get(key), mine[key]) if key == "sources" else None
                 values = f"saved {key}={state.get(key)!r}, now {mine[key]!r}"
                 what, values, fix = named or (what, values, fix)
-                raise ResumeError(f"cannot resume the data loader: the checkpoint was made with {what} ({values}); {fix}")
+                raise ResumeError(
+                    f"cannot resume the data loader: the checkpoint was made with {what} ({values}); {fix}"
+                )
         merged = state["dp_rank"] == "all"
         if not merged and (state["dp_size"], state["dp_rank"]) != (self.dp_size, self.dp_rank):
-            raise ValueError(f"cannot resume the data loader: the state is rank {state['dp_rank']} of "
-                             f"{state['dp_size']}, this is rank {self.dp_rank} of {self.dp_size}; give "
-                             "each rank its own state, or merge_states(all ranks' states) to reshard")
+            raise ValueError(
+                f"cannot resume the data loader: the state is rank {state['dp_rank']} of "
+                f"{state['dp_size']}, this is rank {self.dp_rank} of {self.dp_size}; give "
+                "each rank its own state, or merge_states(all ranks' states) to reshard"
+            )
         for stream, shards in zip(self.streams, state["shards"]):
             stream.load_state_dict(shards)
         if merged:  # this rank's share of what all ranks emitted; scheduling only needs ratios
@@ -251,8 +261,10 @@ class PackedLoader:
 # A source fingerprint is SOURCE|tok=TOKENIZER|split=MAX_DOC_CHARS (documents.tokens_fingerprint;
 # shards record the one they were made with), then [LABEL:DIGEST] for the training share of a
 # held-out split (loader.DocumentsSubset), then |bos=ID with data.bos (BosDocuments).
-_FINGERPRINT = re.compile(r"^(?P<source>.*)\|tok=(?P<tok>[^|\[]*)\|split=(?P<split>\d+)"
-                          r"(?P<subset>(?:\[[^\]]*\])*)(?:\|bos=(?P<bos>[^|]*))?$")
+_FINGERPRINT = re.compile(
+    r"^(?P<source>.*)\|tok=(?P<tok>[^|\[]*)\|split=(?P<split>\d+)"
+    r"(?P<subset>(?:\[[^\]]*\])*)(?:\|bos=(?P<bos>[^|]*))?$"
+)
 
 
 def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
@@ -262,24 +274,39 @@ def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
     if not isinstance(saved, list) or not all(isinstance(f, str) for f in saved):
         return None
     if len(saved) != len(now):
-        return ("a different data.source", f"saved {len(saved)} source(s), now {len(now)}",
-                "resume with the same data.source")
+        return (
+            "a different data.source",
+            f"saved {len(saved)} source(s), now {len(now)}",
+            "resume with the same data.source",
+        )
     for old, new in zip(saved, now):
         a, b = _FINGERPRINT.match(old), _FINGERPRINT.match(new)
         if old == new or a is None or b is None:
             continue
         if a["source"] != b["source"]:
-            return ("a different data.source", f"saved source {a['source']!r}, now {b['source']!r}",
-                    "resume with the same data.source")
+            return (
+                "a different data.source",
+                f"saved source {a['source']!r}, now {b['source']!r}",
+                "resume with the same data.source",
+            )
         if a["tok"] != b["tok"]:
-            return ("a different tokenizer", f"saved data.tokenizer fingerprint {a['tok']}, now {b['tok']}",
-                    "resume with the data.tokenizer it was made with")
+            return (
+                "a different tokenizer",
+                f"saved data.tokenizer fingerprint {a['tok']}, now {b['tok']}",
+                "resume with the data.tokenizer it was made with",
+            )
         if a["split"] != b["split"]:
-            return ("a different data.max_doc_chars", f"saved data.max_doc_chars={a['split']}, now {b['split']}",
-                    f"resume with data.max_doc_chars={a['split']}")
+            return (
+                "a different data.max_doc_chars",
+                f"saved data.max_doc_chars={a['split']}, now {b['split']}",
+                f"resume with data.max_doc_chars={a['split']}",
+            )
         if a["subset"] != b["subset"]:
-            return ("a different training split", f"saved {a['subset'] or 'all documents'}, now {b['subset'] or 'all documents'}",
-                    "resume with the same data.val_source and data.val_fraction")
+            return (
+                "a different training split",
+                f"saved {a['subset'] or 'all documents'}, now {b['subset'] or 'all documents'}",
+                "resume with the same data.val_source and data.val_fraction",
+            )
         if a["bos"] != b["bos"]:
             saved, now_bos = (str(m["bos"] is not None).lower() for m in (a, b))
             return ("a different data.bos", f"saved data.bos={saved}, now {now_bos}", f"resume with data.bos={saved}")
@@ -296,13 +323,16 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     states = list(states)
     size = states[0]["dp_size"]
     if sorted(s["dp_rank"] for s in states) != list(range(size)):
-        raise ValueError(f"merge_states needs the states of all {size} ranks, got ranks "
-                         f"{sorted(s['dp_rank'] for s in states)}")
+        raise ValueError(
+            f"merge_states needs the states of all {size} ranks, got ranks {sorted(s['dp_rank'] for s in states)}"
+        )
     merged = dict(states[0], dp_rank="all", dp_size="all", current=-1)
-    merged["shards"] = [{v: p for s in states for v, p in s["shards"][k].items()}
-                        for k in range(len(states[0]["shards"]))]
-    merged["tokens_emitted"] = [sum(s["tokens_emitted"][k] for s in states)
-                                for k in range(len(states[0]["tokens_emitted"]))]
+    merged["shards"] = [
+        {v: p for s in states for v, p in s["shards"][k].items()} for k in range(len(states[0]["shards"]))
+    ]
+    merged["tokens_emitted"] = [
+        sum(s["tokens_emitted"][k] for s in states) for k in range(len(states[0]["tokens_emitted"]))
+    ]
     merged["empty_skipped"] = sum(s["empty_skipped"] for s in states)
     merged["bad_skipped"] = sum(s["bad_skipped"] for s in states)
     return merged

@@ -49,8 +49,14 @@ def file_fingerprint(path: Path) -> str:
 class RowSource:
     """Documents in a text column of one or more memory-mapped Arrow tables (one per file)."""
 
-    def __init__(self, parts: list[tuple[str, pa.ChunkedArray]], name: str, fingerprint: str,
-                 indices: Any = None, skipped: int = 0):
+    def __init__(
+        self,
+        parts: list[tuple[str, pa.ChunkedArray]],
+        name: str,
+        fingerprint: str,
+        indices: Any = None,
+        skipped: int = 0,
+    ):
         self.name = name
         self.skipped_rows = skipped  # rows dropped while converting (data.bad_documents=skip)
         self._fingerprint = fingerprint
@@ -68,8 +74,7 @@ class RowSource:
                     self._chunks.append(chunk)
                     self._chunk_file.append(k)
                     self._starts.append(self._starts[-1] + len(chunk))
-        self._binary = any(pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type)
-                           for c in self._chunks)
+        self._binary = any(pa.types.is_binary(c.type) or pa.types.is_large_binary(c.type) for c in self._chunks)
 
     def __len__(self) -> int:
         return len(self._indices) if self._indices is not None else self._starts[-1]
@@ -124,8 +129,9 @@ class RowSource:
 
     def _bad(self, chunk: int, row: int, why: str) -> BadDocument:
         f = self._chunk_file[chunk]
-        return BadDocument(f"{self._files[f]}, row {row - self._file_starts[f]}: {why}; fix the "
-                           "data or set data.bad_documents=skip")
+        return BadDocument(
+            f"{self._files[f]}, row {row - self._file_starts[f]}: {why}; fix the data or set data.bad_documents=skip"
+        )
 
     def fingerprint(self) -> str:
         return self._fingerprint
@@ -136,14 +142,20 @@ class RowSource:
 
 def text_column(table: pa.Table, field: str, where: str) -> pa.ChunkedArray:
     if field not in table.column_names:
-        raise ValueError(f"{where} has no column {field!r} (columns: {', '.join(table.column_names)}); "
-                         "set data.text_field to the column that holds the documents")
+        raise ValueError(
+            f"{where} has no column {field!r} (columns: {', '.join(table.column_names)}); "
+            "set data.text_field to the column that holds the documents"
+        )
     column = table.column(field)
     t = column.type
-    if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-            or pa.types.is_large_binary(t) or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))):
-        raise ValueError(f"{where}: column {field!r} has type {t}, not text; set data.text_field "
-                         "to a string column")
+    if not (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
+    ):
+        raise ValueError(f"{where}: column {field!r} has type {t}, not text; set data.text_field to a string column")
     return column
 
 
@@ -156,11 +168,14 @@ def read_arrow(path: Path) -> pa.Table:
         reader = ipc.open_file(source) if is_file_format else ipc.open_stream(source)
         return reader.read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise ValueError(f"cannot read {path} as Arrow IPC (file or stream): it is corrupt or "
-                         f"truncated ({e}); re-create or re-download it") from e
+        raise ValueError(
+            f"cannot read {path} as Arrow IPC (file or stream): it is corrupt or "
+            f"truncated ({e}); re-create or re-download it"
+        ) from e
 
 
 # ---- conversion of Parquet and JSONL into a mapped Arrow file ------------------------------------
+
 
 def _open_compressed(path: Path) -> IO[bytes]:
     name = path.name.lower()
@@ -198,8 +213,10 @@ def _jsonl_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[
     except Exception as e:  # truncated gzip (EOFError), bad gzip/zstd frames, I/O errors
         if isinstance(e, BadDocument) or not isinstance(e, (EOFError, OSError)) and type(e).__name__ != "ZstdError":
             raise
-        raise ValueError(f"cannot read {path} after line {line_no}: the file is corrupt or "
-                         f"truncated ({type(e).__name__}: {e}); re-create or re-download it") from e
+        raise ValueError(
+            f"cannot read {path} after line {line_no}: the file is corrupt or "
+            f"truncated ({type(e).__name__}: {e}); re-create or re-download it"
+        ) from e
 
 
 def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[str]:
@@ -208,8 +225,10 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
     try:
         pf = pq.ParquetFile(str(path))
         if field not in pf.schema_arrow.names:
-            raise ValueError(f"{path} has no column {field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                             "set data.text_field to the column that holds the documents")
+            raise ValueError(
+                f"{path} has no column {field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
+                "set data.text_field to the column that holds the documents"
+            )
         row = 0
         for batch in pf.iter_batches(columns=[field], batch_size=_BATCH_ROWS):
             for value in batch.column(0).to_pylist():
@@ -219,7 +238,13 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
                     except UnicodeDecodeError:
                         value = BadDocument("not UTF-8")
                 if not isinstance(value, str):
-                    why = "null text" if value is None else str(value) if isinstance(value, BadDocument) else f"{type(value).__name__}, not text"
+                    why = (
+                        "null text"
+                        if value is None
+                        else str(value)
+                        if isinstance(value, BadDocument)
+                        else f"{type(value).__name__}, not text"
+                    )
                     msg = f"{path}, row {row}: {why}"
                     if not skip:
                         raise BadDocument(f"{msg}; fix the data or set data.bad_documents=skip")
@@ -228,8 +253,9 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
                     yield value
                 row += 1
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise ValueError(f"cannot read {path} as Parquet: it is corrupt or truncated ({e}); "
-                         "re-create or re-download it") from e
+        raise ValueError(
+            f"cannot read {path} as Parquet: it is corrupt or truncated ({e}); re-create or re-download it"
+        ) from e
 
 
 def convert_to_arrow(path: Path, kind: str, field: str, skip: bool, cache_dir: Path) -> tuple[Path, int]:
@@ -256,6 +282,5 @@ def convert_to_arrow(path: Path, kind: str, field: str, skip: bool, cache_dir: P
             writer.write_batch(pa.record_batch([pa.array(batch, pa.large_string())], schema=schema))
     skipped_file.write_text(str(len(bad)))
     if bad:
-        log.warning("%s: skipped %d bad rows (data.bad_documents=skip), e.g. %s",
-                    path, len(bad), "; ".join(bad[:3]))
+        log.warning("%s: skipped %d bad rows (data.bad_documents=skip), e.g. %s", path, len(bad), "; ".join(bad[:3]))
     return out, len(bad)

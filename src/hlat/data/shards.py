@@ -36,8 +36,10 @@ def shard_tokenizer_path(root: Path) -> Path:
     found = find_tokenizer_file(root)
     if found is not None:
         return found
-    raise ValueError(f"{root} has no tokenizer.json or tokenizer.model: it is not a complete shard "
-                     "directory; run `hlat prepare` again")
+    raise ValueError(
+        f"{root} has no tokenizer.json or tokenizer.model: it is not a complete shard "
+        "directory; run `hlat prepare` again"
+    )
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -50,26 +52,41 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_000, skip_bad: bool = False,
-                   progress: Callable[[int, int], object] | None = None, batch_docs: int = 2048) -> dict[str, Any]:
+def prepare_shards(
+    docs: OnlineDocuments,
+    out: Path,
+    docs_per_shard: int = 100_000,
+    skip_bad: bool = False,
+    progress: Callable[[int, int], object] | None = None,
+    batch_docs: int = 2048,
+) -> dict[str, Any]:
     """Tokenize every document of ``docs`` into shards under ``out``; resumes a partial run.
     ``progress(documents, tokens)`` is called after each batch. Returns the manifest."""
     tok = docs.tokenizer
     out.mkdir(parents=True, exist_ok=True)
     expected = {
-        "format": FORMAT, "version": VERSION, "fingerprint": docs.fingerprint(), "source": docs.name,
-        "tokenizer": tok.fingerprint(), "eos_id": docs.eos_id, "vocab_size": tok.vocab_size,
-        "max_doc_chars": docs.max_doc_chars, "dtype": token_dtype(tok.vocab_size).name,
-        "num_docs": len(docs), "docs_per_shard": docs_per_shard,
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": docs.fingerprint(),
+        "source": docs.name,
+        "tokenizer": tok.fingerprint(),
+        "eos_id": docs.eos_id,
+        "vocab_size": tok.vocab_size,
+        "max_doc_chars": docs.max_doc_chars,
+        "dtype": token_dtype(tok.vocab_size).name,
+        "num_docs": len(docs),
+        "docs_per_shard": docs_per_shard,
     }
     manifest: dict[str, Any] = {**expected, "shards": [], "bad": {}, "complete": False}
     if (out / "manifest.json").is_file():
         old = read_manifest(out)
         changed = [k for k in expected if old.get(k) != expected[k]]
         if changed:
-            raise ValueError(f"{out} holds shards made differently ({', '.join(changed)} differ, e.g. "
-                             f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
-                             "refusing to mix them: use a new directory or delete this one")
+            raise ValueError(
+                f"{out} holds shards made differently ({', '.join(changed)} differ, e.g. "
+                f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
+                "refusing to mix them: use a new directory or delete this one"
+            )
         manifest = old
     # A prepare killed mid-shard leaves its temporary file (up to a shard's size) behind: a rerun
     # rewrites that shard, so the leftovers are only garbage.
@@ -103,11 +120,15 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
                     progress(b - a, int(offsets[b - first] - offsets[a - first]))
         with atomic_path(offsets_path) as tmp, open(tmp, "wb") as f:
             np.save(f, offsets)
-        manifest["shards"].append({
-            "tokens": tokens_path.name, "offsets": offsets_path.name, "num_docs": last - first,
-            "num_tokens": int(offsets[-1]), "sha256": {tokens_path.name: sha256_file(tokens_path),
-                                                       offsets_path.name: sha256_file(offsets_path)},
-        })
+        manifest["shards"].append(
+            {
+                "tokens": tokens_path.name,
+                "offsets": offsets_path.name,
+                "num_docs": last - first,
+                "num_tokens": int(offsets[-1]),
+                "sha256": {tokens_path.name: sha256_file(tokens_path), offsets_path.name: sha256_file(offsets_path)},
+            }
+        )
         manifest["complete"] = k + 1 == num_shards
         write_manifest(out / "manifest.json", manifest)
     if num_shards == 0 or done == num_shards:
@@ -119,8 +140,12 @@ def prepare_shards(docs: OnlineDocuments, out: Path, docs_per_shard: int = 100_0
 def verify_shards(root: Path) -> list[str]:
     """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
     manifest = read_manifest(root)
-    return [name for s in manifest["shards"] for name, digest in s["sha256"].items()
-            if file_problem(root, name, {"sha256": digest}) is not None]
+    return [
+        name
+        for s in manifest["shards"]
+        for name, digest in s["sha256"].items()
+        if file_problem(root, name, {"sha256": digest}) is not None
+    ]
 
 
 class ShardDocuments:
@@ -130,17 +155,23 @@ class ShardDocuments:
         m = read_manifest(root)
         self.root, self.name = root, f"token shards {root} ({m['source']})"
         if not m["complete"]:
-            raise ValueError(f"{root} is incomplete ({len(m['shards'])} shards written): run the same "
-                             "`hlat prepare` command again to finish it")
+            raise ValueError(
+                f"{root} is incomplete ({len(m['shards'])} shards written): run the same "
+                "`hlat prepare` command again to finish it"
+            )
         dtype = np.dtype(m["dtype"])
         if tokenizer.vocab_size > np.iinfo(dtype).max + 1:
-            raise ValueError(f"{root} stores {m['dtype']} tokens but the tokenizer has {tokenizer.vocab_size} "
-                             "ids, more than fit: these shards were made with another tokenizer; run "
-                             "`hlat prepare` again with this one, into a new directory")
+            raise ValueError(
+                f"{root} stores {m['dtype']} tokens but the tokenizer has {tokenizer.vocab_size} "
+                "ids, more than fit: these shards were made with another tokenizer; run "
+                "`hlat prepare` again with this one, into a new directory"
+            )
         if tokenizer.fingerprint() != m["tokenizer"]:
-            raise ValueError(f"{root} was made with another tokenizer (fingerprint {m['tokenizer']}, this "
-                             f"one is {tokenizer.fingerprint()}); use {shard_tokenizer_path(root)} as "
-                             "data.tokenizer, or run `hlat prepare` again")
+            raise ValueError(
+                f"{root} was made with another tokenizer (fingerprint {m['tokenizer']}, this "
+                f"one is {tokenizer.fingerprint()}); use {shard_tokenizer_path(root)} as "
+                "data.tokenizer, or run `hlat prepare` again"
+            )
         self.eos_id: int = m["eos_id"]
         self.docs_per_shard = m["docs_per_shard"]
         self._num_docs = m["num_docs"]
@@ -151,8 +182,10 @@ class ShardDocuments:
         for s in m["shards"]:
             path = root / s["tokens"]
             if not path.is_file() or path.stat().st_size != s["num_tokens"] * dtype.itemsize:
-                raise ValueError(f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
-                                 f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again")
+                raise ValueError(
+                    f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
+                    f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again"
+                )
             # a plain ndarray over the map: slicing an np.memmap costs ~100 us of bookkeeping
             mapped = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray) if s["num_tokens"] else np.empty(0, dtype)
             self._tokens.append(mapped)
@@ -174,8 +207,13 @@ class ShardDocuments:
             a, b = (int(x) for x in self._offsets[k][j : j + 2])
             mapped = self._tokens[k]
             if b - a > STREAM_TOKENS:  # read from the map a piece at a time
-                out.append(TokenPieces(lambda m=mapped, a=a, b=b: (
-                    m[p : min(p + STREAM_TOKENS, b)].astype(np.int64) for p in range(a, b, STREAM_TOKENS))))
+                out.append(
+                    TokenPieces(
+                        lambda m=mapped, a=a, b=b: (
+                            m[p : min(p + STREAM_TOKENS, b)].astype(np.int64) for p in range(a, b, STREAM_TOKENS)
+                        )
+                    )
+                )
             else:
                 out.append(mapped[a:b].astype(np.int64))
         return out

@@ -24,7 +24,6 @@ from hlat.digests import short_sha256
 from hlat.errors import UserError
 
 
-
 class BadDocument(UserError, ValueError):
     """A document that cannot be read (bad UTF-8, no text field, ...). The message names the file
     and the row. The loader raises it, or counts and logs a skip when data.bad_documents=skip."""
@@ -45,8 +44,9 @@ class DocumentSource(Protocol):
         ...
 
 
-def decode_windows(blocks: Iterable[bytes], strict: bool,
-                   bad: Callable[[UnicodeDecodeError, int], BadDocument]) -> Iterator[str]:
+def decode_windows(
+    blocks: Iterable[bytes], strict: bool, bad: Callable[[UnicodeDecodeError, int], BadDocument]
+) -> Iterator[str]:
     """Decode a document's bytes block by block: what ``bytes.decode`` of the whole gives, without
     holding it (a character cut at a block's end is carried into the next). ``bad(error, byte)``
     makes the BadDocument for invalid UTF-8 at that byte of the document."""
@@ -101,8 +101,9 @@ class _Files:
         """The document's text, read and decoded ``window`` bytes at a time: ``"".join`` of it is
         ``self[i]``, and no more than a window is held (a huge file streams)."""
         with open(self.path(i), "rb") as f:
-            yield from decode_windows(iter(lambda: f.read(window), b""), self._strict,
-                                      lambda e, at: self._bad(i, e, at))
+            yield from decode_windows(
+                iter(lambda: f.read(window), b""), self._strict, lambda e, at: self._bad(i, e, at)
+            )
 
     def path(self, i: int) -> Path:
         if not -len(self.relpaths) <= i < len(self.relpaths):
@@ -110,8 +111,10 @@ class _Files:
         return self.root / self.relpaths[i]
 
     def _bad(self, i: int, e: UnicodeDecodeError, at: int) -> BadDocument:
-        return BadDocument(f"{self.root / self.relpaths[i]} (document {i}): not UTF-8 ({e.reason} at "
-                           f"byte {at}); re-encode the file as UTF-8 or set data.bad_documents=skip")
+        return BadDocument(
+            f"{self.root / self.relpaths[i]} (document {i}): not UTF-8 ({e.reason} at "
+            f"byte {at}); re-encode the file as UTF-8 or set data.bad_documents=skip"
+        )
 
     def fingerprint(self) -> str:
         # Relative paths and sizes: cheap (one stat per file), and stable when the data is copied to
@@ -189,4 +192,3 @@ class Concat:
 
     def fingerprint(self) -> str:
         return "+".join(s.fingerprint() for s in self.sources)
-

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from hlat.atomic_files import atomic_path
 from hlat.digests import short_sha256
@@ -29,8 +29,10 @@ class SentencePieceTokenizer:
             raise ValueError(f"cannot load {self.path} as a SentencePiece model: {e}") from e
         self.eos_id: int = self.sp.eos_id()
         if self.eos_id < 0:
-            raise ValueError(f"SentencePiece model {self.path} has no EOS piece (eos_id=-1); "
-                             "train it with eos_id set (the default is 2)")
+            raise ValueError(
+                f"SentencePiece model {self.path} has no EOS piece (eos_id=-1); "
+                "train it with eos_id set (the default is 2)"
+            )
         self.eos_token: str = self.sp.id_to_piece(self.eos_id)
         bos = self.sp.bos_id()  # -1 when the model has none
         self.bos_id: int | None = bos if bos >= 0 else None
@@ -64,5 +66,7 @@ class SentencePieceTokenizer:
             shutil.copyfile(self.path, temporary)
 
     def __repr__(self) -> str:
-        return (f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
-                f"bos={self.bos_token!r}={self.bos_id}, origin={self.origin!r})")
+        return (
+            f"SentencePieceTokenizer(vocab_size={self.vocab_size}, eos={self.eos_token!r}={self.eos_id}, "
+            f"bos={self.bos_token!r}={self.bos_id}, origin={self.origin!r})"
+        )

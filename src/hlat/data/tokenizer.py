@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Protocol
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -37,7 +38,8 @@ def find_special(tk: tokenizers.Tokenizer, candidates: Sequence[str]) -> str | N
     first so that a merged ordinary token spelled like an earlier candidate is never picked."""
     special = {t.content for t in tk.get_added_tokens_decoder().values() if t.special}
     return next((c for c in candidates if c in special), None) or next(
-        (c for c in candidates if tk.token_to_id(c) is not None), None)
+        (c for c in candidates if tk.token_to_id(c) is not None), None
+    )
 
 
 class Tokenizer:
@@ -74,16 +76,14 @@ class Tokenizer:
         return self.tk.token_to_id(token)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
         """Load a Hugging Face tokenizer.json; its EOS is the first of EOS_CANDIDATES that it knows
         (find_special: special tokens first)."""
         path = Path(path).expanduser()
         try:
             tk = tokenizers.Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust error says what is wrong with the JSON
-            raise ValueError(
-                f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}"
-            ) from e
+            raise ValueError(f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}") from e
         eos = find_special(tk, EOS_CANDIDATES)
         if eos is not None:
             return cls(tk, eos, origin=str(path))
@@ -185,9 +185,9 @@ def train_bpe(
     progress: Callable[[int], object] | None = None,
 ) -> Tokenizer:
     """Train a byte-level BPE (GPT-2 style pre-tokenization without prefix space, all 256 bytes in
-    the base alphabet, EOS ``<|endoftext|>``) on up to ``max_chars`` characters of the source's
-    documents, taken in a fixed pseudo-random order. ``progress`` is called with each document's
-character count as it is read (a progress bar)."""
+        the base alphabet, EOS ``<|endoftext|>``) on up to ``max_chars`` characters of the source's
+        documents, taken in a fixed pseudo-random order. ``progress`` is called with each document's
+    character count as it is read (a progress bar)."""
     base = len(pre_tokenizers.ByteLevel.alphabet()) + 1
     if vocab_size < base:
         raise ValueError(
@@ -208,14 +208,9 @@ character count as it is read (a progress bar)."""
     return Tokenizer(tk, BPE_EOS, origin=f"byte-level BPE trained on {source.name}")
 
 
-def bpe_cache_path(
-    cache_dir: str | os.PathLike, source: DocumentSource, vocab_size: int, max_chars: int
-) -> Path:
+def bpe_cache_path(cache_dir: str | os.PathLike, source: DocumentSource, vocab_size: int, max_chars: int) -> Path:
     """Where the BPE for (source, vocab size, training budget, tokenizers version) is cached."""
-    key = (
-        f"{_BPE_RECIPE}|{source.fingerprint()}|{vocab_size}|{max_chars}"
-        f"|tokenizers-{tokenizers.__version__}"
-    )
+    key = f"{_BPE_RECIPE}|{source.fingerprint()}|{vocab_size}|{max_chars}|tokenizers-{tokenizers.__version__}"
     digest = short_sha256(key, 12)
     return Path(cache_dir) / "tokenizers" / f"bpe-{vocab_size}-{digest}.json"
 
@@ -246,10 +241,7 @@ def build_tokenizer(
                 f"is {vocab_size}; set --model.vocab_size {tok.vocab_size} (or larger)"
             )
         bos = "" if tok.bos_id is None else f", BOS {tok.bos_token!r} = {tok.bos_id}"
-        line = (
-            f"tokenizer: {cfg.tokenizer}, {tok.vocab_size} tokens, "
-            f"EOS {tok.eos_token!r} = {tok.eos_id}{bos}"
-        )
+        line = f"tokenizer: {cfg.tokenizer}, {tok.vocab_size} tokens, EOS {tok.eos_token!r} = {tok.eos_id}{bos}"
         return tok, line
 
     if source is None:

@@ -16,8 +16,7 @@ from hlat.digests import short_sha256
 from hlat.eval.lm import LanguageModel
 from hlat.eval.metrics import loglikelihood_perplexity, mean_stderr, perplexity_metrics
 from hlat.eval.sandbox import SandboxLimits, describe, isolation_mode
-from hlat.eval.scoring import (score_code, score_generation, score_loglikelihood,
-                               score_multiple_choice, score_perplexity)
+from hlat.eval.scoring import score_code, score_generation, score_loglikelihood, score_multiple_choice, score_perplexity
 from hlat.eval.tasks import DataMissing, Doc, Task, choose_shots, load_split
 
 
@@ -53,8 +52,9 @@ class TaskResult:
         return out
 
 
-def evaluate(lm: LanguageModel, tasks: Sequence[Task], options: EvalOptions,
-             log: Callable[[str], None] = print) -> tuple[list[TaskResult], dict[str, str]]:
+def evaluate(
+    lm: LanguageModel, tasks: Sequence[Task], options: EvalOptions, log: Callable[[str], None] = print
+) -> tuple[list[TaskResult], dict[str, str]]:
     """(results of the tasks that ran, {task: why it was skipped}). A task without available data
     is skipped with its reason; any other error propagates."""
     results, skipped = [], {}
@@ -77,8 +77,10 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
     shots = task.num_fewshot if options.num_fewshot is None else options.num_fewshot
     if task.kind == "perplexity":
         shots = 0
-    prompts = [task.prompt(doc, choose_shots(task, i, doc, pool, shots, options.seed, same_split))
-               for i, doc in enumerate(docs)]
+    prompts = [
+        task.prompt(doc, choose_shots(task, i, doc, pool, shots, options.seed, same_split))
+        for i, doc in enumerate(docs)
+    ]
     if task.kind == "multiple_choice":
         scores, samples = score_multiple_choice(lm, task, docs, prompts)
     elif task.kind == "loglikelihood":
@@ -86,26 +88,41 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
     elif task.kind == "generate":
         scores, samples = score_generation(lm, task, docs, prompts)
     elif task.kind == "code":
-        scores, samples = score_code(lm, task, docs, prompts, options.samples, options.temperature,
-                                     options.sandbox, options.workers, options.allow_unsafe_code)
+        scores, samples = score_code(
+            lm,
+            task,
+            docs,
+            prompts,
+            options.samples,
+            options.temperature,
+            options.sandbox,
+            options.workers,
+            options.allow_unsafe_code,
+        )
         notes.append(f"code isolation: {describe(isolation_mode())}")
     else:
         scores, samples = score_perplexity(lm, task, docs)
     if task.kind == "perplexity":
-        totals = perplexity_metrics([s["loglikelihood"] for s in scores],
-                                    [int(s["words"]) for s in scores], [int(s["bytes"]) for s in scores])
+        totals = perplexity_metrics(
+            [s["loglikelihood"] for s in scores], [int(s["words"]) for s in scores], [int(s["bytes"]) for s in scores]
+        )
         metrics = {m: {"value": totals[m], "stderr": None} for m in task.metrics}
     else:
-        metrics = {m: {"value": sum(s[m] for s in scores) / max(len(scores), 1),
-                       "stderr": mean_stderr([s[m] for s in scores])} for m in scores[0]}
+        metrics = {
+            m: {"value": sum(s[m] for s in scores) / max(len(scores), 1), "stderr": mean_stderr([s[m] for s in scores])}
+            for m in scores[0]
+        }
         if "perplexity" in metrics:  # of a loglikelihood task: per-example log-likelihoods
-            metrics["perplexity"] = {"value": loglikelihood_perplexity([s["perplexity"] for s in scores]),
-                                     "stderr": None}
+            metrics["perplexity"] = {
+                "value": loglikelihood_perplexity([s["perplexity"] for s in scores]),
+                "stderr": None,
+            }
     digest = short_sha256("\x00".join(prompts))
     if task.notes:
         notes.insert(0, task.notes)
-    return TaskResult(task.name, task.family, metrics, len(docs), shots, digest,
-                      time.perf_counter() - t0, notes, samples)
+    return TaskResult(
+        task.name, task.family, metrics, len(docs), shots, digest, time.perf_counter() - t0, notes, samples
+    )
 
 
 def _load_docs(task: Task, options: EvalOptions) -> tuple[list[Doc], list[Doc], bool, list[str]]:
@@ -124,10 +141,12 @@ def _load_docs(task: Task, options: EvalOptions) -> tuple[list[Doc], list[Doc], 
             pool = task.process_docs(pool) if task.process_docs else pool
             same_split = False
         except DataMissing:
-            notes.append(f"few-shot split {task.data.fewshot_split!r} unavailable: shots drawn "
-                         f"from {task.data.split!r}, never the example itself")
+            notes.append(
+                f"few-shot split {task.data.fewshot_split!r} unavailable: shots drawn "
+                f"from {task.data.split!r}, never the example itself"
+            )
     if task.fewshot_docs is not None:
         pool = task.fewshot_docs(pool)
     if options.limit is not None:
-        docs = docs[:options.limit]
+        docs = docs[: options.limit]
     return docs, pool, same_split, notes

@@ -67,8 +67,16 @@ def unsharded_model(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> Llama
 class InTrainingTasks:
     """Built on every rank (the gather needs them all); holds task documents on rank 0 only."""
 
-    def __init__(self, cfg: EvalConfig, model_cfg: ModelConfig, tokenizer: Tokenizer, layout: Layout,
-                 device: torch.device, precision_mode: str, bos: bool = False):
+    def __init__(
+        self,
+        cfg: EvalConfig,
+        model_cfg: ModelConfig,
+        tokenizer: Tokenizer,
+        layout: Layout,
+        device: torch.device,
+        precision_mode: str,
+        bos: bool = False,
+    ):
         self.cfg, self.model_cfg, self.tokenizer, self.bos = cfg, model_cfg, tokenizer, bos  # bos: data.bos
         self.layout, self.device, self.precision_mode = layout, device, precision_mode
         shots = None if cfg.tasks_shots < 0 else cfg.tasks_shots
@@ -86,8 +94,14 @@ class InTrainingTasks:
         weights = gather_full_weights(parts, self.layout)
         if weights is None:
             return {}, time.perf_counter() - t0
-        lm = LanguageModel(unsharded_model(self.model_cfg, weights), self.tokenizer, self.device,
-                           precision=self.precision_mode, progress=False, bos=self.bos)
+        lm = LanguageModel(
+            unsharded_model(self.model_cfg, weights),
+            self.tokenizer,
+            self.device,
+            precision=self.precision_mode,
+            progress=False,
+            bos=self.bos,
+        )
         scores = {}
         for task in self.tasks:
             result = evaluate_task(lm, task, self.options)
@@ -103,8 +117,9 @@ def _in_memory(task: Task, data_dir: Path | None, shots: int | None) -> Task:
     try:
         splits: dict[str, list[Doc] | DataMissing] = {data.split: load_split(data, data.split, data_dir)}
     except DataMissing as err:
-        raise DataMissing(f"eval.tasks: {err}; set --eval.data_dir to the local task files, or drop "
-                          f"{task.name} from eval.tasks") from err
+        raise DataMissing(
+            f"eval.tasks: {err}; set --eval.data_dir to the local task files, or drop {task.name} from eval.tasks"
+        ) from err
     wants_shots = (task.num_fewshot if shots is None else shots) > 0
     if wants_shots and data.fewshot_split:
         try:

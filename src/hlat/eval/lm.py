@@ -37,15 +37,24 @@ def rolling_windows(tokens: list[int], prefix: int, max_len: int) -> Iterator[To
     done = first
     while done < len(tokens):
         end = min(len(tokens), done + max_len)
-        yield tokens[max(0, end - max_len - 1):done], tokens[done:end]
+        yield tokens[max(0, end - max_len - 1) : done], tokens[done:end]
         done = end
 
 
 class LanguageModel:
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device | str = "cpu",
-                 batch_size: int = 16, max_length: int | None = None, precision: str = "fp32",
-                 prefix_token: int | None = None, seed: int = 0, progress: bool = True,
-                 bos: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        device: torch.device | str = "cpu",
+        batch_size: int = 16,
+        max_length: int | None = None,
+        precision: str = "fp32",
+        prefix_token: int | None = None,
+        seed: int = 0,
+        progress: bool = True,
+        bos: bool = False,
+    ) -> None:
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -71,7 +80,7 @@ class LanguageModel:
         if spaces:  # "Answer: " + "Paris" is scored as "Answer:" + " Paris"
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, ctx = self.tokenizer.encode_batch([context + continuation, context])
-        return self.bos + ctx, whole[len(ctx):]
+        return self.bos + ctx, whole[len(ctx) :]
 
     def loglikelihood(self, requests: Sequence[LoglikelihoodRequest]) -> list[tuple[float, bool]]:
         """(log-likelihood, whether greedy decoding would produce the continuation) per request."""
@@ -99,8 +108,8 @@ class LanguageModel:
         results: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
         bar = tqdm(total=len(pairs), desc=desc, disable=not self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
-            inputs = [(pairs[i][0] + pairs[i][1])[-(self.max_length + 1):][:-1] for i in batch]
+            batch = order[start : start + self.batch_size]
+            inputs = [(pairs[i][0] + pairs[i][1])[-(self.max_length + 1) :][:-1] for i in batch]
             logits = self._forward(_pad_right(inputs, self.device))
             for row, i in enumerate(batch):
                 cont = pairs[i][1]
@@ -108,7 +117,7 @@ class LanguageModel:
                     results[i] = (0.0, True)
                     continue
                 end = len(inputs[row])
-                logprobs = logits[row, end - len(cont):end].float().log_softmax(-1)
+                logprobs = logits[row, end - len(cont) : end].float().log_softmax(-1)
                 target = torch.tensor(cont, device=logprobs.device)
                 ll = logprobs.gather(-1, target[:, None]).sum().item()
                 results[i] = (ll, bool((logprobs.argmax(-1) == target).all()))
@@ -116,8 +125,13 @@ class LanguageModel:
         bar.close()
         return results
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                 attn_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         with autocast(self.precision, self.device):
             return self.model(tokens, positions=positions, attn_mask=attn_mask, cache=cache)
 
@@ -132,18 +146,24 @@ class LanguageModel:
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
         bar = tqdm(total=len(requests), desc="generate", disable=not self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
-            batch = order[start:start + self.batch_size]
+            batch = order[start : start + self.batch_size]
             on_token = None if stream is None else (lambda row, text, batch=batch: stream(batch[row], text))
-            texts = self._generate_batch([requests[i] for i in batch], [contexts[i] for i in batch],
-                                         generator, on_token)
+            texts = self._generate_batch(
+                [requests[i] for i in batch], [contexts[i] for i in batch], generator, on_token
+            )
             for i, text in zip(batch, texts):
                 out[i] = text
             bar.update(len(batch))
         bar.close()
         return out
 
-    def _generate_batch(self, reqs: list[GenerateRequest], contexts: list[list[int]],
-                        generator: torch.Generator, on_token: Stream | None) -> list[str]:
+    def _generate_batch(
+        self,
+        reqs: list[GenerateRequest],
+        contexts: list[list[int]],
+        generator: torch.Generator,
+        on_token: Stream | None,
+    ) -> list[str]:
         """Prefill the left-padded prompts once, then one position per generated token (KV cache)."""
         # Within the model's context: prompt + generation <= max_length, the prompt cut from the
         # left (as lm-eval does) and the generation capped at max_length - 1 tokens.
@@ -154,8 +174,8 @@ class LanguageModel:
         tokens = torch.zeros(len(reqs), width, dtype=torch.long, device=self.device)
         valid = torch.zeros(len(reqs), width, dtype=torch.bool, device=self.device)
         for row, p in enumerate(prompts):  # left padding: every row's next token is at the end
-            tokens[row, width - len(p):] = torch.tensor(p, device=self.device)
-            valid[row, width - len(p):] = True
+            tokens[row, width - len(p) :] = torch.tensor(p, device=self.device)
+            valid[row, width - len(p) :] = True
         temps = torch.tensor([r.temperature for r in reqs], device=self.device)
         top_ps = torch.tensor([r.top_p for r in reqs], device=self.device)
         cache = KVCache(width + steps)
@@ -191,7 +211,7 @@ def _pad_right(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     # Causal attention never looks right, so right padding changes no scored logit.
     tokens = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long)
     for i, row in enumerate(rows):
-        tokens[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
     return tokens.to(device)
 
 
@@ -205,11 +225,10 @@ def _padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
     T = valid.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=valid.device).tril()
     eye = torch.eye(T, dtype=torch.bool, device=valid.device)
-    return ((causal & valid[:, None, None, :]) | eye)
+    return (causal & valid[:, None, None, :]) | eye
 
 
-def _pick(logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor,
-          generator: torch.Generator) -> torch.Tensor:
+def _pick(logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Greedy where the temperature is 0; elsewhere sampled from the nucleus: the most probable
     tokens up to and including the one that takes their total to top_p (always at least one)."""
     greedy = logits.argmax(-1)

@@ -22,12 +22,12 @@ def multiple_choice(lls: Sequence[float], choices: Sequence[str], gold: int) -> 
     its choice's length in characters (lm-eval's definition; the delimiter is not counted)."""
     scores = np.asarray(lls, dtype=np.float64)
     lengths = np.asarray([float(len(c)) for c in choices])
-    return {"acc": float(np.argmax(scores) == gold),
-            "acc_norm": float(np.argmax(scores / lengths) == gold)}
+    return {"acc": float(np.argmax(scores) == gold), "acc_norm": float(np.argmax(scores / lengths) == gold)}
 
 
-def normalize_answer(text: str, ignore: Sequence[str] = (), ignore_punctuation: bool = True,
-                     ignore_case: bool = True) -> str:
+def normalize_answer(
+    text: str, ignore: Sequence[str] = (), ignore_punctuation: bool = True, ignore_case: bool = True
+) -> str:
     """lm-eval's exact_match: strip the `ignore` regexes, optionally lower-case and drop ASCII
     punctuation, then trim surrounding whitespace (lm-eval's remove_whitespace filter drops one
     leading space; trimming also forgives trailing spaces)."""
@@ -40,11 +40,15 @@ def normalize_answer(text: str, ignore: Sequence[str] = (), ignore_punctuation: 
     return text.strip()
 
 
-def exact_match(prediction: str, targets: Sequence[str], ignore: Sequence[str] = (),
-                ignore_punctuation: bool = True, ignore_case: bool = True) -> float:
+def exact_match(
+    prediction: str,
+    targets: Sequence[str],
+    ignore: Sequence[str] = (),
+    ignore_punctuation: bool = True,
+    ignore_case: bool = True,
+) -> float:
     pred = normalize_answer(prediction, ignore, ignore_punctuation, ignore_case)
-    return float(any(pred == normalize_answer(t, ignore, ignore_punctuation, ignore_case)
-                     for t in targets))
+    return float(any(pred == normalize_answer(t, ignore, ignore_punctuation, ignore_case) for t in targets))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -63,6 +67,8 @@ def perplexity_metrics(lls: Sequence[float], words: Sequence[int], nbytes: Seque
     """Corpus-level word/byte perplexity and bits per byte: total log-likelihood over total units,
     as lm-eval's weighted_perplexity and bits_per_byte aggregations."""
     total = float(sum(lls))
-    return {"word_perplexity": math.exp(-total / max(sum(words), 1)),
-            "byte_perplexity": math.exp(-total / max(sum(nbytes), 1)),
-            "bits_per_byte": -total / max(sum(nbytes), 1) / math.log(2)}
+    return {
+        "word_perplexity": math.exp(-total / max(sum(words), 1)),
+        "byte_perplexity": math.exp(-total / max(sum(nbytes), 1)),
+        "bits_per_byte": -total / max(sum(nbytes), 1) / math.log(2),
+    }

@@ -12,13 +12,17 @@ from hlat.eval.harness import TaskResult
 Baselines = dict[str, dict[str, dict[str, float]]]  # model -> task -> metric -> value
 
 
-def results_dict(results: Sequence[TaskResult], skipped: dict[str, str],
-                 meta: dict[str, Any]) -> dict[str, Any]:
+def results_dict(results: Sequence[TaskResult], skipped: dict[str, str], meta: dict[str, Any]) -> dict[str, Any]:
     return {**meta, "tasks": {r.task: r.summary() for r in results}, "skipped": skipped}
 
 
-def write_results(out_dir: Path, data: dict[str, Any], results: Sequence[TaskResult],
-                  baselines: Baselines | None = None, log_samples: bool = False) -> Path:
+def write_results(
+    out_dir: Path,
+    data: dict[str, Any],
+    results: Sequence[TaskResult],
+    baselines: Baselines | None = None,
+    log_samples: bool = False,
+) -> Path:
     """results.json, results.md and, with log_samples, samples_<task>.jsonl; returns the JSON."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
@@ -47,18 +51,23 @@ def load_baselines(path: str | Path) -> Baselines:
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--baseline {path}: cannot read it as JSON ({err})") from err
     ok = isinstance(data, dict) and all(
-        isinstance(tasks, dict) and all(isinstance(m, dict) for m in tasks.values())
-        for tasks in data.values())
+        isinstance(tasks, dict) and all(isinstance(m, dict) for m in tasks.values()) for tasks in data.values()
+    )
     if not ok:
-        raise ValueError(f"--baseline {path}: expected {{model: {{task: {{metric: value}}}}}}, "
-                         'e.g. {"LLaMA-2 7B": {"arc_easy": {"acc": 0.762}}}')
+        raise ValueError(
+            f"--baseline {path}: expected {{model: {{task: {{metric: value}}}}}}, "
+            'e.g. {"LLaMA-2 7B": {"arc_easy": {"acc": 0.762}}}'
+        )
     for model, tasks in data.items():
         for task, metrics in tasks.items():
             for metric, value in metrics.items():
-                if not isinstance(value, (int, float)) or (metric.startswith(("acc", "exact", "pass"))
-                                                           and not 0 <= value <= 1):
-                    raise ValueError(f"--baseline {path}: {model}/{task}/{metric} = {value!r}; "
-                                     "give fractions in [0, 1] (0.762, not 76.2)")
+                if not isinstance(value, (int, float)) or (
+                    metric.startswith(("acc", "exact", "pass")) and not 0 <= value <= 1
+                ):
+                    raise ValueError(
+                        f"--baseline {path}: {model}/{task}/{metric} = {value!r}; "
+                        "give fractions in [0, 1] (0.762, not 76.2)"
+                    )
     return data
 
 
@@ -71,8 +80,9 @@ def markdown_table(data: dict[str, Any], baselines: Baselines | None = None) -> 
         for metric, v in r["metrics"].items():
             ours = f"{v['value']:.4f}" + (f" ± {v['stderr']:.4f}" if v["stderr"] else "")
             theirs = [_fmt((baselines or {})[b].get(task, {}).get(metric)) for b in names]
-            lines.append("| " + " | ".join([task, r["family"], metric, str(r["shots"]), str(r["n"]),
-                                            ours, *theirs]) + " |")
+            lines.append(
+                "| " + " | ".join([task, r["family"], metric, str(r["shots"]), str(r["n"]), ours, *theirs]) + " |"
+            )
     for task, why in data.get("skipped", {}).items():
         lines.append(f"\nskipped {task}: {why}")
     return "\n".join(lines)

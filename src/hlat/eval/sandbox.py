@@ -18,10 +18,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from hlat.eval import sandbox_isolation as isolation
 
@@ -77,8 +77,10 @@ def describe(mode: str) -> str:
     """One line for the console and the results: what the solution process runs inside."""
     if mode == isolation.NAMESPACES:
         who = "an unprivileged uid of its own" if os.geteuid() == 0 else "a user namespace"
-        return ("namespaces (mount, network, PID, IPC, UTS; read-only root of the interpreter, "
-                f"its libraries and a scratch directory; {who}; resource limits)")
+        return (
+            "namespaces (mount, network, PID, IPC, UTS; read-only root of the interpreter, "
+            f"its libraries and a scratch directory; {who}; resource limits)"
+        )
     return "none (an ordinary subprocess with resource limits; allowed by explicit opt-in)"
 
 
@@ -91,17 +93,18 @@ def require_isolation(allow_unsafe: bool = False) -> str:
             "(`unshare` with mount, network and PID namespaces is missing or refused, e.g. by a "
             "container's seccomp profile), so they would run with all the rights of this user. "
             "Run in a throwaway container or VM, then opt in with `hlat eval --allow-unsafe-code` "
-            f"or {isolation.UNSAFE_ENV}=1 (see docs/evaluation.md)")
+            f"or {isolation.UNSAFE_ENV}=1 (see docs/evaluation.md)"
+        )
     return mode
 
 
-def run_program(program: Program, limits: SandboxLimits = SandboxLimits(),
-                allow_unsafe: bool = False) -> ExecResult:
+def run_program(program: Program, limits: SandboxLimits = SandboxLimits(), allow_unsafe: bool = False) -> ExecResult:
     return _run(program, limits, require_isolation(allow_unsafe))
 
 
-def run_programs(programs: Sequence[Program], limits: SandboxLimits = SandboxLimits(),
-                 workers: int = 4, allow_unsafe: bool = False) -> list[ExecResult]:
+def run_programs(
+    programs: Sequence[Program], limits: SandboxLimits = SandboxLimits(), workers: int = 4, allow_unsafe: bool = False
+) -> list[ExecResult]:
     """Run programs in parallel (threads only wait on their subprocesses)."""
     mode = require_isolation(allow_unsafe)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -139,13 +142,22 @@ def _run(program: Program, limits: SandboxLimits, mode: str) -> ExecResult:
         return ExecResult(status == "passed", status, detail[-1500:])
 
 
-def _start_solution(program: Program, limits: SandboxLimits, mode: str, work: Path,
-                    calls: int, answers: int) -> subprocess.Popen[bytes]:
+def _start_solution(
+    program: Program, limits: SandboxLimits, mode: str, work: Path, calls: int, answers: int
+) -> subprocess.Popen[bytes]:
     scratch = work / "scratch"
-    config = {"calls_fd": calls, "answers_fd": answers, "isolation": None,
-              "site_packages": isolation.site_packages(),
-              "limits": {"memory_mb": limits.memory_mb, "cpu_s": int(limits.timeout_s) + 1,
-                         "file_mb": limits.file_mb, "processes": limits.processes}}
+    config = {
+        "calls_fd": calls,
+        "answers_fd": answers,
+        "isolation": None,
+        "site_packages": isolation.site_packages(),
+        "limits": {
+            "memory_mb": limits.memory_mb,
+            "cpu_s": int(limits.timeout_s) + 1,
+            "file_mb": limits.file_mb,
+            "processes": limits.processes,
+        },
+    }
     command = [sys.executable, "-I", "-S", "-B", SOLUTION]
     if mode == isolation.NAMESPACES:
         readable, links = isolation.readable_paths()
@@ -154,29 +166,52 @@ def _start_solution(program: Program, limits: SandboxLimits, mode: str, work: Pa
         if uid is not None:
             os.chown(scratch, uid, uid)
             os.chown(scratch / "solution.py", uid, uid)
-        config["isolation"] = {"root": str(work / "root"), "readable": readable, "links": links,
-                               "uid": uid}
+        config["isolation"] = {"root": str(work / "root"), "readable": readable, "links": links, "uid": uid}
         command = isolation.unshare_command() + command
     with open(work / "solution.out", "wb") as out:
-        return subprocess.Popen(command + [json.dumps(config)], cwd=scratch,
-                                env={**ENV, "HOME": "/sandbox" if config["isolation"] else str(scratch),
-                                     "TMPDIR": "/sandbox" if config["isolation"] else str(scratch)},
-                                stdin=subprocess.PIPE if config["isolation"] else subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, pass_fds=(calls, answers),
-                                start_new_session=True)
+        return subprocess.Popen(
+            command + [json.dumps(config)],
+            cwd=scratch,
+            env={
+                **ENV,
+                "HOME": "/sandbox" if config["isolation"] else str(scratch),
+                "TMPDIR": "/sandbox" if config["isolation"] else str(scratch),
+            },
+            stdin=subprocess.PIPE if config["isolation"] else subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(calls, answers),
+            start_new_session=True,
+        )
 
 
-def _start_judge(program: Program, limits: SandboxLimits, work: Path, calls: int,
-                 answers: int) -> subprocess.Popen[bytes]:
+def _start_judge(
+    program: Program, limits: SandboxLimits, work: Path, calls: int, answers: int
+) -> subprocess.Popen[bytes]:
     spec = work / "judge.json"  # outside the scratch directory: S never sees the test
-    spec.write_text(json.dumps({"calls_fd": calls, "answers_fd": answers, "test": program.test,
-                                "prelude": program.prelude, "entry_point": program.entry_point,
-                                "memory_mb": limits.memory_mb}))
+    spec.write_text(
+        json.dumps(
+            {
+                "calls_fd": calls,
+                "answers_fd": answers,
+                "test": program.test,
+                "prelude": program.prelude,
+                "entry_point": program.entry_point,
+                "memory_mb": limits.memory_mb,
+            }
+        )
+    )
     with open(work / "judge.err", "wb") as err:
-        return subprocess.Popen([sys.executable, "-I", "-S", "-B", JUDGE, str(spec)], cwd=work,
-                                env={**ENV, "HOME": str(work)}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err, pass_fds=(calls, answers),
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-B", JUDGE, str(spec)],
+            cwd=work,
+            env={**ENV, "HOME": str(work)},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            pass_fds=(calls, answers),
+            start_new_session=True,
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -204,4 +239,3 @@ def _tail(path: Path, size: int = 1000) -> str:
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
-

@@ -24,8 +24,7 @@ DEVICES = ("null", "zero", "random", "urandom")
 SCRATCH = "/sandbox"
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
-                        ctypes.c_char_p]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _check(result: int, what: str) -> None:
@@ -34,11 +33,9 @@ def _check(result: int, what: str) -> None:
         raise OSError(err, f"sandbox: {what}: {os.strerror(err)}")
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int,
-           data: str | None = None) -> None:
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     args = [None if s is None else os.fsencode(s) for s in (source, target, fstype)]
-    _check(_libc.mount(*args, flags, None if data is None else data.encode()),
-           f"mount {source} on {target}")
+    _check(_libc.mount(*args, flags, None if data is None else data.encode()), f"mount {source} on {target}")
 
 
 def _bind(source: str, target: str, flags: int) -> None:
@@ -55,8 +52,7 @@ def _bind(source: str, target: str, flags: int) -> None:
     _mount(None, target, None, MS_REMOUNT | MS_BIND | flags | kept)
 
 
-def confine(root: str, scratch: str, readable: list[str], links: dict[str, str],
-            uid: int | None) -> None:
+def confine(root: str, scratch: str, readable: list[str], links: dict[str, str], uid: int | None) -> None:
     """Make `root` (an empty directory) the root of this mount namespace, holding `readable`
     read-only at their own paths, `links` (path -> symlink target, e.g. /lib -> usr/lib), the
     devices and `scratch` at /sandbox; then drop to `uid` (None: stay, e.g. inside a user

@@ -18,7 +18,7 @@ import sysconfig
 
 NAMESPACES, NONE = "namespaces", "none"
 UID_BASE = 1_000_000_000  # each solution runs as its own uid above this one (process counts
-UID_SPAN = 1 << 24        # and signals are per uid), never a uid of the system's users
+UID_SPAN = 1 << 24  # and signals are per uid), never a uid of the system's users
 UNSAFE_ENV = "HLAT_ALLOW_UNSAFE_CODE"
 
 

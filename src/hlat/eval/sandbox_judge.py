@@ -25,8 +25,23 @@ import sandbox_wire as wire  # noqa: E402
 MIB = 1 << 20
 # standard-library modules a test may use without importing them, when the solution imported
 # them at its top level (as MBPP's asserts do with math)
-TEST_MODULES = frozenset({"math", "cmath", "re", "collections", "itertools", "functools", "heapq",
-                          "bisect", "string", "operator", "statistics", "fractions", "decimal"})
+TEST_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "re",
+        "collections",
+        "itertools",
+        "functools",
+        "heapq",
+        "bisect",
+        "string",
+        "operator",
+        "statistics",
+        "fractions",
+        "decimal",
+    }
+)
 
 
 class SolutionError(Exception):
@@ -45,15 +60,19 @@ class Solution:
         if message[0] != "ready" or len(message) != 3:
             raise SolutionError(f"unexpected message {message[0][:40]!r} from the solution")
         functions, modules = message[1], message[2]
-        if not (isinstance(functions, list) and all(_bindable(n) for n in functions)
-                and isinstance(modules, dict) and all(_bindable(n) and isinstance(m, str)
-                                                      for n, m in modules.items())):
+        if not (
+            isinstance(functions, list)
+            and all(_bindable(n) for n in functions)
+            and isinstance(modules, dict)
+            and all(_bindable(n) and isinstance(m, str) for n, m in modules.items())
+        ):
             raise SolutionError("the solution announced malformed names")
         return functions, modules
 
     def proxy(self, name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             return self._call(name, args, kwargs)
+
         call.__name__ = call.__qualname__ = name
         return call
 
@@ -77,8 +96,13 @@ class Solution:
 
 def _bindable(name: Any) -> bool:
     """A name the test may see as the solution's: never a builtin the test relies on."""
-    return (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
-            and not name.startswith("__") and not hasattr(builtins, name))
+    return (
+        isinstance(name, str)
+        and name.isidentifier()
+        and not keyword.iskeyword(name)
+        and not name.startswith("__")
+        and not hasattr(builtins, name)
+    )
 
 
 def main() -> None:
@@ -98,8 +122,9 @@ def main() -> None:
         namespace[entry] = solution.proxy(entry)
     else:  # MBPP: the asserts call the solution's functions by name
         namespace.update({n: solution.proxy(n) for n in functions})
-        namespace.update({n: importlib.import_module(m) for n, m in modules.items()
-                          if m in TEST_MODULES and n not in namespace})
+        namespace.update(
+            {n: importlib.import_module(m) for n, m in modules.items() if m in TEST_MODULES and n not in namespace}
+        )
     exec(compile(spec["test"], "test.py", "exec"), namespace)
 
 

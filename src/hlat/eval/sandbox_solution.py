@@ -37,8 +37,8 @@ def main() -> None:
         if child:
             _keep(child, (calls, answers))
         from sandbox_confine import confine
-        confine(isolation["root"], os.getcwd(), isolation["readable"], isolation["links"],
-                isolation["uid"])
+
+        confine(isolation["root"], os.getcwd(), isolation["readable"], isolation["links"], isolation["uid"])
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -62,12 +62,14 @@ def _keep(child: int, fds: tuple[int, ...]) -> None:
 
 
 def _limit(limits: dict[str, int]) -> None:
-    for limit, value in ((resource.RLIMIT_AS, limits["memory_mb"] * MIB),
-                         (resource.RLIMIT_CPU, limits["cpu_s"]),
-                         (resource.RLIMIT_FSIZE, limits["file_mb"] * MIB),
-                         (resource.RLIMIT_NPROC, limits["processes"]),
-                         (resource.RLIMIT_NOFILE, 256),
-                         (resource.RLIMIT_CORE, 0)):
+    for limit, value in (
+        (resource.RLIMIT_AS, limits["memory_mb"] * MIB),
+        (resource.RLIMIT_CPU, limits["cpu_s"]),
+        (resource.RLIMIT_FSIZE, limits["file_mb"] * MIB),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_NOFILE, 256),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(limit, (value, value))
 
 

@@ -51,8 +51,10 @@ def encode(value: Any, depth: int = 0) -> list[Any]:
         return ["z", [encode(v, d) for v in value]]
     if isinstance(value, set):
         return ["e", [encode(v, d) for v in value]]
-    raise WireError(f"a {type(value).__name__} cannot cross the sandbox boundary (plain data only: "
-                    "None, bool, int, float, complex, str, bytes, list, tuple, dict, set)")
+    raise WireError(
+        f"a {type(value).__name__} cannot cross the sandbox boundary (plain data only: "
+        "None, bool, int, float, complex, str, bytes, list, tuple, dict, set)"
+    )
 
 
 def decode(data: Any, depth: int = 0) -> Any:
@@ -94,7 +96,7 @@ def send(fd: int, message: list[Any]) -> None:
         raise WireError(f"message of {len(body)} bytes is over the {MAX_FRAME}-byte limit")
     view = memoryview(len(body).to_bytes(4, "big") + body)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def receive(fd: int) -> list[Any]:

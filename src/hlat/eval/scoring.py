@@ -20,8 +20,7 @@ from hlat.eval.tasks.base import Doc, Task
 Scores = tuple[list[dict[str, float]], list[dict[str, Any]]]
 
 
-def score_multiple_choice(lm: LanguageModel, task: Task, docs: Sequence[Doc],
-                          prompts: Sequence[str]) -> Scores:
+def score_multiple_choice(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequence[str]) -> Scores:
     assert task.doc_to_choice is not None, f"task {task.name} has no doc_to_choice"
     requests: list[LoglikelihoodRequest] = []
     spans: list[tuple[int, int]] = []
@@ -45,8 +44,7 @@ def score_multiple_choice(lm: LanguageModel, task: Task, docs: Sequence[Doc],
     return scores, samples
 
 
-def score_loglikelihood(lm: LanguageModel, task: Task, docs: Sequence[Doc],
-                        prompts: Sequence[str]) -> Scores:
+def score_loglikelihood(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequence[str]) -> Scores:
     """One continuation per example (lm-eval's loglikelihood output type: doc_to_target, with no
     delimiter added). `perplexity` carries the log-likelihood; the harness aggregates it."""
     targets = [str(task.doc_to_target(doc)) for doc in docs]
@@ -59,49 +57,68 @@ def score_loglikelihood(lm: LanguageModel, task: Task, docs: Sequence[Doc],
     return scores, samples
 
 
-def score_generation(lm: LanguageModel, task: Task, docs: Sequence[Doc],
-                     prompts: Sequence[str]) -> Scores:
+def score_generation(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequence[str]) -> Scores:
     outputs = lm.generate([GenerateRequest(p, task.until, task.max_tokens) for p in prompts])
     extractors = task.extractors or {m: str.strip for m in task.metrics}
     scores, samples = [], []
     for doc, prompt, output in zip(docs, prompts, outputs):
         targets = task.doc_to_target(doc)
         answers = {m: extractors[m](output) for m in task.metrics}
-        scores.append({m: exact_match(answers[m], targets, task.ignore, task.ignore_punctuation,
-                                      task.ignore_case) for m in task.metrics})
-        samples.append({"prompt": prompt, "output": output, "answers": answers, "targets": targets,
-                        **scores[-1]})
+        scores.append(
+            {
+                m: exact_match(answers[m], targets, task.ignore, task.ignore_punctuation, task.ignore_case)
+                for m in task.metrics
+            }
+        )
+        samples.append({"prompt": prompt, "output": output, "answers": answers, "targets": targets, **scores[-1]})
     return scores, samples
 
 
-def score_code(lm: LanguageModel, task: Task, docs: Sequence[Doc], prompts: Sequence[str],
-               n_samples: int, temperature: float, limits: SandboxLimits, workers: int,
-               allow_unsafe: bool = False) -> Scores:
+def score_code(
+    lm: LanguageModel,
+    task: Task,
+    docs: Sequence[Doc],
+    prompts: Sequence[str],
+    n_samples: int,
+    temperature: float,
+    limits: SandboxLimits,
+    workers: int,
+    allow_unsafe: bool = False,
+) -> Scores:
     assert task.program is not None, f"task {task.name} has no program"
     require_isolation(allow_unsafe)  # refuse before generating, not after
     if n_samples > 1 and temperature <= 0:
-        raise ValueError(f"{n_samples} samples per problem need --temperature > 0 (greedy "
-                         "decoding would produce the same completion every time)")
-    requests = [GenerateRequest(p, task.until, task.max_tokens, temperature)
-                for p in prompts for _ in range(n_samples)]
+        raise ValueError(
+            f"{n_samples} samples per problem need --temperature > 0 (greedy "
+            "decoding would produce the same completion every time)"
+        )
+    requests = [GenerateRequest(p, task.until, task.max_tokens, temperature) for p in prompts for _ in range(n_samples)]
     completions = lm.generate(requests)
     programs = [task.program(docs[i // n_samples], c) for i, c in enumerate(completions)]
     results = run_programs(programs, limits, workers, allow_unsafe)
     ks = [k for k in (1, 10, 100) if k <= n_samples]
     scores, samples = [], []
-    for i, (doc, prompt) in enumerate(zip(docs, prompts)):
-        mine = results[i * n_samples:(i + 1) * n_samples]
+    for i, prompt in enumerate(prompts):
+        mine = results[i * n_samples : (i + 1) * n_samples]
         passed = sum(r.passed for r in mine)
         scores.append({f"pass@{k}": pass_at_k(n_samples, passed, k) for k in ks})
-        samples.append({"prompt": prompt, "completions": completions[i * n_samples:(i + 1) * n_samples],
-                        "status": [r.status for r in mine], "errors": [r.detail[-300:] for r in mine],
-                        **scores[-1]})
+        samples.append(
+            {
+                "prompt": prompt,
+                "completions": completions[i * n_samples : (i + 1) * n_samples],
+                "status": [r.status for r in mine],
+                "errors": [r.detail[-300:] for r in mine],
+                **scores[-1],
+            }
+        )
     return scores, samples
 
 
 def score_perplexity(lm: LanguageModel, task: Task, docs: Sequence[Doc]) -> Scores:
     texts = [task.doc_to_text(d) for d in docs]
     lls = lm.loglikelihood_rolling([RollingRequest(t) for t in texts])
-    rows = [{"loglikelihood": ll, "words": float(len(re.split(r"\s+", t))),
-             "bytes": float(len(t.encode("utf-8")))} for ll, t in zip(lls, texts)]
+    rows = [
+        {"loglikelihood": ll, "words": float(len(re.split(r"\s+", t))), "bytes": float(len(t.encode("utf-8")))}
+        for ll, t in zip(lls, texts)
+    ]
     return rows, [dict(r) for r in rows]

@@ -35,11 +35,11 @@ class TextStream:
             text = text.split(stop)[0]
         text = text.rstrip(REPLACEMENT)
         held = max((n for stop in self.until for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
-        return text[:len(text) - held]
+        return text[: len(text) - held]
 
     def _show(self, text: str) -> None:
         if len(text) > len(self.printed) and text.startswith(self.printed):
-            self.write(text[len(self.printed):])
+            self.write(text[len(self.printed) :])
             self.printed = text
 
 

@@ -9,21 +9,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlat.checkpoint.loading import LoadedModel, load_hlat_checkpoint, run_checkpoints, run_tokenizer
 from hlat.config.load import read_run_config
 from hlat.eval.harness import EvalOptions, evaluate
 from hlat.eval.lm import LanguageModel
 from hlat.eval.results import write_samples
-from hlat.checkpoint.loading import LoadedModel, load_hlat_checkpoint, run_checkpoints, run_tokenizer
 from hlat.eval.tasks import Task
 
 SWEEP_JSON = "sweep.json"
 SWEEP_PNG = "sweep.png"
 
 
-def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
-              make_lm: Callable[[LoadedModel], LanguageModel], tokenizer: str | Path | None = None,
-              log: Callable[[str], None] = print,
-              samples_dir: Path | None = None) -> list[dict[str, Any]]:
+def sweep_run(
+    run_dir: Path,
+    tasks: Sequence[Task],
+    options: EvalOptions,
+    make_lm: Callable[[LoadedModel], LanguageModel],
+    tokenizer: str | Path | None = None,
+    log: Callable[[str], None] = print,
+    samples_dir: Path | None = None,
+) -> list[dict[str, Any]]:
     """One row per checkpoint, oldest first: {checkpoint, step, tokens, tasks: {task: summary}}.
     With samples_dir, each checkpoint's per-example records go to <samples_dir>/<checkpoint>/."""
     run = read_run_config(run_dir)
@@ -35,13 +40,19 @@ def sweep_run(run_dir: Path, tasks: Sequence[Task], options: EvalOptions,
     rows = []
     for i, checkpoint in enumerate(checkpoints):
         loaded = load_hlat_checkpoint(checkpoint, cached=(model_cfg, data_cfg, tok))
-        log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: step {loaded.step}, "
-            f"{loaded.tokens} tokens")
+        log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: step {loaded.step}, {loaded.tokens} tokens")
         results, skipped = evaluate(make_lm(loaded), tasks, options, log)
         if samples_dir is not None:
             write_samples(samples_dir / checkpoint.name, results)
-        rows.append({"checkpoint": checkpoint.name, "step": loaded.step, "tokens": loaded.tokens,
-                     "tasks": {r.task: r.summary() for r in results}, "skipped": skipped})
+        rows.append(
+            {
+                "checkpoint": checkpoint.name,
+                "step": loaded.step,
+                "tokens": loaded.tokens,
+                "tasks": {r.task: r.summary() for r in results},
+                "skipped": skipped,
+            }
+        )
     return rows
 
 
@@ -69,7 +80,7 @@ def write_sweep(rows: list[dict[str, Any]], out_dir: Path, title: str) -> tuple[
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("tokens seen")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(series):]:
+    for ax in list(axes.flat)[len(series) :]:
         ax.axis("off")
     fig.suptitle(title)
     fig.tight_layout()

@@ -11,15 +11,15 @@ by the device the batch lives on (`document_mask`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable, Union
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 # What the model accepts as a mask: None (causal), a dense bool mask, or a BlockMask.
-AttentionMask = Union[torch.Tensor, BlockMask, None]
+AttentionMask = torch.Tensor | BlockMask | None
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
@@ -50,6 +50,7 @@ def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:
 def flex_document_mask(doc_ids: torch.Tensor, compiled: bool = False) -> BlockMask:
     """The same mask as a FlexAttention BlockMask over [B, any head, T, T]. `compiled` builds it
     with a compiled kernel instead of evaluating every (q, kv) pair eagerly ([B, T, T] at once)."""
+
     def causal_same_document(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         return (q >= kv) & (doc_ids[b, q] == doc_ids[b, kv])
 

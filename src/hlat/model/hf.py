@@ -52,9 +52,12 @@ _HF_IGNORED = re.compile(r"(model\.)?(layers\.\d+\.self_attn\.)?rotary_emb\.(ori
 _ROPE_KEYS: dict[str, dict[str, str]] = {
     "none": {},
     "linear": {"rope_factor": "factor"},
-    "llama3": {"rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",
-               "rope_high_freq_factor": "high_freq_factor",
-               "rope_original_max_seq_len": "original_max_position_embeddings"},
+    "llama3": {
+        "rope_factor": "factor",
+        "rope_low_freq_factor": "low_freq_factor",
+        "rope_high_freq_factor": "high_freq_factor",
+        "rope_original_max_seq_len": "original_max_position_embeddings",
+    },
 }
 
 
@@ -72,8 +75,9 @@ def hf_config_dict(cfg: ModelConfig) -> dict[str, Any]:
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
         # the pre-5 form, which transformers 5 still reads (and turns into rope_parameters)
-        "rope_scaling": None if scaling == "none" else {
-            "rope_type": scaling, **{hf: getattr(cfg, ours) for ours, hf in _ROPE_KEYS[scaling].items()}},
+        "rope_scaling": None
+        if scaling == "none"
+        else {"rope_type": scaling, **{hf: getattr(cfg, ours) for ours, hf in _ROPE_KEYS[scaling].items()}},
         "max_position_embeddings": cfg.max_seq_len,
         "initializer_range": cfg.init_std,
         "hidden_act": "silu",
@@ -87,15 +91,20 @@ def _rope_fields(d: dict[str, Any]) -> dict[str, Any]:
     """hlat's rope_* fields from config.json's rope_scaling (transformers < 5: "rope_type", or
     "type" in older files) or rope_parameters (transformers >= 5, which also holds rope_theta)."""
     params = d.get("rope_parameters") or {}
-    key, scaling = ("rope_parameters", params) if params.get("rope_type", "default") != "default" \
+    key, scaling = (
+        ("rope_parameters", params)
+        if params.get("rope_type", "default") != "default"
         else ("rope_scaling", d.get("rope_scaling") or {})
+    )
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     out: dict[str, Any] = {"rope_theta": float(params.get("rope_theta", d.get("rope_theta", 10000.0)))}
     if kind == "default":
         return out
     if kind not in _ROPE_KEYS:
-        raise ValueError(f"{key}={scaling!r}: hlat implements the RoPE types {', '.join(t for t in _ROPE_KEYS if t != 'none')} "
-                         f"(not {kind!r}); use a model trained with one of them or none")
+        raise ValueError(
+            f"{key}={scaling!r}: hlat implements the RoPE types {', '.join(t for t in _ROPE_KEYS if t != 'none')} "
+            f"(not {kind!r}); use a model trained with one of them or none"
+        )
     missing = [hf for hf in _ROPE_KEYS[kind].values() if hf not in scaling]
     if missing:
         raise ValueError(f"{key}={scaling!r} lacks {', '.join(missing)}, which rope_type {kind!r} needs")
@@ -137,8 +146,9 @@ def decoder_config_from_hf(d: dict[str, Any], family: str) -> ModelConfig:
     )
 
 
-def _rename(name: str, layer_re: re.Pattern[str], layer_names: dict[str, str],
-            top_names: dict[str, str], layer_prefix: str) -> str:
+def _rename(
+    name: str, layer_re: re.Pattern[str], layer_names: dict[str, str], top_names: dict[str, str], layer_prefix: str
+) -> str:
     if name in top_names:
         return top_names[name]
     m = layer_re.fullmatch(name)
@@ -151,14 +161,16 @@ def renamed_to_hlat(state_dict: dict[str, T], layer_names: Mapping[str, str]) ->
     """A Hugging Face state dict under hlat names, `layer_names` (hlat -> HF) inside each layer."""
     to_ours = {hf: ours for ours, hf in layer_names.items()}
     top_names = {hf: ours for ours, hf in _TOP_NAMES.items()}
-    return {_rename(k, _HF_LAYER, to_ours, top_names, "layers."): v
-            for k, v in state_dict.items() if not _HF_IGNORED.fullmatch(k)}
+    return {
+        _rename(k, _HF_LAYER, to_ours, top_names, "layers."): v
+        for k, v in state_dict.items()
+        if not _HF_IGNORED.fullmatch(k)
+    }
 
 
 def renamed_to_hf(state_dict: dict[str, T], layer_names: Mapping[str, str]) -> dict[str, T]:
     """An hlat state dict under Hugging Face names, `layer_names` (hlat -> HF) inside each layer."""
-    return {_rename(k, _HLAT_LAYER, layer_names, _TOP_NAMES, "model.layers."): v
-            for k, v in state_dict.items()}
+    return {_rename(k, _HLAT_LAYER, layer_names, _TOP_NAMES, "model.layers."): v for k, v in state_dict.items()}
 
 
 def hf_to_hlat(state_dict: dict[str, T]) -> dict[str, T]:

@@ -23,10 +23,12 @@ class LayerKV:
             self.keys, self.values = k.new_empty(shape), v.new_empty(shape)
         end = self.length + k.shape[1]
         if end > self.capacity:
-            raise ValueError(f"the KV cache holds {self.capacity} positions; {end} were requested: "
-                             "build it with the prompt length plus the tokens to generate")
-        self.keys[:, self.length:end] = k
-        self.values[:, self.length:end] = v
+            raise ValueError(
+                f"the KV cache holds {self.capacity} positions; {end} were requested: "
+                "build it with the prompt length plus the tokens to generate"
+            )
+        self.keys[:, self.length : end] = k
+        self.values[:, self.length : end] = v
         self.length = end
         return self.keys[:, :end], self.values[:, :end]
 

@@ -103,11 +103,15 @@ class Attention(nn.Module):
         (Qwen3) overrides this. -1 = local head count: under tensor parallelism wq/wk/wv hold a
         slice of the heads."""
         B, T, _ = x.shape
-        return (self.wq(x).view(B, T, -1, self.head_dim), self.wk(x).view(B, T, -1, self.head_dim),
-                self.wv(x).view(B, T, -1, self.head_dim))
+        return (
+            self.wq(x).view(B, T, -1, self.head_dim),
+            self.wk(x).view(B, T, -1, self.head_dim),
+            self.wv(x).view(B, T, -1, self.head_dim),
+        )
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: AttentionMask, kv: LayerKV | None = None
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         # The tables may cover more positions than x (under sequence parallel the caller sees only
         # its shard of the sequence; x here is the gathered full sequence): keep the first T.
@@ -141,19 +145,20 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attn_mask: AttentionMask, kv: LayerKV | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn_mask: AttentionMask, kv: LayerKV | None = None
+    ) -> torch.Tensor:
         # kv by keyword: tensor-parallel input hooks see the four positional inputs only
         x = x + self.attention(self.attention_norm(x), cos, sin, attn_mask, kv=kv)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-def _drop_tied_output(module: "Llama", state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _drop_tied_output(module: Llama, state: dict[str, Any], prefix: str, local_metadata: Any) -> None:
     if module.output is not None and module.tok_embeddings is not None:
         state.pop(prefix + "output.weight", None)  # the embedding, saved once as tok_embeddings.weight
 
 
-def _retie_after_load(module: "Llama", incompatible: Any) -> None:
+def _retie_after_load(module: Llama, incompatible: Any) -> None:
     module.tie_weights()  # load_state_dict(assign=True) replaced tok_embeddings.weight alone
     if "output.weight" in incompatible.missing_keys:
         incompatible.missing_keys.remove("output.weight")
@@ -237,9 +242,14 @@ class Llama(nn.Module):
             self.reset_rope()
         return self
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                attn_mask: AttentionMask = None, cache: KVCache | None = None,
-                doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attn_mask: AttentionMask = None,
+        cache: KVCache | None = None,
+        doc_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """tokens [B, T] -> logits [B, T, vocab] in the compute dtype.
 
         positions: [B, T] token positions (default 0..T-1), e.g. reset at document starts.

@@ -56,8 +56,11 @@ def qwen3_stage_costs(cfg: ModelConfig) -> tuple[float, float]:
     return stage_flops(cfg, cfg.n_heads * cfg.attn_head_dim)
 
 
-QWEN3_LAYER_NAMES = {**LAYER_NAMES, "attention.q_norm.weight": "self_attn.q_norm.weight",
-                     "attention.k_norm.weight": "self_attn.k_norm.weight"}
+QWEN3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
+}
 
 
 def qwen3_config_dict(cfg: ModelConfig) -> dict[str, Any]:

@@ -29,17 +29,26 @@ from hlat.model.size import llama_flops_per_token, llama_params, llama_stage_cos
 TPRole = Literal["sequence_norm", "attention_input", "ffn_input", "column", "row", "kv", "head_norm"]
 
 LLAMA_TP_PLAN: dict[str, TPRole] = {
-    "attention_norm": "sequence_norm", "attention": "attention_input",
-    "attention.wq": "column", "attention.wk": "kv", "attention.wv": "kv", "attention.wo": "row",
-    "ffn_norm": "sequence_norm", "feed_forward": "ffn_input",
-    "feed_forward.w1": "column", "feed_forward.w2": "row", "feed_forward.w3": "column",
+    "attention_norm": "sequence_norm",
+    "attention": "attention_input",
+    "attention.wq": "column",
+    "attention.wk": "kv",
+    "attention.wv": "kv",
+    "attention.wo": "row",
+    "ffn_norm": "sequence_norm",
+    "feed_forward": "ffn_input",
+    "feed_forward.w1": "column",
+    "feed_forward.w2": "row",
+    "feed_forward.w3": "column",
 }
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     family: str
-    model: type[Llama]  # built from a ModelConfig; the top-level layout (tok_embeddings, layers, norm, output) is LLaMA's
+    model: type[
+        Llama
+    ]  # built from a ModelConfig; the top-level layout (tok_embeddings, layers, norm, output) is LLaMA's
     tensor_parallel: Mapping[str, TPRole]  # each block module's role, by its name in the block
     stage_costs: Callable[[ModelConfig], tuple[float, float]]  # (per-layer, head) FLOPs the pipeline split balances
     hf: HFMapping
@@ -48,8 +57,15 @@ class ModelSpec:
 
 
 LLAMA = ModelSpec("llama", Llama, LLAMA_TP_PLAN, llama_stage_costs, LLAMA_HF, llama_params, llama_flops_per_token)
-QWEN3 = ModelSpec("qwen3", Qwen3, {**LLAMA_TP_PLAN, "attention.q_norm": "head_norm", "attention.k_norm": "head_norm"},
-                  qwen3_stage_costs, QWEN3_HF, qwen3_params, qwen3_flops_per_token)
+QWEN3 = ModelSpec(
+    "qwen3",
+    Qwen3,
+    {**LLAMA_TP_PLAN, "attention.q_norm": "head_norm", "attention.k_norm": "head_norm"},
+    qwen3_stage_costs,
+    QWEN3_HF,
+    qwen3_params,
+    qwen3_flops_per_token,
+)
 SPECS: dict[str, ModelSpec] = {spec.family: spec for spec in (LLAMA, QWEN3)}  # ModelConfig.family's Literal names these
 
 
@@ -79,5 +95,7 @@ def hf_spec(config: Mapping[str, Any]) -> ModelSpec:
     for spec in SPECS.values():
         if spec.hf.model_type == model_type:
             return spec
-    raise ValueError(f"model_type={model_type!r}: hlat loads the model types "
-                     f"{' and '.join(repr(s.hf.model_type) for s in SPECS.values())}")
+    raise ValueError(
+        f"model_type={model_type!r}: hlat loads the model types "
+        f"{' and '.join(repr(s.hf.model_type) for s in SPECS.values())}"
+    )

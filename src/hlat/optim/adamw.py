@@ -34,8 +34,14 @@ def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
 FUSED_DEVICES = ("cpu", "cuda")
 
 
-def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0, compile: bool = True,
-                device_type: str = "cpu", model: nn.Module | None = None) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def adamw_class(
+    cfg: OptimConfig,
+    bf16_rounding: str | None = None,
+    seed: int = 0,
+    compile: bool = True,
+    device_type: str = "cpu",
+    model: nn.Module | None = None,
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
     """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
 
     `bf16_rounding` None: torch AdamW for fp32 state (fused on `device_type`s that have the kernel).
@@ -51,8 +57,9 @@ def adamw_class(cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 
     return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile, "names": names}
 
 
-def build_adamw(model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0,
-                compile: bool = True) -> torch.optim.Optimizer:
+def build_adamw(
+    model: nn.Module, cfg: OptimConfig, bf16_rounding: str | None = None, seed: int = 0, compile: bool = True
+) -> torch.optim.Optimizer:
     device_type = next(model.parameters()).device.type
     cls, kwargs = adamw_class(cfg, bf16_rounding, seed, compile, device_type, model)
     return cls(decay_groups(model, cfg), **kwargs)

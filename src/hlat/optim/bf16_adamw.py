@@ -37,9 +37,24 @@ from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
 ROUNDINGS = ("stochastic", "nearest")
 
 
-def adamw_update_(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, skip: torch.Tensor,
-                  bias1: torch.Tensor, bias2_sqrt: torch.Tensor, *, lr: float, beta1: float, beta2: float, eps: float,
-                  weight_decay: float, stochastic: bool, offset: int, seed: int) -> None:
+def adamw_update_(
+    p: torch.Tensor,
+    g: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    skip: torch.Tensor,
+    bias1: torch.Tensor,
+    bias2_sqrt: torch.Tensor,
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+    stochastic: bool,
+    offset: int,
+    seed: int,
+) -> None:
     """One AdamW update of flat bf16 tensors, in fp32, in torch.optim.AdamW's order of operations.
 
     `bias1`, `bias2_sqrt` (0-d, device): Adam's bias corrections for this update, computed outside
@@ -105,9 +120,19 @@ def noise_seed(seed: int, call: int, parameter: str | int, salt: int) -> int:
 
 
 class BF16AdamW(torch.optim.Optimizer):
-    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 1e-2, *, rounding: str = "stochastic", seed: int = 0,
-                 compile: bool = True, names: Mapping[int, str] | None = None) -> None:
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        rounding: str = "stochastic",
+        seed: int = 0,
+        compile: bool = True,
+        names: Mapping[int, str] | None = None,
+    ) -> None:
         """`names`: id(parameter) -> its name, which keys its rounding noise (adamw_class builds it
         from the model); a parameter without one is keyed by its position across the groups."""
         if rounding not in ROUNDINGS:
@@ -121,8 +146,10 @@ class BF16AdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.bfloat16:
-                    raise TypeError(f"BF16AdamW updates bf16 parameters, got a {p.dtype} one of shape {tuple(p.shape)}; "
-                                    "cast the model with hlat.precision.cast_parameters first")
+                    raise TypeError(
+                        f"BF16AdamW updates bf16 parameters, got a {p.dtype} one of shape {tuple(p.shape)}; "
+                        "cast the model with hlat.precision.cast_parameters first"
+                    )
                 if p.numel() >= MAX_ELEMENTS:
                     raise ValueError(f"a parameter of {p.numel():,} elements exceeds the 2^31 of the rounding counter")
 
@@ -145,8 +172,11 @@ class BF16AdamW(torch.optim.Optimizer):
                 local = local_tensor(p)
                 skip = skips.get(local.device)
                 if skip is None:
-                    skip = skips[local.device] = (torch.zeros((), device=local.device) if found_inf is None
-                                                  else found_inf.to(local.device, torch.float32, non_blocking=True))
+                    skip = skips[local.device] = (
+                        torch.zeros((), device=local.device)
+                        if found_inf is None
+                        else found_inf.to(local.device, torch.float32, non_blocking=True)
+                    )
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=local.device)
@@ -155,10 +185,20 @@ class BF16AdamW(torch.optim.Optimizer):
                 step = state["step"].add_(1 - skip)
                 offset, salt = _shard_position(p)
                 self.update(
-                    local.view(-1), _local_grad(p).view(-1), local_tensor(state["exp_avg"]).view(-1),
-                    local_tensor(state["exp_avg_sq"]).view(-1), skip, 1 - beta1**step, (1 - beta2**step).sqrt(),
-                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    stochastic=group["rounding"] == "stochastic", offset=offset,
+                    local.view(-1),
+                    _local_grad(p).view(-1),
+                    local_tensor(state["exp_avg"]).view(-1),
+                    local_tensor(state["exp_avg_sq"]).view(-1),
+                    skip,
+                    1 - beta1**step,
+                    (1 - beta2**step).sqrt(),
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    stochastic=group["rounding"] == "stochastic",
+                    offset=offset,
                     seed=noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt),
                 )
         return loss

@@ -65,7 +65,9 @@ def _selective_policy(ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> C
     return CheckpointPolicy.MUST_SAVE
 
 
-def _op_policy(every_other_mm: bool, counts: Counter[bool], ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+def _op_policy(
+    every_other_mm: bool, counts: Counter[bool], ctx: SelectiveCheckpointContext, op, *args, **kwargs
+) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
     if op not in _SAVE:
         return CheckpointPolicy.PREFER_RECOMPUTE
     if every_other_mm and op in _MATMULS:
@@ -118,7 +120,9 @@ def _entered(context, modes):  # type: ignore[no-untyped-def]
         yield
 
 
-def apply_activation_checkpoint(model: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False) -> None:
+def apply_activation_checkpoint(
+    model: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False
+) -> None:
     """Wrap each transformer block of `model` for recompute policy `mode` (none, selective, op, full)."""
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_block(block, mode, every_other_mm, compiled)

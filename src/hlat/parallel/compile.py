@@ -41,32 +41,52 @@ def compile_disabled_by_torch() -> bool:
 # fullgraph; CPU/gloo): a block's DTensor input receives a plain-tensor gradient, which the
 # sequence-parallel redistribute before it cannot take ("'Tensor' object has no attribute
 # '_local_tensor'"). FSDP2, pipeline stages and both recompute modes compile with fullgraph.
-TP_UNSUPPORTED = "tensor-parallel blocks do not compile on this torch (a DTensor input gets a plain gradient in backward)"
+TP_UNSUPPORTED = (
+    "tensor-parallel blocks do not compile on this torch (a DTensor input gets a plain gradient in backward)"
+)
 
 
-def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, precision_mode: str,
-                   micro_batch: int, seq_len: int, document_masking: bool, tp: int = 1,
-                   recompute: str = "none", every_other_mm: bool = False) -> CompileDecision:
+def decide_compile(
+    setting: str,
+    model_cfg: ModelConfig,
+    device: torch.device,
+    precision_mode: str,
+    micro_batch: int,
+    seq_len: int,
+    document_masking: bool,
+    tp: int = 1,
+    recompute: str = "none",
+    every_other_mm: bool = False,
+) -> CompileDecision:
     """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
     `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too."""
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
-        return CompileDecision(False, f"compile: off (parallel.compile {setting}, but torch.compile is disabled by "
-                                      "TORCH_COMPILE_DISABLE=1 / torch._dynamo.config.disable)")
+        return CompileDecision(
+            False,
+            f"compile: off (parallel.compile {setting}, but torch.compile is disabled by "
+            "TORCH_COMPILE_DISABLE=1 / torch._dynamo.config.disable)",
+        )
     if tp > 1:
         if setting == "true":
-            raise UserError(f"parallel.compile=true with parallel.tp={tp}: {TP_UNSUPPORTED}; set --parallel.compile "
-                            "false (or auto, which runs tensor-parallel layouts eager)")
+            raise UserError(
+                f"parallel.compile=true with parallel.tp={tp}: {TP_UNSUPPORTED}; set --parallel.compile "
+                "false (or auto, which runs tensor-parallel layouts eager)"
+            )
         return CompileDecision(False, f"compile: off (auto: {TP_UNSUPPORTED})")
     if device.type not in INDUCTOR_DEVICES:
         if setting == "true":
-            raise UserError(f"parallel.compile=true, but inductor does not support device {device.type!r}; "
-                            "set --parallel.compile false (or auto)")
+            raise UserError(
+                f"parallel.compile=true, but inductor does not support device {device.type!r}; "
+                "set --parallel.compile false (or auto)"
+            )
         return CompileDecision(False, f"compile: off (auto: no inductor backend for {device.type})")
     start = time.perf_counter()
     try:
-        probe_block(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
+        probe_block(
+            model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm
+        )
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err
@@ -74,8 +94,10 @@ def decide_compile(setting: str, model_cfg: ModelConfig, device: torch.device, p
     if not _all_ranks(error is None, device):
         reason = _first_line(error) if error is not None else "failed on another rank"
         if setting == "true":
-            raise UserError(f"parallel.compile=true, but compiling a transformer block failed: {reason}; "
-                            "set --parallel.compile false (or auto, which falls back to eager)") from error
+            raise UserError(
+                f"parallel.compile=true, but compiling a transformer block failed: {reason}; "
+                "set --parallel.compile false (or auto, which falls back to eager)"
+            ) from error
         return CompileDecision(False, f"warning: compile: torch.compile failed ({reason}); running eager")
     return CompileDecision(True, f"compile: on (inductor, probe {seconds:.1f} s)")
 
@@ -87,8 +109,16 @@ def compile_blocks(module: nn.Module, backend: str = "inductor") -> None:
         module.layers[name] = torch.compile(block, fullgraph=True, backend=backend)
 
 
-def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
-                seq_len: int, document_masking: bool, recompute: str = "none", every_other_mm: bool = False) -> None:
+def probe_block(
+    model_cfg: ModelConfig,
+    device: torch.device,
+    precision_mode: str,
+    micro_batch: int,
+    seq_len: int,
+    document_masking: bool,
+    recompute: str = "none",
+    every_other_mm: bool = False,
+) -> None:
     """Compile one block with the run's shapes and recompute policy and run forward and backward.
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
@@ -96,8 +126,16 @@ def probe_block(model_cfg: ModelConfig, device: torch.device, precision_mode: st
         _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
 
 
-def _probe(model_cfg: ModelConfig, device: torch.device, precision_mode: str, micro_batch: int,
-           seq_len: int, document_masking: bool, recompute: str, every_other_mm: bool) -> None:
+def _probe(
+    model_cfg: ModelConfig,
+    device: torch.device,
+    precision_mode: str,
+    micro_batch: int,
+    seq_len: int,
+    document_masking: bool,
+    recompute: str,
+    every_other_mm: bool,
+) -> None:
     with torch.device("meta"):
         block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
     block.to_empty(device=device)

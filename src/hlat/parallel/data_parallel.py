@@ -26,8 +26,12 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy:
     once per step. Forward inputs are not cast: RoPE tables stay fp32.
     """
     if precision.mode == "mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=DTYPES[precision.reduce_dtype], cast_forward_inputs=False)
-    return MixedPrecisionPolicy(reduce_dtype=torch.float32 if precision.fp32_grad_accum else None, cast_forward_inputs=False)
+        return MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=DTYPES[precision.reduce_dtype], cast_forward_inputs=False
+        )
+    return MixedPrecisionPolicy(
+        reduce_dtype=torch.float32 if precision.fp32_grad_accum else None, cast_forward_inputs=False
+    )
 
 
 def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig) -> nn.Module:

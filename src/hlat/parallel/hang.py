@@ -64,19 +64,25 @@ def report(rank: int, world: int, doing: str, err: BaseException) -> str:
         arrived = [r for r in everyone if r not in missing]
         lines = dict(zip(arrived, (v.decode() for v in store.multi_get([str(r) for r in arrived]))))
     except Exception as store_err:  # without torchrun's agent store the store lives in rank 0's process
-        return (f"{doing}: timed out after {timeout_s:g} s waiting for other ranks, and the rendezvous store could not be "
-                f"reached to learn which ({store_err}). Check every rank's log; backend error: {backend_line}")
+        return (
+            f"{doing}: timed out after {timeout_s:g} s waiting for other ranks, and the rendezvous store could not be "
+            f"reached to learn which ({store_err}). Check every rank's log; backend error: {backend_line}"
+        )
     others: dict[str, list[int]] = {}
     for r, line in lines.items():
         if line != doing:
             others.setdefault(line, []).append(r)
     elsewhere = "".join(f"; {_ranks(rs)} timed out in {line} instead" for line, rs in others.items())
     if not missing:
-        return (f"{doing}: every rank timed out after {timeout_s:g} s{elsewhere}. No rank is stuck: suspect the network "
-                f"between nodes (or a too-short HLAT_COLLECTIVE_TIMEOUT_S); backend error: {backend_line}")
-    return (f"{doing}: {_ranks(missing)} never arrived within {timeout_s:g} s; {_ranks(arrived)} waited{elsewhere}. "
-            f"Check rank {missing[0]}'s log and node (a crash, a hung device or data read, a lost network link); "
-            f"the launcher restarts the group from the newest checkpoint. Backend error: {backend_line}")
+        return (
+            f"{doing}: every rank timed out after {timeout_s:g} s{elsewhere}. No rank is stuck: suspect the network "
+            f"between nodes (or a too-short HLAT_COLLECTIVE_TIMEOUT_S); backend error: {backend_line}"
+        )
+    return (
+        f"{doing}: {_ranks(missing)} never arrived within {timeout_s:g} s; {_ranks(arrived)} waited{elsewhere}. "
+        f"Check rank {missing[0]}'s log and node (a crash, a hung device or data read, a lost network link); "
+        f"the launcher restarts the group from the newest checkpoint. Backend error: {backend_line}"
+    )
 
 
 def _missing(store: dist.Store, ranks: list[int]) -> list[int]:

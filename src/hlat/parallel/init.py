@@ -42,13 +42,18 @@ def shard_indices(param: torch.Tensor) -> list[torch.Tensor]:
         if placement.is_replicate():
             continue
         dim = placement.dim  # type: ignore[attr-defined]  # Shard or _StridedShard
-        pieces, _ = placement._split_tensor(indices[dim].view([1] * dim + [-1]), param.device_mesh.size(mesh_dim),  # type: ignore[attr-defined]
-                                            with_padding=False)
+        pieces, _ = placement._split_tensor(
+            indices[dim].view([1] * dim + [-1]),
+            param.device_mesh.size(mesh_dim),  # type: ignore[attr-defined]
+            with_padding=False,
+        )
         indices[dim] = pieces[coordinate[mesh_dim]].reshape(-1)
     local_shape = tuple(local_tensor(param).shape)
     if tuple(len(i) for i in indices) != local_shape:
-        raise RuntimeError(f"shard indices {[len(i) for i in indices]} do not match the local shape {local_shape} "
-                           f"of a parameter placed {param.placements}")
+        raise RuntimeError(
+            f"shard indices {[len(i) for i in indices]} do not match the local shape {local_shape} "
+            f"of a parameter placed {param.placements}"
+        )
     return indices
 
 
@@ -56,7 +61,7 @@ def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
     """This rank's elements of `param` from the global-index function, CHUNK elements at a time."""
     local = local_tensor(param)
     indices = shard_indices(param)
-    strides = [math.prod(param.shape[d + 1:]) for d in range(param.dim())]
+    strides = [math.prod(param.shape[d + 1 :]) for d in range(param.dim())]
     # Global offsets within a row, by broadcasting (at least 1-D).
     inner = torch.zeros([1] * max(1, param.dim() - 1), dtype=torch.long, device=local.device)
     for d in range(1, param.dim()):
@@ -65,8 +70,8 @@ def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
     scale = value_scale(std)
     rows = max(1, CHUNK // max(1, inner.numel()))
     for start in range(0, local.shape[0], rows):
-        block = local[start:start + rows]
-        block.copy_(init_values(indices[0][start:start + rows], inner, strides[0], k0, k1, scale).view(block.shape))
+        block = local[start : start + rows]
+        block.copy_(init_values(indices[0][start : start + rows], inner, strides[0], k0, k1, scale).view(block.shape))
 
 
 @torch.no_grad()

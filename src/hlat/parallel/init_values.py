@@ -72,7 +72,9 @@ def value_scale(std: float) -> float:
     return torch.tensor(std * _UNIT, dtype=torch.float32).item()
 
 
-def init_values(rows: torch.Tensor, inner: torch.Tensor, row_stride: int, k0: int, k1: int, scale: float) -> torch.Tensor:
+def init_values(
+    rows: torch.Tensor, inner: torch.Tensor, row_stride: int, k0: int, k1: int, scale: float
+) -> torch.Tensor:
     """fp32 values of the elements at global flat indices rows[:, None, ...] * row_stride + inner
     (int64; shape (len(rows), *inner.shape)), for key words k0, k1 (parameter_key) and `scale`
     (value_scale)."""

@@ -101,7 +101,9 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
         if store is None:
             dist.init_process_group(backend=backend, timeout=timeout)
         else:
-            dist.init_process_group(backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world)
+            dist.init_process_group(
+                backend=backend, timeout=timeout, store=store, rank=int(os.environ["RANK"]), world_size=world
+            )
     return make_layout(degrees, device)
 
 
@@ -118,7 +120,9 @@ def collective_timeout() -> datetime.timedelta:
             except ValueError:
                 seconds = 0.0
             if seconds <= 0:
-                raise ValueError(f"{name}={value!r} is not a positive number; set it to a timeout like 600 (seconds) or unset it")
+                raise ValueError(
+                    f"{name}={value!r} is not a positive number; set it to a timeout like 600 (seconds) or unset it"
+                )
             return datetime.timedelta(seconds=seconds)
     return datetime.timedelta(minutes=30)
 

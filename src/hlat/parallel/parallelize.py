@@ -117,7 +117,9 @@ class ParallelModel:
                 args, kwargs = self._schedule_io(batches, losses)
                 with self._context(device):
                     self.schedule.eval(*args, **kwargs)
-                total = torch.stack([full_tensor(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
+                total = (
+                    torch.stack([full_tensor(x) for x in losses]).sum() if losses else torch.zeros((), device=device)
+                )
             else:
                 total = torch.zeros((), device=device)
                 for batch in batches:
@@ -135,7 +137,9 @@ class ParallelModel:
         args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
         kwargs: dict[str, Any] = {}
         if batches[0].doc_ids is not None:
-            kwargs.update(positions=torch.cat([b.positions for b in batches]), doc_ids=torch.cat([b.doc_ids for b in batches]))
+            kwargs.update(
+                positions=torch.cat([b.positions for b in batches]), doc_ids=torch.cat([b.doc_ids for b in batches])
+            )
         if self.is_last_stage:
             kwargs.update(target=torch.cat([b.labels for b in batches]), losses=losses)
         return args, kwargs
@@ -192,9 +196,17 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
     check_data_parallel(par.dp_sharding, layout.degrees)
 
 
-def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout, device: torch.device,
-                         seed: int, n_microbatches: int, precision_mode: str | PrecisionConfig, compiled: bool = False,
-                         float8: bool = False) -> ParallelModel:
+def build_parallel_model(
+    model_cfg: ModelConfig,
+    par: ParallelConfig,
+    layout: Layout,
+    device: torch.device,
+    seed: int,
+    n_microbatches: int,
+    precision_mode: str | PrecisionConfig,
+    compiled: bool = False,
+    float8: bool = False,
+) -> ParallelModel:
     """`precision_mode`: the run's precision settings, or a mode name with the others' defaults.
     `compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
     `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported)."""
@@ -231,11 +243,22 @@ def build_parallel_model(model_cfg: ModelConfig, par: ParallelConfig, layout: La
         module.reset_rope()
         parts.append(module if sharded else apply_data_parallel(module, layout, par.dp_sharding, precision))
     fsdp = sharded and layout.dp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
-    accumulator = Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
-    pm = ParallelModel(parts, raw, layout, precision_mode, is_first_stage=0 in indices, is_last_stage=n_stages - 1 in indices,
-                       reshard_after_backward=par.reshard_after_backward, grad_accumulator=accumulator)
+    accumulator = (
+        Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
+    )
+    pm = ParallelModel(
+        parts,
+        raw,
+        layout,
+        precision_mode,
+        is_first_stage=0 in indices,
+        is_last_stage=n_stages - 1 in indices,
+        reshard_after_backward=par.reshard_after_backward,
+        grad_accumulator=accumulator,
+    )
     if layout.pp > 1:
         pm.tied = tie_across_stages(raw, indices, n_stages, layout)
-        pm.schedule = build_schedule(parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule,
-                                     n_microbatches, pm._pipeline_loss)
+        pm.schedule = build_schedule(
+            parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule, n_microbatches, pm._pipeline_loss
+        )
     return pm

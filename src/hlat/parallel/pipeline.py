@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import ScheduleGPipe, ScheduleInterleaved1F1B, Schedule1F1B
+from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from hlat.errors import ConfigError
 
@@ -22,7 +22,9 @@ from hlat.errors import ConfigError
 def split_layers(n_layers: int, n_stages: int, layer_cost: float, head_cost: float) -> list[range]:
     """Contiguous layer ranges per stage minimising the costliest stage (the last adds the head)."""
     if n_stages > n_layers:
-        raise ConfigError([("parallel.pp", f"{n_stages} pipeline stages need at least as many layers; the model has {n_layers}")])
+        raise ConfigError(
+            [("parallel.pp", f"{n_stages} pipeline stages need at least as many layers; the model has {n_layers}")]
+        )
     # best[s][i]: minimal max-cost splitting the first i layers into s stages (last stage not yet).
     inf = float("inf")
     best = [[inf] * (n_layers + 1) for _ in range(n_stages + 1)]
@@ -67,11 +69,26 @@ def cut_stage(model: nn.Module, layers: range, first: bool, last: bool) -> nn.Mo
     return model
 
 
-def build_schedule(stage_modules: list[nn.Module], indices: list[int], n_stages: int, device: torch.device,
-                   group, name: str, n_microbatches: int, loss_fn: Callable):  # type: ignore[no-untyped-def]
+def build_schedule(
+    stage_modules: list[nn.Module],
+    indices: list[int],
+    n_stages: int,
+    device: torch.device,
+    group,
+    name: str,
+    n_microbatches: int,
+    loss_fn: Callable,
+):  # type: ignore[no-untyped-def]
     if n_microbatches < n_stages // len(indices):
-        raise ConfigError([("train.micro_batch", f"pipeline parallel needs at least pp={n_stages // len(indices)} micro-batches per step, "
-                            f"got {n_microbatches}; lower train.micro_batch or raise train.global_batch")])
+        raise ConfigError(
+            [
+                (
+                    "train.micro_batch",
+                    f"pipeline parallel needs at least pp={n_stages // len(indices)} micro-batches per step, "
+                    f"got {n_microbatches}; lower train.micro_batch or raise train.global_batch",
+                )
+            ]
+        )
     stages = [PipelineStage(m, i, n_stages, device, group=group) for m, i in zip(stage_modules, indices)]
     # Our loss_fn already divides by the global target count, so the schedule must not rescale.
     if name == "interleaved-1f1b":

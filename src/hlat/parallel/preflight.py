@@ -47,14 +47,25 @@ def check_devices(device_name: str, rank: int, local_rank: int, local_world: int
         free, total = torch.cuda.mem_get_info(local)
         figure = f"cuda:{local} of {count}, {props.name}, {free / 2**30:.0f} of {total / 2**30:.0f} GiB free"
         if local_world > count:
-            return Check("devices", rank, "FAIL", figure, f"{local_world} processes on this node share {count} GPUs; "
-                         f"launch torchrun --nproc_per_node {count}")
+            return Check(
+                "devices",
+                rank,
+                "FAIL",
+                figure,
+                f"{local_world} processes on this node share {count} GPUs; launch torchrun --nproc_per_node {count}",
+            )
         return Check("devices", rank, "ok", figure)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     figure = f"cpu, {cores} cores for {local_world} process{'es' if local_world > 1 else ''} on this node"
     if device_name == "cuda":
-        return Check("devices", rank, "FAIL", figure, "train.device=cuda but no CUDA device is visible: check the driver "
-                     "(nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --train.device cpu")
+        return Check(
+            "devices",
+            rank,
+            "FAIL",
+            figure,
+            "train.device=cuda but no CUDA device is visible: check the driver "
+            "(nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --train.device cpu",
+        )
     return Check("devices", rank, "ok", figure)
 
 
@@ -98,7 +109,9 @@ def check_latency(layout: Layout, device: torch.device, iters: int = 20) -> Chec
             ms = _slowest(statistics.median(_timed_all_reduce(torch.ones(8, device=device), iters)), device) * 1e3
     except CollectiveTimeout as err:
         return Check("all_reduce latency", None, "FAIL", "timed out", str(err))
-    return Check("all_reduce latency", None, "ok", f"{ms:.3f} ms (8 floats over {layout.world} ranks, median of {iters})")
+    return Check(
+        "all_reduce latency", None, "ok", f"{ms:.3f} ms (8 floats over {layout.world} ranks, median of {iters})"
+    )
 
 
 def check_bandwidth(layout: Layout, device: torch.device, mib: float, iters: int = 5) -> Check:
@@ -114,8 +127,12 @@ def check_bandwidth(layout: Layout, device: torch.device, mib: float, iters: int
     n = layout.world
     algbw = numel * 4 / seconds / GB
     busbw = algbw * 2 * (n - 1) / n
-    return Check("all_reduce bandwidth", None, "ok",
-                 f"{mib:g} MiB fp32: algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s ({seconds * 1e3:.1f} ms, mean of {iters})")
+    return Check(
+        "all_reduce bandwidth",
+        None,
+        "ok",
+        f"{mib:g} MiB fp32: algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s ({seconds * 1e3:.1f} ms, mean of {iters})",
+    )
 
 
 def checkpoint_bytes(cfg: RunConfig) -> tuple[int, str]:
@@ -157,8 +174,14 @@ def check_disk(cfg: RunConfig, rank: int) -> Check:
     free = free_bytes(cfg.run_dir)
     figure = f"{more / GB:,.2f} GB more needed ({how}), {free / GB:,.2f} GB free"
     if free < more:
-        return Check("disk", rank, "FAIL", figure, f"free {(more - free) / GB:,.2f} GB under {cfg.run_dir}, lower "
-                     "--checkpoint.keep_last, or point --train.run_dir at a larger filesystem")
+        return Check(
+            "disk",
+            rank,
+            "FAIL",
+            figure,
+            f"free {(more - free) / GB:,.2f} GB under {cfg.run_dir}, lower "
+            "--checkpoint.keep_last, or point --train.run_dir at a larger filesystem",
+        )
     return Check("disk", rank, "ok", figure)
 
 
@@ -173,6 +196,11 @@ def check_writable(run_dir: Path, rank: int) -> Check:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as err:
-        return Check("run dir writable", rank, "FAIL", str(run_dir), f"{err}; fix the permissions or mount, or choose "
-                     "another --train.run_dir")
+        return Check(
+            "run dir writable",
+            rank,
+            "FAIL",
+            str(run_dir),
+            f"{err}; fix the permissions or mount, or choose another --train.run_dir",
+        )
     return Check("run dir writable", rank, "ok", str(run_dir))

@@ -31,8 +31,11 @@ class _NewStorages(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         # A view's storage is its base's: made earlier (or a parameter's), never new here.
         inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        self.created.extend(weakref.ref(t.untyped_storage()) for t in tree_leaves(out)
-                            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs)
+        self.created.extend(
+            weakref.ref(t.untyped_storage())
+            for t in tree_leaves(out)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs
+        )
         return out
 
 
@@ -53,7 +56,9 @@ def bytes_saved_for_backward(forward: Callable[[], Any], exclude: Callable[[], A
     return sum(alive.values())
 
 
-def block_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: int, seq: int, dtype: torch.dtype = torch.float32) -> int:
+def block_bytes(
+    cfg: ModelConfig, policy: str, every_other_mm: bool, batch: int, seq: int, dtype: torch.dtype = torch.float32
+) -> int:
     """Bytes one transformer block of `cfg` keeps for backward under recompute `policy`: what it
     saves, its input included (the previous block's output), measured on CPU."""
     from hlat.model import build_model
@@ -66,7 +71,7 @@ def block_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: in
     return bytes_saved_for_backward(lambda: one.layers["0"](x.clone(), cos, sin, None))
 
 
-def model_bytes(cfg: "ModelConfig", policy: str, every_other_mm: bool, batch: int, seq: int) -> int:
+def model_bytes(cfg: ModelConfig, policy: str, every_other_mm: bool, batch: int, seq: int) -> int:
     """Bytes a whole fp32 model of `cfg` keeps for backward from its forward and training loss."""
     from hlat.model import build_model
     from hlat.parallel.activation_checkpoint import apply_activation_checkpoint

@@ -28,6 +28,7 @@ from hlat.parallel.mesh import Layout
 @dataclass
 class Verdict:
     """One logging window, as rank 0 judges it."""
+
     slowest: int  # the rank with the largest relative lag in this window
     lag_s: float  # its compute per step minus the median of its stage's ranks
     score: float  # its rolling score (see SlowRankScores)
@@ -44,6 +45,7 @@ class SlowRankScores:
     episode: the episode ends when its lag is back within the threshold and so is its score, an
     exponential moving average of its lags (span `windows`), so that a rank slow in most windows is
     not named again and again."""
+
     threshold: float
     windows: int
     scores: list[float] = field(default_factory=list)
@@ -104,16 +106,24 @@ class SlowRankReport:
             return {}, []
         verdict = self.scores.update(every.tolist(), self.stages)
         lines = [self._slow_line(rank) for rank in verdict.became_slow]
-        lines += [f"slow rank: rank {rank} on host {self.hosts[rank]} is back within {self.scores.threshold:.0%} of the median"
-                  for rank in verdict.recovered]
-        fields = {"slowest_rank": verdict.slowest, "slowest_lag_s": verdict.lag_s, "slowest_score": verdict.score,
-                  "median_compute_s": verdict.median_s}
+        lines += [
+            f"slow rank: rank {rank} on host {self.hosts[rank]} is back within {self.scores.threshold:.0%} of the median"
+            for rank in verdict.recovered
+        ]
+        fields = {
+            "slowest_rank": verdict.slowest,
+            "slowest_lag_s": verdict.lag_s,
+            "slowest_score": verdict.score,
+            "median_compute_s": verdict.median_s,
+        }
         return fields, lines
 
     def _slow_line(self, rank: int) -> str:
         scores = self.scores
         peers = "the median rank" + (f" of pipeline stage {self.stages[rank]}" if max(self.stages) else "")
-        return (f"slow rank: rank {rank} on host {self.hosts[rank]} has computed more than {scores.threshold:.0%} longer per "
-                f"step than {peers} ({scores.medians[rank]:.3f} s) for {scores.windows} log windows in a row (rolling score "
-                f"{scores.scores[rank]:.0%}; train.slow_rank_threshold, train.slow_rank_windows); every step waits for it: "
-                "drain its node and restart from the last checkpoint (docs/operations.md: slow ranks)")
+        return (
+            f"slow rank: rank {rank} on host {self.hosts[rank]} has computed more than {scores.threshold:.0%} longer per "
+            f"step than {peers} ({scores.medians[rank]:.3f} s) for {scores.windows} log windows in a row (rolling score "
+            f"{scores.scores[rank]:.0%}; train.slow_rank_threshold, train.slow_rank_windows); every step waits for it: "
+            "drain its node and restart from the last checkpoint (docs/operations.md: slow ranks)"
+        )

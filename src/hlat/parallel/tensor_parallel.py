@@ -86,11 +86,14 @@ def _kv_style(cfg: ModelConfig, tp: int) -> ParallelStyle:
 _STYLES: dict[TPRole, Callable[[ModelConfig, int], ParallelStyle]] = {
     "sequence_norm": lambda cfg, tp: SequenceParallel(),
     # (x, cos, sin, attn_mask): only x is sharded; the RoPE tables and mask are replicated
-    "attention_input": lambda cfg, tp: PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
-                                                          desired_input_layouts=(Replicate(), None, None, None),
-                                                          use_local_output=True),
-    "ffn_input": lambda cfg, tp: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                    use_local_output=True),
+    "attention_input": lambda cfg, tp: PrepareModuleInput(
+        input_layouts=(Shard(1), None, None, None),
+        desired_input_layouts=(Replicate(), None, None, None),
+        use_local_output=True,
+    ),
+    "ffn_input": lambda cfg, tp: PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+    ),
     "column": lambda cfg, tp: ColwiseParallel(),
     "row": lambda cfg, tp: RowwiseParallel(output_layouts=Shard(1)),
     "kv": _kv_style,

@@ -51,11 +51,15 @@ def embedding_groups(layout: Layout) -> dist.ProcessGroup | None:
     """Every pipeline's (first rank, last rank) as a group; this rank's one, or None on a middle
     stage. Collective over the world: every rank creates every group, in the same order."""
     pipelines = layout.mesh.mesh.movedim(0, -1).reshape(-1, layout.pp)  # a row: one pipeline's ranks by pp rank
-    group, _ = dist.new_subgroups_by_enumeration([[int(p[0]), int(p[-1])] for p in pipelines], timeout=collective_timeout())
+    group, _ = dist.new_subgroups_by_enumeration(
+        [[int(p[0]), int(p[-1])] for p in pipelines], timeout=collective_timeout()
+    )
     return group
 
 
-def tie_across_stages(stages: list[nn.Module], indices: list[int], n_stages: int, layout: Layout) -> TiedEmbeddings | None:
+def tie_across_stages(
+    stages: list[nn.Module], indices: list[int], n_stages: int, layout: Layout
+) -> TiedEmbeddings | None:
     """The tied copy this rank holds (`stages[k]` is stage `indices[k]`), or None: no tied
     embeddings, no pipeline, or a middle stage."""
     if layout.pp == 1 or not stages[0].cfg.tie_embeddings:

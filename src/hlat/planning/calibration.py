@@ -27,15 +27,29 @@ _OLMO = "https://github.com/allenai/OLMo-core/blob/7e58d1289bc27103880e7a8382ad0
 # Llama rows; conditions not in the table are the NxD tutorial scripts' (neuronx-distributed examples/training/llama).
 # NxD's ZeRO-1 beside TP is hlat's zero2 (hlat's zero1 is 1-D only): both reduce-scatter the gradients
 # and gather the updated bf16 weights once per step.
-_NEURON = ("https://github.com/aws-neuron/aws-neuron-sdk/blob/752349fd3de5aaa6eb69690955eeaa7d43fcd082/"
-           "general/benchmarks/trn1/training_data_decoder.csv")
-_NXD = ("NxD 2.21, BF16 autocast + fp32 optimizer, ZeRO-1, selective recompute, micro-batch 1, global batch 1024 "
-        "(70B: 8 KV heads replicated 4x)")
+_NEURON = (
+    "https://github.com/aws-neuron/aws-neuron-sdk/blob/752349fd3de5aaa6eb69690955eeaa7d43fcd082/"
+    "general/benchmarks/trn1/training_data_decoder.csv"
+)
+_NXD = (
+    "NxD 2.21, BF16 autocast + fp32 optimizer, ZeRO-1, selective recompute, micro-batch 1, global batch 1024 "
+    "(70B: 8 KV heads replicated 4x)"
+)
 _HLAT_CPU = "benchmarks/train_throughput.md"
 _TT_H100 = "Grand Teton H100 SXM, 96 GB HBM2e at 500 W (below the data sheet's 700 W)"
 _LLAMA_70B = ("--model.d_model", "8192", "--model.n_layers", "80", "--model.n_heads", "64", "--model.ffn_dim", "28672")
-_LLAMA2_13B = ("--model.d_model", "5120", "--model.n_layers", "40", "--model.n_heads", "40",
-               "--model.n_kv_heads", "40", "--model.ffn_dim", "13824")
+_LLAMA2_13B = (
+    "--model.d_model",
+    "5120",
+    "--model.n_layers",
+    "40",
+    "--model.n_heads",
+    "40",
+    "--model.n_kv_heads",
+    "40",
+    "--model.ffn_dim",
+    "13824",
+)
 _OLMO2_7B = ("--model.vocab_size", "100352", "--model.rope_theta", "500000")  # llama2-7B shape, padded vocabulary
 # This machine's CPU as hlat.train.cpu_peak reads it: 2 cores x 32 FLOP/cycle (AVX2) x 2.445 GHz.
 CPU_BENCHMARK_GFLOPS = 156.5
@@ -64,18 +78,45 @@ def _config(preset: str, overrides: tuple[str, ...]) -> RunConfig:
 
 
 def _settings(seq: int, batch: int, micro: int, *extra: str) -> tuple[str, ...]:
-    return ("--data.seq_len", str(seq), "--train.global_batch", str(batch), "--train.micro_batch", str(micro),
-            "--precision.mode", "mixed", *extra)
+    return (
+        "--data.seq_len",
+        str(seq),
+        "--train.global_batch",
+        str(batch),
+        "--train.micro_batch",
+        str(micro),
+        "--precision.mode",
+        "mixed",
+        *extra,
+    )
 
 
-def _nxd(model: str, nodes: int, preset: str, seq: int, cores: str, layout: LayoutChoice, seq_per_s: float,
-         extra: tuple[str, ...] = (), fit: bool = False) -> Run:
+def _nxd(
+    model: str,
+    nodes: int,
+    preset: str,
+    seq: int,
+    cores: str,
+    layout: LayoutChoice,
+    seq_per_s: float,
+    extra: tuple[str, ...] = (),
+    fit: bool = False,
+) -> Run:
     """A row of NxD's trn1 table: `cores` its layout over NeuronCores, planned one rank per chip
     (2 NeuronCores, 16 chips a node) as `layout`."""
     chips = nodes * 16
-    return Run(f"Neuron SDK {model}, {nodes} trn1.32xlarge", _NEURON,
-               f"{_NXD}, seq {seq}; {cores} NeuronCores = {layout.name} chips; {seq_per_s} seq/s",
-               "trn1", preset, _settings(seq, 1024, 1, *extra), chips, layout, seq_per_s * seq / chips, fit)
+    return Run(
+        f"Neuron SDK {model}, {nodes} trn1.32xlarge",
+        _NEURON,
+        f"{_NXD}, seq {seq}; {cores} NeuronCores = {layout.name} chips; {seq_per_s} seq/s",
+        "trn1",
+        preset,
+        _settings(seq, 1024, 1, *extra),
+        chips,
+        layout,
+        seq_per_s * seq / chips,
+        fit,
+    )
 
 
 # torchtitan's per-op SAC saves the matmuls' outputs except every second one per block (its
@@ -85,45 +126,166 @@ _TT_OP_SAC = ("--parallel.activation_checkpoint", "op", "--parallel.recompute_ev
 
 
 RUNS: tuple[Run, ...] = (
-    Run("torchtitan Llama 3.1 8B, 8 H100, FSDP", _TT_2412, f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _settings(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 5762, False),
-    Run("torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled", _TT_2412, f"torch.compile, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _settings(8192, 16, 2, *_TT_OP_SAC), 8, LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"), 6667, True),
-    Run("torchtitan Llama 3.1 8B, 128 H100, FSDP", _TT_2412, f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _settings(8192, 256, 2, *_TT_OP_SAC), 128, LayoutChoice(1, 1, 128, "fsdp", 128, 2, "op"), 5605, False),
-    Run("torchtitan Llama 3.1 8B, 64 H100, FSDP 8 x TP 8", _TT_ASYNC,
+    Run(
+        "torchtitan Llama 3.1 8B, 8 H100, FSDP",
+        _TT_2412,
+        f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(8192, 16, 2, *_TT_OP_SAC),
+        8,
+        LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"),
+        5762,
+        False,
+    ),
+    Run(
+        "torchtitan Llama 3.1 8B, 8 H100, FSDP, compiled",
+        _TT_2412,
+        f"torch.compile, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(8192, 16, 2, *_TT_OP_SAC),
+        8,
+        LayoutChoice(1, 1, 8, "fsdp", 8, 2, "op"),
+        6667,
+        True,
+    ),
+    Run(
+        "torchtitan Llama 3.1 8B, 128 H100, FSDP",
+        _TT_2412,
+        f"eager, op SAC (every other matmul recomputed), seq 8192, local batch 2; {_TT_H100}",
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(8192, 256, 2, *_TT_OP_SAC),
+        128,
+        LayoutChoice(1, 1, 128, "fsdp", 128, 2, "op"),
+        5605,
+        False,
+    ),
+    Run(
+        "torchtitan Llama 3.1 8B, 64 H100, FSDP 8 x TP 8",
+        _TT_ASYNC,
         f"torch.compile, per-op SAC (every other matmul recomputed), bf16, vanilla TP, seq 8192, local batch 12; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _settings(8192, 96, 12, *_TT_OP_SAC), 64, LayoutChoice(8, 1, 8, "fsdp", 8, 12, "op"), 4378, False),
-    Run("torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8", _TT_ASYNC,
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(8192, 96, 12, *_TT_OP_SAC),
+        64,
+        LayoutChoice(8, 1, 8, "fsdp", 8, 12, "op"),
+        4378,
+        False,
+    ),
+    Run(
+        "torchtitan Llama 3.1 70B, 256 H100, FSDP 32 x TP 8",
+        _TT_ASYNC,
         f"torch.compile, full AC, bf16, vanilla TP, seq 8192, local batch 16; {_TT_H100}",
-        "H100 SXM", "llama3.1-8b", _settings(8192, 512, 16, *_LLAMA_70B), 256, LayoutChoice(8, 1, 32, "fsdp", 32, 16, "full"),
-        597.3, False),
-    Run("OLMo-core OLMo-2 7B, H100, HSDP", _OLMO,
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(8192, 512, 16, *_LLAMA_70B),
+        256,
+        LayoutChoice(8, 1, 32, "fsdp", 32, 16, "full"),
+        597.3,
+        False,
+    ),
+    Run(
+        "OLMo-core OLMo-2 7B, H100, HSDP",
+        _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
-        "H100 SXM", "hlat-7b", ("--data.seq_len", "4096", "--train.global_batch", "1024", "--train.micro_batch", "2",
-                                "--precision.mode", "mixed", *_OLMO2_7B),
-        64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 10000, False),
-    Run("OLMo-core Llama 3 8B, H100, HSDP", _OLMO,
+        "H100 SXM",
+        "hlat-7b",
+        (
+            "--data.seq_len",
+            "4096",
+            "--train.global_batch",
+            "1024",
+            "--train.micro_batch",
+            "2",
+            "--precision.mode",
+            "mixed",
+            *_OLMO2_7B,
+        ),
+        64,
+        LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"),
+        10000,
+        False,
+    ),
+    Run(
+        "OLMo-core Llama 3 8B, H100, HSDP",
+        _OLMO,
         "torch.compile, no AC, bf16 weights, fp32 reduce, seq 4096, micro-batch 2, 1024 x 4096 tokens per step; "
         "GPU count not published: planned as 8 nodes of 8 (HSDP 8 x 8)",
-        "H100 SXM", "llama3.1-8b", _settings(4096, 1024, 2), 64, LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"), 9500, False),
+        "H100 SXM",
+        "llama3.1-8b",
+        _settings(4096, 1024, 2),
+        64,
+        LayoutChoice(1, 1, 64, "fsdp", 8, 2, "none"),
+        9500,
+        False,
+    ),
     _nxd("Llama 2 7B", 16, "hlat-7b", 4096, "TP 8 x DP 64", LayoutChoice(4, 1, 64, "zero2", 64, 1, "selective"), 95.14),
-    _nxd("Llama 2 13B", 32, "hlat-7b", 4096, "TP 8 x PP 8 x DP 16", LayoutChoice(4, 8, 16, "zero2", 16, 1, "selective"), 80.33,
-         _LLAMA2_13B),
-    _nxd("Llama 2 70B", 32, "hlat-70b", 4096, "TP 32 x PP 8 x DP 4", LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"), 14.44),
-    _nxd("Llama 3.1 8B", 32, "llama3.1-8b", 8192, "TP 32 x DP 32", LayoutChoice(16, 1, 32, "zero2", 32, 1, "selective"), 53.51,
-         fit=True),
-    _nxd("Llama 3.1 70B", 32, "llama3.1-8b", 8192, "TP 32 x PP 8 x DP 4", LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"), 7.97,
-         _LLAMA_70B),
-    Run("hlat small (8,192 vocabulary), this machine's CPU, compiled", _HLAT_CPU,
+    _nxd(
+        "Llama 2 13B",
+        32,
+        "hlat-7b",
+        4096,
+        "TP 8 x PP 8 x DP 16",
+        LayoutChoice(4, 8, 16, "zero2", 16, 1, "selective"),
+        80.33,
+        _LLAMA2_13B,
+    ),
+    _nxd(
+        "Llama 2 70B",
+        32,
+        "hlat-70b",
+        4096,
+        "TP 32 x PP 8 x DP 4",
+        LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
+        14.44,
+    ),
+    _nxd(
+        "Llama 3.1 8B",
+        32,
+        "llama3.1-8b",
+        8192,
+        "TP 32 x DP 32",
+        LayoutChoice(16, 1, 32, "zero2", 32, 1, "selective"),
+        53.51,
+        fit=True,
+    ),
+    _nxd(
+        "Llama 3.1 70B",
+        32,
+        "llama3.1-8b",
+        8192,
+        "TP 32 x PP 8 x DP 4",
+        LayoutChoice(16, 8, 4, "zero2", 4, 1, "selective"),
+        7.97,
+        _LLAMA_70B,
+    ),
+    Run(
+        "hlat small (8,192 vocabulary), this machine's CPU, compiled",
+        _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, blocks compiled (hlat's default)",
-        "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
-        1, LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"), 561, True),
-    Run("hlat small (8,192 vocabulary), this machine's CPU, eager", _HLAT_CPU,
+        "cpu",
+        "small",
+        ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
+        1,
+        LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"),
+        561,
+        True,
+    ),
+    Run(
+        "hlat small (8,192 vocabulary), this machine's CPU, eager",
+        _HLAT_CPU,
         "fp32, one process, 2 threads, AVX2 AMD EPYC, batch 8 x 512, eager",
-        "cpu", "small", ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
-        1, LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"), 472, False),
+        "cpu",
+        "small",
+        ("--model.vocab_size", "8192", "--train.global_batch", "8", "--train.micro_batch", "8"),
+        1,
+        LayoutChoice(1, 1, 1, "ddp", 1, 8, "none"),
+        472,
+        False,
+    ),
 )
 
 
@@ -132,8 +294,9 @@ def system_for(device: str, efficiency: float) -> System:
     if device == "cpu":
         return System("cpu", CPU_BENCHMARK_GFLOPS / 1e3, 0.0, 1, 0.0, 0.0, "cpu", efficiency)
     row = by_table_name(device)
-    return System(row.name, row.bf16_tflops, row.memory_gib, row.per_node, row.intra_gbs, row.inter_gbs, row.family,
-                  efficiency)
+    return System(
+        row.name, row.bf16_tflops, row.memory_gib, row.per_node, row.intra_gbs, row.inter_gbs, row.family, efficiency
+    )
 
 
 def family_of(run: Run) -> str:
@@ -151,8 +314,9 @@ def efficiencies() -> dict[str, float]:
     fitted: dict[str, float] = {}
     for family in sorted({family_of(r) for r in RUNS}):
         rows = [r for r in RUNS if r.fit and family_of(r) == family]
-        fitted[family] = _minimise(lambda e: sum(math.log(predicted_per_rank(r, e) / r.tokens_per_s_per_rank) ** 2
-                                                 for r in rows), 0.005, 1.0)
+        fitted[family] = _minimise(
+            lambda e: sum(math.log(predicted_per_rank(r, e) / r.tokens_per_s_per_rank) ** 2 for r in rows), 0.005, 1.0
+        )
     return fitted
 
 
@@ -177,14 +341,20 @@ def errors() -> list[tuple[Run, float, float]]:
 def format_calibration() -> str:
     """The table `hlat plan --calibration` prints."""
     fitted = efficiencies()
-    lines = ["efficiency per device family (fraction of the dense peak compute reaches): "
-             + ", ".join(f"{family} {value:.3f}" for family, value in fitted.items()),
-             f"{'run':<58} {'role':<8} {'published':>10} {'predicted':>10} {'error':>7}"]
+    lines = [
+        "efficiency per device family (fraction of the dense peak compute reaches): "
+        + ", ".join(f"{family} {value:.3f}" for family, value in fitted.items()),
+        f"{'run':<58} {'role':<8} {'published':>10} {'predicted':>10} {'error':>7}",
+    ]
     rows = errors()
     for run, predicted, error in rows:
-        lines.append(f"{run.name:<58} {'fit' if run.fit else 'held out':<8} {run.tokens_per_s_per_rank:>10,.0f} "
-                     f"{predicted:>10,.0f} {error:>+7.1%}")
+        lines.append(
+            f"{run.name:<58} {'fit' if run.fit else 'held out':<8} {run.tokens_per_s_per_rank:>10,.0f} "
+            f"{predicted:>10,.0f} {error:>+7.1%}"
+        )
     held = [abs(e) for r, _, e in rows if not r.fit]
-    lines.append(f"held-out rows: {len(held)}, mean |error| {sum(held) / len(held):.1%}, max {max(held):.1%} "
-                 "(tokens/s per rank; sources and conditions: docs/parallelism.md)")
+    lines.append(
+        f"held-out rows: {len(held)}, mean |error| {sum(held) / len(held):.1%}, max {max(held):.1%} "
+        "(tokens/s per rank; sources and conditions: docs/parallelism.md)"
+    )
     return "\n".join(lines)

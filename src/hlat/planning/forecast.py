@@ -20,6 +20,7 @@ from hlat.precision import compute_dtype
 @dataclass(frozen=True)
 class Figures:
     """Custom figures from the command line; each replaces the named device's (None: keep it)."""
+
     peak_tflops: float | None = None
     memory_gib: float | None = None
     intra_gbs: float | None = None
@@ -42,23 +43,41 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
         base = System("this CPU", peak.gflops / 1e3 if peak else 0.0, memory, world, 0.0, 0.0, "cpu", 0.0)
     elif device:
         row: Accelerator = by_table_name(device)
-        base = System(row.name, row.peak_tflops(dtype, tf32=False), row.memory_gib, row.per_node or 1, row.intra_gbs,
-                      row.inter_gbs, row.family, 0.0)
+        base = System(
+            row.name,
+            row.peak_tflops(dtype, tf32=False),
+            row.memory_gib,
+            row.per_node or 1,
+            row.intra_gbs,
+            row.inter_gbs,
+            row.family,
+            0.0,
+        )
     elif figures.peak_tflops is not None and figures.memory_gib is not None:
         base = System("custom", 0.0, 0.0, 1, 0.0, 0.0, "gpu", 0.0)  # the GPU family's constant unless --efficiency
     elif any(v is not None for v in vars(figures).values()):
-        raise UserError("custom figures without --device need at least --peak-tflops and --memory-gib "
-                        "(or name a device to change its figures: --device \"H100 SXM\" --inter-gbs 25)")
+        raise UserError(
+            "custom figures without --device need at least --peak-tflops and --memory-gib "
+            '(or name a device to change its figures: --device "H100 SXM" --inter-gbs 25)'
+        )
     else:
         return None
     pick = lambda given, default: default if given is None else given
-    system = System(base.name, pick(figures.peak_tflops, base.peak_tflops), pick(figures.memory_gib, base.memory_gib),
-                    pick(figures.per_node, base.per_node), pick(figures.intra_gbs, base.intra_gbs),
-                    pick(figures.inter_gbs, base.inter_gbs), base.family,
-                    pick(figures.efficiency, efficiencies()[base.family]))
+    system = System(
+        base.name,
+        pick(figures.peak_tflops, base.peak_tflops),
+        pick(figures.memory_gib, base.memory_gib),
+        pick(figures.per_node, base.per_node),
+        pick(figures.intra_gbs, base.intra_gbs),
+        pick(figures.inter_gbs, base.inter_gbs),
+        base.family,
+        pick(figures.efficiency, efficiencies()[base.family]),
+    )
     if world > system.per_node and system.inter_gbs <= 0:
-        raise UserError(f"{system.name}: {world} ranks span nodes of {system.per_node} and no network bandwidth is known; "
-                        "pass --per-node (ranks per node) and --inter-gbs (GB/s per rank across nodes)")
+        raise UserError(
+            f"{system.name}: {world} ranks span nodes of {system.per_node} and no network bandwidth is known; "
+            "pass --per-node (ranks per node) and --inter-gbs (GB/s per rank across nodes)"
+        )
     return system
 
 
@@ -66,7 +85,9 @@ def nodes_of(system: System, world: int) -> int:
     return math.ceil(world / max(system.per_node, 1))
 
 
-def days_and_cost(tokens_per_s: float, budget_tokens: float, nodes: int, price_per_node_hour: float) -> tuple[float, float]:
+def days_and_cost(
+    tokens_per_s: float, budget_tokens: float, nodes: int, price_per_node_hour: float
+) -> tuple[float, float]:
     """(days to train `budget_tokens` at `tokens_per_s`, their cost on `nodes` nodes)."""
     days = budget_tokens / tokens_per_s / 86400
     return days, days * 24 * nodes * price_per_node_hour
@@ -85,9 +106,13 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
         f"{budget_tokens:.3g} tokens in {days:.3g} days",
     ]
     if system.intra_gbs == 0 and world > 1:
-        lines.append(f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "
-                     "(--intra-gbs sets it)")
+        lines.append(
+            f"note: no intra-node bandwidth known for {system.name}: traffic within a node is not counted "
+            "(--intra-gbs sets it)"
+        )
     if price:
-        lines.append(f"cost at {price:,.2f} per node-hour: {cost:,.0f} ({cost / budget_tokens * 1e12:,.0f} per trillion "
-                     f"tokens, {cost / budget_tokens * 1e6:.4f} per million)")
+        lines.append(
+            f"cost at {price:,.2f} per node-hour: {cost:,.0f} ({cost / budget_tokens * 1e12:,.0f} per trillion "
+            f"tokens, {cost / budget_tokens * 1e6:.4f} per million)"
+        )
     return "\n".join(lines)

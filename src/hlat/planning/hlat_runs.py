@@ -27,10 +27,12 @@ HLAT_TOKENS = 1.8e12
 
 
 def format_hlat_runs(overrides: list[str]) -> str:
-    lines = [f"HLAT's runs on {HLAT_WORLD} accelerators in the presets' layouts (`overrides` apply to both presets); "
-             f"days and cost per trillion tokens, and for the paper's {HLAT_TOKENS / 1e12:g}T",
-             f"{'preset':<9} {'cluster':<34} {'layout':<20} {'GiB/rank':>8} {'tokens/s':>11} {'MFU':>6} "
-             f"{'days/1T':>8} {'cost/1T':>11} {'days':>6} {'cost':>12}"]
+    lines = [
+        f"HLAT's runs on {HLAT_WORLD} accelerators in the presets' layouts (`overrides` apply to both presets); "
+        f"days and cost per trillion tokens, and for the paper's {HLAT_TOKENS / 1e12:g}T",
+        f"{'preset':<9} {'cluster':<34} {'layout':<20} {'GiB/rank':>8} {'tokens/s':>11} {'MFU':>6} "
+        f"{'days/1T':>8} {'cost/1T':>11} {'days':>6} {'cost':>12}",
+    ]
     for preset in PRESETS:
         cfg = load_config(preset, None, overrides, world=HLAT_WORLD)
         degrees, stages = plan(cfg, HLAT_WORLD)
@@ -42,8 +44,12 @@ def format_hlat_runs(overrides: list[str]) -> str:
             days, cost = days_and_cost(step.tokens_per_s, 1e12, nodes, cluster.price_per_node_hour)
             where = f"{nodes} x {cluster.instance} at ${cluster.price_per_node_hour:.2f}/h"
             fits = "" if need <= system.memory_gib else " (does NOT fit)"
-            lines.append(f"{preset:<9} {where:<34} {f'pp {degrees.pp} x dp {degrees.dp} x tp {degrees.tp}':<20} {need:>8.1f} "
-                         f"{step.tokens_per_s:>11,.0f} {step.mfu:>6.1%} {days:>8.1f} {cost:>11,.0f} "
-                         f"{days * HLAT_TOKENS / 1e12:>6.1f} {cost * HLAT_TOKENS / 1e12:>12,.0f}{fits}")
-    lines.append("predicted with the calibrated efficiencies (hlat plan --calibration); hourly prices as quoted for HLAT's comparison")
+            lines.append(
+                f"{preset:<9} {where:<34} {f'pp {degrees.pp} x dp {degrees.dp} x tp {degrees.tp}':<20} {need:>8.1f} "
+                f"{step.tokens_per_s:>11,.0f} {step.mfu:>6.1%} {days:>8.1f} {cost:>11,.0f} "
+                f"{days * HLAT_TOKENS / 1e12:>6.1f} {cost * HLAT_TOKENS / 1e12:>12,.0f}{fits}"
+            )
+    lines.append(
+        "predicted with the calibrated efficiencies (hlat plan --calibration); hourly prices as quoted for HLAT's comparison"
+    )
     return "\n".join(lines)

@@ -63,17 +63,29 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
             continue
         for micro in (m for m in (1, 2, 4, 8, 16, 32) if not per_rank % m):
             for recompute in choices(ParallelConfig, "activation_checkpoint"):
-                variant = _with(cfg, micro_batch=micro, tp=tp, pp=pp, dp_sharding="fsdp" if sharding == "hsdp" else sharding,
-                                dp_shard=shard if sharding == "hsdp" else 0, activation_checkpoint=recompute,
-                                recompute_every_other_mm=False)
+                variant = _with(
+                    cfg,
+                    micro_batch=micro,
+                    tp=tp,
+                    pp=pp,
+                    dp_sharding="fsdp" if sharding == "hsdp" else sharding,
+                    dp_shard=shard if sharding == "hsdp" else 0,
+                    activation_checkpoint=recompute,
+                    recompute_every_other_mm=False,
+                )
                 try:
                     degrees = resolve_degrees(variant.parallel, world)
                     check_data_parallel(variant.parallel.dp_sharding, degrees)
                     check_grad_accum(variant.precision, variant.parallel.dp_sharding, dp)
                 except ConfigError:
                     continue
-                need = max(stage_memory(variant, s.stage, s.layers, s.local_params, degrees, len(stages)).total
-                           for s in stages) / GIB
+                need = (
+                    max(
+                        stage_memory(variant, s.stage, s.layers, s.local_params, degrees, len(stages)).total
+                        for s in stages
+                    )
+                    / GIB
+                )
                 if need <= system.memory_gib:
                     layout = LayoutChoice(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)
                     found.append(Candidate(layout, need, step_time(variant, world, system, layout)))
@@ -102,15 +114,19 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
     """The top `top` layouts as a table: memory, step split, tokens/s, MFU, days (and cost)."""
     if not found:
         return "no layout fits in memory: add ranks, or a device with more memory"
-    head = (f"{'#':>3} {'layout':<26} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
-            f"{'comm':>7} {'bubble':>7} {'tokens/s':>12} {'MFU':>6} {'days':>7}")
+    head = (
+        f"{'#':>3} {'layout':<26} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
+        f"{'comm':>7} {'bubble':>7} {'tokens/s':>12} {'MFU':>6} {'days':>7}"
+    )
     lines = [head + ("       cost" if price else "")]
     for index, c in enumerate(found[:top], 1):
         s = c.step
         days, cost = days_and_cost(s.tokens_per_s, budget_tokens, nodes, price)
-        line = (f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
-                f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
-                f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}")
+        line = (
+            f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
+            f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
+            f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}"
+        )
         lines.append(line + (f" {cost:>10,.0f}" if price else ""))
     lines.append(f"{len(found)} layouts fit; comm = tensor parallel + exposed data parallel + pipeline sends")
     return "\n".join(lines)

@@ -60,7 +60,12 @@ class StagePlan:
 def activation_elements_per_token(model: ModelConfig, policy: str, every_other_mm: bool = False) -> int:
     """Elements per token one block keeps for backward, its input included (the previous block's
     output), with fused attention (no T x T scores) and native grouped-query K/V."""
-    d, f, q, kv = model.d_model, model.ffn_dim, model.n_heads * model.attn_head_dim, model.n_kv_heads * model.attn_head_dim
+    d, f, q, kv = (
+        model.d_model,
+        model.ffn_dim,
+        model.n_heads * model.attn_head_dim,
+        model.n_kv_heads * model.attn_head_dim,
+    )
     lse = model.n_heads  # fused attention's log-sum-exp (fp32; counted at the compute width)
     if policy == "none":  # residuals 2d, norms 2 x 2d, roped q/k, v, attention out, w1, w3, silu, product
         return 6 * d + 2 * q + 2 * kv + lse + 4 * f
@@ -95,7 +100,11 @@ def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
     local = _local_numels(cfg.model, degrees)
     full = _meta_model(cfg.model)
     n_stages = degrees.pp * cfg.parallel.pp_stages_per_rank
-    bounds = split_layers(cfg.model.n_layers, n_stages, *model_spec(cfg.model).stage_costs(cfg.model)) if n_stages > 1 else [range(cfg.model.n_layers)]
+    bounds = (
+        split_layers(cfg.model.n_layers, n_stages, *model_spec(cfg.model).stage_costs(cfg.model))
+        if n_stages > 1
+        else [range(cfg.model.n_layers)]
+    )
     stages = []
     for index, layers in enumerate(bounds):
         module = _cut(full, layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
@@ -135,7 +144,12 @@ def _local_numels(model: ModelConfig, degrees: Degrees) -> dict[str, int]:
             dist.init_process_group("fake", rank=0, world_size=degrees.world, store=FakeStore())
         try:
             module = copy.deepcopy(module)
-            apply_tensor_parallel(module, init_device_mesh("cpu", (degrees.pp, degrees.dp, degrees.cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp"))["tp"])
+            apply_tensor_parallel(
+                module,
+                init_device_mesh(
+                    "cpu", (degrees.pp, degrees.dp, degrees.cp, tp), mesh_dim_names=("pp", "dp", "cp", "tp")
+                )["tp"],
+            )
         finally:
             if owns_group:
                 dist.destroy_process_group()
@@ -204,8 +218,10 @@ def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[Stage
     ]
     for st in stages:
         span = f"{st.layers.start}-{st.layers.stop - 1}" if len(st.layers) else "-"
-        lines.append(f"{st.stage:>5} {span:>9} {st.local_params:>14,} {st.weights / GIB:>9.2f} {st.grads / GIB:>9.2f} "
-                     f"{st.optimizer / GIB:>9.2f} {st.activations / GIB:>9.2f} {st.total / GIB:>10.2f}")
+        lines.append(
+            f"{st.stage:>5} {span:>9} {st.local_params:>14,} {st.weights / GIB:>9.2f} {st.grads / GIB:>9.2f} "
+            f"{st.optimizer / GIB:>9.2f} {st.activations / GIB:>9.2f} {st.total / GIB:>10.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -214,5 +230,7 @@ def format_fit(stages: list[StagePlan], device: Accelerator | System) -> str:
     allocator fragmentation and the CUDA context, a few hundred MiB to GiB, come on top)."""
     need = max(st.total for st in stages) / GIB
     verdict = "fits" if need <= device.memory_gib else "does NOT fit"
-    return (f"on {device.name} ({device.memory_gib:g} GiB): the largest stage needs {need:.2f} GiB per rank "
-            f"({need / device.memory_gib:.0%} of the device): {verdict}")
+    return (
+        f"on {device.name} ({device.memory_gib:g} GiB): the largest stage needs {need:.2f} GiB per rank "
+        f"({need / device.memory_gib:.0%} of the device): {verdict}"
+    )

@@ -44,6 +44,7 @@ from hlat.precision import compute_dtype, param_dtype
 @dataclass(frozen=True)
 class System:
     """What a rank runs on, as the planner sees it."""
+
     name: str
     peak_tflops: float  # dense, per rank, in the run's compute dtype
     memory_gib: float
@@ -57,6 +58,7 @@ class System:
 @dataclass(frozen=True)
 class LayoutChoice:
     """The knobs the search turns; `dp_shard` < dp is HSDP."""
+
     tp: int
     pp: int
     dp: int
@@ -67,7 +69,11 @@ class LayoutChoice:
 
     @property
     def name(self) -> str:
-        dp = f"hsdp {self.dp // self.dp_shard}x{self.dp_shard}" if self.dp_shard < self.dp else f"{self.sharding} {self.dp}"
+        dp = (
+            f"hsdp {self.dp // self.dp_shard}x{self.dp_shard}"
+            if self.dp_shard < self.dp
+            else f"{self.sharding} {self.dp}"
+        )
         return f"tp {self.tp} x pp {self.pp} x {dp}"
 
 
@@ -113,7 +119,9 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str, eve
     attention's (causal QK^T and AV), "op" with `every_other_mm` the matmuls it does not save (wk,
     wo, w3: hlat.parallel.activation_checkpoint), "op" and "none" only pointwise work (counted as 0)."""
     if policy == "full":
-        blocks = count_params(model) - model.vocab_size * model.d_model * (1 if model.tie_embeddings else 2) - model.d_model
+        blocks = (
+            count_params(model) - model.vocab_size * model.d_model * (1 if model.tie_embeddings else 2) - model.d_model
+        )
         return 2 * blocks + _causal_attention_forward(model, seq_len)
     if policy == "selective":
         return _causal_attention_forward(model, seq_len)
@@ -123,14 +131,19 @@ def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str, eve
     return 0.0
 
 
-def executed_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False,
-                             tp: int = 1) -> float:
+def executed_flops_per_token(
+    model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False, tp: int = 1
+) -> float:
     """Training FLOPs per token the step runs: flops_per_token less the causal half of attention's
     12 L d s (flash, cuDNN and FlexAttention kernels skip the masked blocks) plus the recompute,
     plus the KV projections' copies when tp exceeds the KV heads."""
     skipped = 3 * _causal_attention_forward(model, seq_len)  # forward and backward of the masked half
-    return (flops_per_token(model, seq_len) - skipped + recompute_flops_per_token(model, seq_len, policy, every_other_mm)
-            + _replicated_kv_flops(model, tp, policy, every_other_mm))
+    return (
+        flops_per_token(model, seq_len)
+        - skipped
+        + recompute_flops_per_token(model, seq_len, policy, every_other_mm)
+        + _replicated_kv_flops(model, tp, policy, every_other_mm)
+    )
 
 
 def _replicated_kv_flops(model: ModelConfig, tp: int, policy: str, every_other_mm: bool) -> float:
@@ -183,7 +196,9 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops)
 
 
-def _data_parallel_s(cfg: RunConfig, lay: LayoutChoice, system: System, micro: int, local: float) -> tuple[float, float, float]:
+def _data_parallel_s(
+    cfg: RunConfig, lay: LayoutChoice, system: System, micro: int, local: float
+) -> tuple[float, float, float]:
     """Seconds of data-parallel traffic per step on a rank holding `local` parameters: (weight
     gathers beside the compute, the gradient reduction, zero1's gather after the optimizer step)."""
     if lay.dp == 1:

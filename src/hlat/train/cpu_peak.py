@@ -66,9 +66,11 @@ def cpu_peak(facts: CpuFacts, threads: int, dtype: torch.dtype) -> CpuPeak | Non
         else:
             kind = "bf16 emulated in fp32"
     cores = max(1, min(threads, facts.physical_cores))
-    return CpuPeak(cores * per_cycle * facts.ghz,
-                   f"{cores} core{'s' * (cores > 1)} x {per_cycle} FLOP/cycle ({isa}, {kind}) x {facts.ghz:.3g} GHz "
-                   f"({facts.clock_source})")
+    return CpuPeak(
+        cores * per_cycle * facts.ghz,
+        f"{cores} core{'s' * (cores > 1)} x {per_cycle} FLOP/cycle ({isa}, {kind}) x {facts.ghz:.3g} GHz "
+        f"({facts.clock_source})",
+    )
 
 
 def has_native_bf16(flags: frozenset[str]) -> bool:
@@ -123,6 +125,8 @@ def _read(path: Path) -> str:
 
 def _lscpu() -> str:
     try:
-        return subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}).stdout
+        return subprocess.run(
+            ["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""

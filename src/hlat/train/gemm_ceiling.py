@@ -26,16 +26,33 @@ Shape = tuple[int, int, int, bool, bool]  # m, k, n, A transposed, B transposed
 def model_shapes(d_model: int, ffn_dim: int, rows: int) -> list[Shape]:
     """(m, k, n, A^T, B^T) of x @ W^T (up projection), g @ W (its input gradient, the down
     projection's shape), g^T @ x (its weight gradient), and a square 1024 reference."""
-    return [(rows, d_model, ffn_dim, False, True), (rows, ffn_dim, d_model, False, False),
-            (ffn_dim, rows, d_model, True, False), (1024, 1024, 1024, False, False)]
+    return [
+        (rows, d_model, ffn_dim, False, True),
+        (rows, ffn_dim, d_model, False, False),
+        (ffn_dim, rows, d_model, True, False),
+        (1024, 1024, 1024, False, False),
+    ]
 
 
-def gemm_ceiling_tflops(device: torch.device, device_name: str, dtype: torch.dtype, shapes: list[Shape],
-                        cache_dir: Path, seconds: float = 0.2,
-                        measure: Callable[..., float] | None = None) -> tuple[float, bool]:
+def gemm_ceiling_tflops(
+    device: torch.device,
+    device_name: str,
+    dtype: torch.dtype,
+    shapes: list[Shape],
+    cache_dir: Path,
+    seconds: float = 0.2,
+    measure: Callable[..., float] | None = None,
+) -> tuple[float, bool]:
     """(best TFLOP/s over `shapes`, whether it came from the cache)."""
-    key = "|".join([device_name, f"{torch.get_num_threads()} threads", torch.__version__, str(dtype),
-                    ";".join(",".join(map(str, s)) for s in shapes)])
+    key = "|".join(
+        [
+            device_name,
+            f"{torch.get_num_threads()} threads",
+            torch.__version__,
+            str(dtype),
+            ";".join(",".join(map(str, s)) for s in shapes),
+        ]
+    )
     path = cache_dir / CACHE_FILE
     cache = _load(path)
     if key in cache:

@@ -27,8 +27,10 @@ class MemoryMeter:
 
     def read(self) -> dict[str, float]:
         if self.device.type == "cuda":
-            values = {"mem_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
-                      "mem_reserved_gib": torch.cuda.max_memory_reserved(self.device) / GIB}
+            values = {
+                "mem_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
+                "mem_reserved_gib": torch.cuda.max_memory_reserved(self.device) / GIB,
+            }
         else:
             status = _proc_status()
             if status:

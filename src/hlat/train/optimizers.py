@@ -58,8 +58,11 @@ class Optimizers:
 
     def sharded_state_dict(self) -> dict[str, Any]:
         """Name-keyed state for torch.distributed.checkpoint."""
-        return {k: v for part, opt in zip(self.parts, self.optimizers)
-                for k, v in get_optimizer_state_dict(part, _local(opt), options=_FLAT).items()}
+        return {
+            k: v
+            for part, opt in zip(self.parts, self.optimizers)
+            for k, v in get_optimizer_state_dict(part, _local(opt), options=_FLAT).items()
+        }
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         for part, opt in zip(self.parts, self.optimizers):
@@ -69,6 +72,7 @@ class Optimizers:
 def _local(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer that holds this rank's state: ZeRO-1's local one over its own partition."""
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
 
 @torch.no_grad()
 def _zero_grads_where(optimizer: torch.optim.Optimizer, skip: torch.Tensor) -> None:

@@ -32,8 +32,14 @@ class Peak:
         return None if self.ceiling_tflops is None else flops_per_s / (self.ceiling_tflops * 1e12 * world)
 
 
-def resolve_peak(device: torch.device, dtype: torch.dtype, override: float, shapes: list[Shape], cache_dir: Path,
-                 cpu: CpuFacts | None = None) -> Peak:
+def resolve_peak(
+    device: torch.device,
+    dtype: torch.dtype,
+    override: float,
+    shapes: list[Shape],
+    cache_dir: Path,
+    cpu: CpuFacts | None = None,
+) -> Peak:
     """The peak for matmuls in `dtype` on `device`; `shapes` are timed for the GEMM ceiling (not
     with an override: nothing is measured then). `cpu` replaces this machine's facts (tests)."""
     if override > 0:
@@ -52,8 +58,9 @@ def resolve_peak(device: torch.device, dtype: torch.dtype, override: float, shap
         peak = cpu_peak(cpu, torch.get_num_threads(), dtype)
         if peak is None:
             return _unknown(f"this CPU ({cpu.model!r}: instruction set {cpu.capability}, {cpu.clock_source})")
-        return _with_ceiling(peak.gflops / 1e3, "per process", f": {peak.explanation}", device, cpu.model, dtype, shapes,
-                             cache_dir)
+        return _with_ceiling(
+            peak.gflops / 1e3, "per process", f": {peak.explanation}", device, cpu.model, dtype, shapes, cache_dir
+        )
     return _unknown(f"this {device.type} device")
 
 
@@ -64,25 +71,46 @@ def slow_bf16_warning(device: torch.device, mode: str, flags: frozenset[str] | N
         return None
     if has_native_bf16(read_cpu_facts().flags if flags is None else flags):
         return None
-    return ("warning: this CPU has no bf16 instructions (no amx_bf16, avx512_bf16 or bf16 in its flags), so bf16 "
-            "matmuls are emulated, several times slower than fp32: --precision.mode fp32 will train faster here")
+    return (
+        "warning: this CPU has no bf16 instructions (no amx_bf16, avx512_bf16 or bf16 in its flags), so bf16 "
+        "matmuls are emulated, several times slower than fp32: --precision.mode fp32 will train faster here"
+    )
 
 
-def _with_ceiling(tflops: float, per: str, how: str, device: torch.device, name: str, dtype: torch.dtype,
-                  shapes: list[Shape], cache_dir: Path) -> Peak:
+def _with_ceiling(
+    tflops: float,
+    per: str,
+    how: str,
+    device: torch.device,
+    name: str,
+    dtype: torch.dtype,
+    shapes: list[Shape],
+    cache_dir: Path,
+) -> Peak:
     """`per`: "per device" or "per process"; `how`: how `tflops` was obtained."""
     ceiling, _ = gemm_ceiling_tflops(device, name, dtype, shapes, cache_dir)
     if ceiling > tflops:  # the clock read (or the table) is below what the device runs at
-        return Peak(ceiling, f"MFU against {_rate(ceiling)} {per}, the measured GEMM ceiling, as it exceeds the "
-                    f"theoretical {_rate(tflops)}{how} (the device runs faster than that figure assumes)", ceiling)
-    return Peak(tflops, f"MFU against {_rate(tflops)} {per}{how}; measured GEMM ceiling {_rate(ceiling)} "
-                f"({ceiling / tflops:.0%} of peak)", ceiling)
+        return Peak(
+            ceiling,
+            f"MFU against {_rate(ceiling)} {per}, the measured GEMM ceiling, as it exceeds the "
+            f"theoretical {_rate(tflops)}{how} (the device runs faster than that figure assumes)",
+            ceiling,
+        )
+    return Peak(
+        tflops,
+        f"MFU against {_rate(tflops)} {per}{how}; measured GEMM ceiling {_rate(ceiling)} "
+        f"({ceiling / tflops:.0%} of peak)",
+        ceiling,
+    )
 
 
 def _unknown(what: str) -> Peak:
-    return Peak(None, "MFU not computed (no peak known)",
-                warning=f"warning: no peak FLOP/s known for {what}: MFU is left empty; pass --train.peak_tflops "
-                        "with its dense peak TFLOP/s per device to get it")
+    return Peak(
+        None,
+        "MFU not computed (no peak known)",
+        warning=f"warning: no peak FLOP/s known for {what}: MFU is left empty; pass --train.peak_tflops "
+        "with its dense peak TFLOP/s per device to get it",
+    )
 
 
 def _rate(tflops: float) -> str:

@@ -63,4 +63,6 @@ class StepProfiler:
             paths.append(self.dir / f"{stem}_memory.pickle")
             torch.cuda.memory._dump_snapshot(str(paths[1]))
             torch.cuda.memory._record_memory_history(enabled=None)
-        self.out(f"profile: wrote {', '.join(str(p) for p in paths)} (one set per rank; docs/training.md says how to open them)")
+        self.out(
+            f"profile: wrote {', '.join(str(p) for p in paths)} (one set per rank; docs/training.md says how to open them)"
+        )

@@ -51,6 +51,7 @@ def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
 @dataclass
 class Progress:
     """The counters a checkpoint records."""
+
     step: int = 0
     tokens: int = 0
     skipped_steps: int = 0  # steps the optimizers skipped (non-finite or over-norm gradients)
@@ -63,7 +64,9 @@ class RunState:
     def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, module: TrainModule, loader: PackedLoader):
         self.cfg, self.layout, self.device = cfg, layout, device
         self.module, self.loader = module, loader
-        self.checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify)
+        self.checkpoints = CheckpointManager(
+            cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify
+        )
         self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
 
     def start(self, resume: str, out: Callable[[str], None]) -> Progress:
@@ -73,12 +76,18 @@ class RunState:
         if path is not None and holds_training_state(path):
             return self.restore(path, out)
         if resume == "require":
-            raise FileNotFoundError(f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
-                                    f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run")
+            raise FileNotFoundError(
+                f"--resume: no valid checkpoint to resume in {self.checkpoints.directory}"
+                f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run"
+            )
         if path is not None:  # e.g. what hlat import wrote: its weights start this run
-            out(f"initialised from {init_weights(str(path), self.module.model.parts)} (weights only: new optimizer, step 0)")
+            out(
+                f"initialised from {init_weights(str(path), self.module.model.parts)} (weights only: new optimizer, step 0)"
+            )
         elif self.cfg.checkpoint.init_from:
-            out(f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)} (new optimizer)")
+            out(
+                f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)} (new optimizer)"
+            )
         return Progress()
 
     def latest_resumable(self) -> Path | None:
@@ -91,19 +100,28 @@ class RunState:
     def layout_record(self) -> dict[str, Any]:
         lay = self.layout
         record = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
-        return record | ({"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {})  # HSDP only: older records stay equal
+        return record | (
+            {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
+        )  # HSDP only: older records stay equal
 
     def save(self, progress: Progress) -> SaveStats:
         """Under checkpoint.async_save it returns once the state is staged."""
         shared = {"progress": vars(progress).copy(), "layout": self.layout_record()}
         rank_state = {"loader": self.loader.state_dict(), "rng": rng_state(self.device)}
-        return self.checkpoints.save(progress.step, self.module.state_dict(), rank_state,
-                                     shared if self.layout.is_main else None, background=self.cfg.checkpoint.async_save)
+        return self.checkpoints.save(
+            progress.step,
+            self.module.state_dict(),
+            rank_state,
+            shared if self.layout.is_main else None,
+            background=self.cfg.checkpoint.async_save,
+        )
 
     def archive_weights(self, progress: Progress) -> SaveStats:
         """A weights-only checkpoint under archive/, never pruned."""
         shared = {"progress": {"step": progress.step, "tokens": progress.tokens}}
-        return self.archive.save(progress.step, {"model": self.module.model_state_dict()}, None, shared if self.layout.is_main else None)
+        return self.archive.save(
+            progress.step, {"model": self.module.model_state_dict()}, None, shared if self.layout.is_main else None
+        )
 
     def restore(self, path: Path, out: Callable[[str], None]) -> Progress:
         """Load everything from checkpoint `path`, whatever layout saved it."""

@@ -37,9 +37,17 @@ def sample_prompt(setting: str, data: DataConfig) -> str | None:
     return line if len(line) <= PROMPT_CHARS else line[:PROMPT_CHARS].rsplit(" ", 1)[0]  # whole words
 
 
-def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: ModelConfig, data: DataConfig,
-                           tokenizer: Tokenizer, device: torch.device, precision_mode: str, setting: str,
-                           max_tokens: int) -> str | None:
+def end_of_training_sample(
+    parts: list[nn.Module],
+    layout: Layout,
+    model_cfg: ModelConfig,
+    data: DataConfig,
+    tokenizer: Tokenizer,
+    device: torch.device,
+    precision_mode: str,
+    setting: str,
+    max_tokens: int,
+) -> str | None:
     """Rank 0: the line that shows the model's greedy continuation of the prompt that `setting`
     (train.sample_prompt) names; None elsewhere. Collective: every rank joins the gather."""
     start = time.perf_counter()
@@ -48,10 +56,20 @@ def end_of_training_sample(parts: list[nn.Module], layout: Layout, model_cfg: Mo
         return None
     prompt = sample_prompt(setting, data)
     if prompt is None:
-        return (f"sample: skipped, data.source={data.source!r} has no documents to draw a prompt from; "
-                "set train.sample_prompt")
-    lm = LanguageModel(unsharded_model(model_cfg, weights), tokenizer, device, batch_size=1,
-                       precision=precision_mode, progress=False, bos=data.bos)
+        return (
+            f"sample: skipped, data.source={data.source!r} has no documents to draw a prompt from; "
+            "set train.sample_prompt"
+        )
+    lm = LanguageModel(
+        unsharded_model(model_cfg, weights),
+        tokenizer,
+        device,
+        batch_size=1,
+        precision=precision_mode,
+        progress=False,
+        bos=data.bos,
+    )
     (text,) = lm.generate([GenerateRequest(prompt, max_tokens=max_tokens)])
-    return (f"sample (greedy, {time.perf_counter() - start:.2f} s; --train.sample_prompt \"\" turns it off):\n"
-            f"{prompt}{text}")
+    return (
+        f'sample (greedy, {time.perf_counter() - start:.2f} s; --train.sample_prompt "" turns it off):\n{prompt}{text}'
+    )

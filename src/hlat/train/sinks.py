@@ -24,7 +24,9 @@ class MetricSinks:
     """Fan one record per log step out to every sink. Each step is recorded once: a resumed run, or
     a rollback, first drops the records past the step it restarts from (see `rewind`)."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None):
+    def __init__(
+        self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None
+    ):
         self.sinks: list[Sink] = [JsonlSink(run_dir / METRICS_FILE)]
         if wandb is not None:
             self.sinks.append(wandb)
@@ -53,8 +55,12 @@ class MetricSinks:
 
     def log_tasks(self, step: int, tokens: int, scores: dict[str, float], seconds: float) -> None:
         """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
-        record = {"step": step, "tokens": tokens, **{f"eval/{name}": value for name, value in scores.items()},
-                  "eval_seconds": seconds}
+        record = {
+            "step": step,
+            "tokens": tokens,
+            **{f"eval/{name}": value for name, value in scores.items()},
+            "eval_seconds": seconds,
+        }
         for sink in self.sinks:
             sink.log_tasks(record)
 
@@ -72,8 +78,11 @@ class JsonlSink(Sink):
     def rewind(self, step: int) -> None:
         broken = _truncate_after(self.path, step)
         if broken:
-            tqdm.write(f"{self.path}: dropped {broken} line(s) that were not JSON (a record cut short "
-                       "when the run was killed mid-write)", file=sys.stdout)
+            tqdm.write(
+                f"{self.path}: dropped {broken} line(s) that were not JSON (a record cut short "
+                "when the run was killed mid-write)",
+                file=sys.stdout,
+            )
 
     def log(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as handle:
@@ -124,7 +133,9 @@ class ConsoleSink(Sink):
     history in logs and CI)."""
 
     def __init__(self, total_steps: int, start_step: int):
-        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty())
+        self.bar = tqdm(
+            total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, disable=not sys.stderr.isatty()
+        )
 
     def rewind(self, step: int) -> None:
         self.bar.n = step
@@ -134,7 +145,9 @@ class ConsoleSink(Sink):
         self.bar.update(1)
 
     def log(self, record: dict[str, Any]) -> None:
-        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=_percent(record["mfu"]))
+        self.bar.set_postfix(
+            loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", mfu=_percent(record["mfu"])
+        )
         line = (
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
             f"grad {record['grad_norm']:.3f} | param {record['param_norm']:.1f} | {record['tokens_per_s']:,.0f} tok/s | "
@@ -148,12 +161,18 @@ class ConsoleSink(Sink):
         self.bar.write(line, file=sys.stdout)
 
     def log_validation(self, record: dict[str, Any]) -> None:
-        self.bar.write(f"step {record['step']:>7} | validation loss {record['val_loss']:.4f} | ppl {record['val_ppl']:.1f}",
-                       file=sys.stdout)
+        self.bar.write(
+            f"step {record['step']:>7} | validation loss {record['val_loss']:.4f} | ppl {record['val_ppl']:.1f}",
+            file=sys.stdout,
+        )
 
     def log_tasks(self, record: dict[str, Any]) -> None:
-        shown = " | ".join(f"{key.removeprefix('eval/')} {value:.4f}" for key, value in record.items() if key.startswith("eval/"))
-        self.bar.write(f"step {record['step']:>7} | {shown} | tasks took {record['eval_seconds']:.1f} s", file=sys.stdout)
+        shown = " | ".join(
+            f"{key.removeprefix('eval/')} {value:.4f}" for key, value in record.items() if key.startswith("eval/")
+        )
+        self.bar.write(
+            f"step {record['step']:>7} | {shown} | tasks took {record['eval_seconds']:.1f} s", file=sys.stdout
+        )
 
     def close(self) -> None:
         self.bar.close()

@@ -11,8 +11,14 @@ from hlat.parallel.parallelize import ParallelModel, global_target_count
 from hlat.train.optimizers import Optimizers
 
 
-def train_step(model: ParallelModel, optimizers: Optimizers, micro_batches: Sequence[Batch], grad_clip: float,
-               skipped: torch.Tensor | None = None, max_grad_norm: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(
+    model: ParallelModel,
+    optimizers: Optimizers,
+    micro_batches: Sequence[Batch],
+    grad_clip: float,
+    skipped: torch.Tensor | None = None,
+    max_grad_norm: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (this rank's share of the global mean loss, pre-clip global grad norm), on device.
 
     Every micro-batch's summed loss is divided by the target count of the whole global batch, so
@@ -35,4 +41,3 @@ def train_step(model: ParallelModel, optimizers: Optimizers, micro_batches: Sequ
     optimizers.step(bad)
     optimizers.zero_grad()
     return share, grad_norm
-

@@ -37,8 +37,15 @@ class TrainModule:
     """`max_grad_norm` > 0 also skips steps whose pre-clip norm exceeds it (recovery.max_grad_norm);
     non-finite steps are always skipped."""
 
-    def __init__(self, model: ParallelModel, optim: OptimConfig, precision: PrecisionConfig, dp_sharding: str,
-                 seed: int, max_grad_norm: float):
+    def __init__(
+        self,
+        model: ParallelModel,
+        optim: OptimConfig,
+        precision: PrecisionConfig,
+        dp_sharding: str,
+        seed: int,
+        max_grad_norm: float,
+    ):
         self.model, self.grad_clip, self.max_grad_norm = model, optim.grad_clip, max_grad_norm
         rounding, compile = bf16_rounding(precision.mode), precision.compile_optimizer
         zero1 = dp_sharding == "zero1" and model.layout.dp > 1  # ZeRO-1 is an optimizer: one shard per dp rank
@@ -46,8 +53,9 @@ class TrainModule:
         def build(part: nn.Module) -> torch.optim.Optimizer:
             if zero1:
                 cls, kwargs = adamw_class(optim, rounding, seed, compile, model=part)
-                return ZeroRedundancyOptimizer(decay_groups(part, optim), optimizer_class=cls,
-                                               process_group=model.layout.group("dp"), **kwargs)
+                return ZeroRedundancyOptimizer(
+                    decay_groups(part, optim), optimizer_class=cls, process_group=model.layout.group("dp"), **kwargs
+                )
             return build_adamw(part, optim, rounding, seed, compile)
 
         self.optimizers = Optimizers(model.parts, build)
@@ -61,16 +69,18 @@ class TrainModule:
     def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
         """One optimizer step at learning rate `lr`; no host sync."""
         self.optimizers.set_lr(lr)
-        share, grad_norm = train_step(self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped,
-                                      self.max_grad_norm)
+        share, grad_norm = train_step(
+            self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped, self.max_grad_norm
+        )
         self._shares.append(share)
         return StepOutput(lr, grad_norm)
 
     def read_losses(self) -> tuple[list[float], int]:
         """The global mean loss of each step since the last read, and the skipped-step counter:
         one collective and one host sync, for logging steps."""
-        *losses, skipped = torch.cat([self.model.reduce_loss(torch.stack(self._shares)),
-                                      self._skipped.reshape(1).to(torch.float32)]).tolist()
+        *losses, skipped = torch.cat(
+            [self.model.reduce_loss(torch.stack(self._shares)), self._skipped.reshape(1).to(torch.float32)]
+        ).tolist()
         self._shares.clear()
         return losses, int(skipped)
 

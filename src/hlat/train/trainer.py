@@ -72,8 +72,13 @@ class Trainer:
     """`callbacks` run after hlat's own, in order, and before the metrics sinks; those that
     train.callbacks names ("package.module:ClassName") come first."""
 
-    def __init__(self, cfg: RunConfig, resume: str = "auto", out: Callable[[str], None] = print,
-                 callbacks: list[Callback] | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        resume: str = "auto",
+        out: Callable[[str], None] = print,
+        callbacks: list[Callback] | None = None,
+    ):
         if resume not in RESUME_MODES:
             raise ValueError(f"resume must be one of {RESUME_MODES}, got {resume!r}")
         problems = cfg.layout_problems(world_from_env()[0])  # a config loaded without the world size
@@ -94,16 +99,40 @@ class Trainer:
         self._build_data()
         self.accum = cfg.train.global_batch // self.layout.dp // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
-        compiled = decide_compile(cfg.parallel.compile, cfg.model, self.device, cfg.precision.mode,
-                                  cfg.train.micro_batch, cfg.data.seq_len, cfg.data.document_masking, self.layout.tp,
-                                  cfg.parallel.activation_checkpoint, cfg.parallel.recompute_every_other_mm)
+        compiled = decide_compile(
+            cfg.parallel.compile,
+            cfg.model,
+            self.device,
+            cfg.precision.mode,
+            cfg.train.micro_batch,
+            cfg.data.seq_len,
+            cfg.data.document_masking,
+            self.layout.tp,
+            cfg.parallel.activation_checkpoint,
+            cfg.parallel.recompute_every_other_mm,
+        )
         self.out(compiled.line)
-        model = build_parallel_model(cfg.model, cfg.parallel, self.layout, self.device, cfg.train.seed,
-                                     self.accum, cfg.precision, compiled.enabled, cfg.precision.float8)
-        tasks = InTrainingTasks(cfg.eval, cfg.model, self.tokenizer, self.layout, self.device,
-                                cfg.precision.mode, cfg.data.bos) if cfg.eval.tasks_every else None
-        self.module = TrainModule(model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, cfg.train.seed,
-                                  cfg.recovery.max_grad_norm)
+        model = build_parallel_model(
+            cfg.model,
+            cfg.parallel,
+            self.layout,
+            self.device,
+            cfg.train.seed,
+            self.accum,
+            cfg.precision,
+            compiled.enabled,
+            cfg.precision.float8,
+        )
+        tasks = (
+            InTrainingTasks(
+                cfg.eval, cfg.model, self.tokenizer, self.layout, self.device, cfg.precision.mode, cfg.data.bos
+            )
+            if cfg.eval.tasks_every
+            else None
+        )
+        self.module = TrainModule(
+            model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, cfg.train.seed, cfg.recovery.max_grad_norm
+        )
         self.state = RunState(cfg, self.layout, self.device, self.module, self.loader)
         self.step, self.tokens, self.train_s = 0, 0, 0.0
         self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
@@ -122,8 +151,9 @@ class Trainer:
         if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
             record_run(cfg, self.tokenizer)
         self.recovery = SpikeRecovery(cfg.recovery, self.module.skipped_steps)
-        slow_ranks = SlowRanks(SlowRankReport(self.layout, self.device, cfg.train.slow_rank_threshold,
-                                              cfg.train.slow_rank_windows))
+        slow_ranks = SlowRanks(
+            SlowRankReport(self.layout, self.device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows)
+        )
         self.callbacks = self._builtin_callbacks(tasks, slow_ranks) + user_callbacks + self._reporting_callbacks()
         self.losses: list[float] = []  # this invocation's per-step losses, as logged
         self.window: Window  # the steps since the last logging step; from the start of fit
@@ -161,9 +191,16 @@ class Trainer:
         cfg = self.cfg
         if not self.layout.is_main:
             return Peak(None, "")
-        shapes = model_shapes(cfg.model.d_model, cfg.model.ffn_dim // self.layout.tp, cfg.train.micro_batch * cfg.data.seq_len)
-        return resolve_peak(self.device, compute_dtype(cfg.precision.mode, self.device), cfg.train.peak_tflops, shapes,
-                            default_cache_dir())
+        shapes = model_shapes(
+            cfg.model.d_model, cfg.model.ffn_dim // self.layout.tp, cfg.train.micro_batch * cfg.data.seq_len
+        )
+        return resolve_peak(
+            self.device,
+            compute_dtype(cfg.precision.mode, self.device),
+            cfg.train.peak_tflops,
+            shapes,
+            default_cache_dir(),
+        )
 
     def _build_data(self) -> None:
         cfg, lay = self.cfg, self.layout
@@ -173,11 +210,26 @@ class Trainer:
         if lay.world > 1 and lay.is_main:
             dist.barrier()
         self.out(tokenizer_line)
-        self.loader = build_loader(cfg.data, self.tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
-                                   dp_rank=lay.dp_rank, dp_size=lay.dp, log_fn=self.out)
+        self.loader = build_loader(
+            cfg.data,
+            self.tokenizer,
+            seed=cfg.train.seed,
+            batch_size=cfg.train.micro_batch,
+            dp_rank=lay.dp_rank,
+            dp_size=lay.dp,
+            log_fn=self.out,
+        )
         # Built once: every evaluation sees the same held-out tokens.
-        self.val_batches = [] if cfg.eval.every == 0 else [
-            b.to(self.device) for b in Validation(cfg.data, self.tokenizer, cfg.train.micro_batch, cfg.eval.batches, lay.dp_rank, lay.dp).batches()]
+        self.val_batches = (
+            []
+            if cfg.eval.every == 0
+            else [
+                b.to(self.device)
+                for b in Validation(
+                    cfg.data, self.tokenizer, cfg.train.micro_batch, cfg.eval.batches, lay.dp_rank, lay.dp
+                ).batches()
+            ]
+        )
 
     # --- what callbacks and tests read -------------------------------------------------------
     @property
@@ -219,7 +271,7 @@ class Trainer:
         self._set_progress(self.state.restore(path, self.out))
         for _ in range((now - self.step) * self.accum):
             self.loader.next_batch()
-        del self.losses[max(self.step - self._first_step, 0):]  # those steps are redone on new data
+        del self.losses[max(self.step - self._first_step, 0) :]  # those steps are redone on new data
         self._rolled_back = True
         self.emit("on_rewind", self.step)
         self.window.restart()
@@ -229,10 +281,14 @@ class Trainer:
     def fit(self) -> TrainSummary:
         cfg, total = self.cfg, self.cfg.train.steps
         if self.step >= total:
-            self.out(f"run already complete at step {self.step:,} in {self.run_dir}; raise --train.steps or pass --fresh")
+            self.out(
+                f"run already complete at step {self.step:,} in {self.run_dir}; raise --train.steps or pass --fresh"
+            )
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
-        self.out(f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
-                 f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}")
+        self.out(
+            f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
+            f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}"
+        )
         final_loss, self._first_step = None, self.step
         try:
             self.emit("on_start")
@@ -300,17 +356,30 @@ class Trainer:
         with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
             param_norm, source_tokens = self.module.param_norm().item(), self._source_tokens()
         achieved = tokens_per_s * self.flops_per_token
-        self.emit("on_log", {
-            "step": self.step, "loss": mean, "ppl": perplexity(mean), "lr": output.lr,
-            "grad_norm": output.grad_norm.item(), "param_norm": param_norm,
-            "tokens": self.tokens, "tokens_per_s": tokens_per_s,
-            "mfu": self.peak.mfu(achieved, self.layout.world), "mfu_of_gemm": self.peak.mfu_of_gemm(achieved, self.layout.world),
-            "skipped_steps": skipped,
-            "step_s": elapsed / len(losses), "data_s": self.window.data_s, "data_frac": self.window.data_s / elapsed,
-            **self.window.memory.read(),
-            "source_tokens": source_tokens,
-            **cost_fields(self.cfg.train.price_per_node_hour, node_count(self.layout.world), self.train_s, self.tokens),
-        })
+        self.emit(
+            "on_log",
+            {
+                "step": self.step,
+                "loss": mean,
+                "ppl": perplexity(mean),
+                "lr": output.lr,
+                "grad_norm": output.grad_norm.item(),
+                "param_norm": param_norm,
+                "tokens": self.tokens,
+                "tokens_per_s": tokens_per_s,
+                "mfu": self.peak.mfu(achieved, self.layout.world),
+                "mfu_of_gemm": self.peak.mfu_of_gemm(achieved, self.layout.world),
+                "skipped_steps": skipped,
+                "step_s": elapsed / len(losses),
+                "data_s": self.window.data_s,
+                "data_frac": self.window.data_s / elapsed,
+                **self.window.memory.read(),
+                "source_tokens": source_tokens,
+                **cost_fields(
+                    self.cfg.train.price_per_node_hour, node_count(self.layout.world), self.train_s, self.tokens
+                ),
+            },
+        )
         self.window.restart()
         return mean
 

@@ -29,9 +29,14 @@ class WandbSink(Sink):
     def rewind(self, step: int) -> None:
         self.close()
         Path(self.dir).mkdir(parents=True, exist_ok=True)
-        self.run = self.wandb.init(project=self.cfg.project, name=self.name if step == 0 else f"{self.name} from step {step}",
-                                   group=self.name, dir=self.dir, mode=self.cfg.mode or None,
-                                   config={**self.config, "start_step": step})
+        self.run = self.wandb.init(
+            project=self.cfg.project,
+            name=self.name if step == 0 else f"{self.name} from step {step}",
+            group=self.name,
+            dir=self.dir,
+            mode=self.cfg.mode or None,
+            config={**self.config, "start_step": step},
+        )
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])

@@ -9,11 +9,9 @@ from hlat.eval.tasks import code, generation, multiple_choice, perplexity
 from hlat.eval.tasks.base import Dataset, Doc, Task, choose_shots
 from hlat.eval.tasks.data import DataMissing, load_split
 
-TASKS: dict[str, Task] = {t.name: t for m in (multiple_choice, generation, code, perplexity)
-                          for t in m.TASKS}
+TASKS: dict[str, Task] = {t.name: t for m in (multiple_choice, generation, code, perplexity) for t in m.TASKS}
 
-COMMONSENSE = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "siqa",
-               "winogrande")
+COMMONSENSE = ("arc_easy", "arc_challenge", "boolq", "hellaswag", "openbookqa", "piqa", "siqa", "winogrande")
 SUITES: dict[str, tuple[str, ...]] = {
     # the paper's table: MMLU, BBH, commonsense reasoning, world knowledge, math, code
     "hlat": ("mmlu", "bbh", *COMMONSENSE, "nq_open", "triviaqa", "gsm8k", "humaneval", "mbpp"),
@@ -29,8 +27,7 @@ def task_name_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return [("eval.tasks", f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")] if unknown else []
 
 
-def resolve_tasks(tasks: str | None = None, suite: str | None = None,
-                  task_files: Sequence[Task] = ()) -> list[Task]:
+def resolve_tasks(tasks: str | None = None, suite: str | None = None, task_files: Sequence[Task] = ()) -> list[Task]:
     """Tasks named by a comma-separated list and/or a suite, in order, without repeats, then the
     tasks read from task files (hlat.eval.tasks.task_file)."""
     if suite and suite not in SUITES:
@@ -41,16 +38,16 @@ def resolve_tasks(tasks: str | None = None, suite: str | None = None,
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(TASKS)}")
     if not names and not task_files:
-        raise ValueError("no tasks: pass --tasks a,b,c, --suite " + "|".join(SUITES)
-                         + " or --task-file FILE.yaml")
+        raise ValueError("no tasks: pass --tasks a,b,c, --suite " + "|".join(SUITES) + " or --task-file FILE.yaml")
     chosen = [TASKS[n] for n in dict.fromkeys(names)]
     from_files = [t.name for t in task_files]
     clash = sorted({n for n in from_files if n in names or from_files.count(n) > 1})
     if clash:
-        raise ValueError(f"task name(s) {', '.join(clash)} given twice (a task file's `task:` "
-                         "names its results); rename the task in its file")
+        raise ValueError(
+            f"task name(s) {', '.join(clash)} given twice (a task file's `task:` "
+            "names its results); rename the task in its file"
+        )
     return chosen + list(task_files)
 
 
-__all__ = ["DataMissing", "Dataset", "Doc", "SUITES", "TASKS", "Task", "choose_shots",
-           "load_split", "resolve_tasks"]
+__all__ = ["DataMissing", "Dataset", "Doc", "SUITES", "TASKS", "Task", "choose_shots", "load_split", "resolve_tasks"]

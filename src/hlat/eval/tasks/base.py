@@ -91,13 +91,15 @@ class Task:
         text = self.description(doc) if self.description else ""
         if shots:
             text += self.fewshot_delimiter.join(
-                self.example_text(s) + self.target_delimiter + self.gold_text(s) for s in shots)
+                self.example_text(s) + self.target_delimiter + self.gold_text(s) for s in shots
+            )
             text += self.fewshot_delimiter
         return text if self.multiple_input else text + self.doc_to_text(doc)
 
 
-def choose_shots(task: Task, index: int, doc: Doc, pool: Sequence[Doc], k: int, seed: int,
-                 same_split: bool) -> list[Doc]:
+def choose_shots(
+    task: Task, index: int, doc: Doc, pool: Sequence[Doc], k: int, seed: int, same_split: bool
+) -> list[Doc]:
     """k few-shot examples for example `index`, a pure function of (seed, task, index): the prompt of
     an example does not depend on which other examples are evaluated or in what order."""
     if k <= 0:
@@ -107,8 +109,9 @@ def choose_shots(task: Task, index: int, doc: Doc, pool: Sequence[Doc], k: int, 
     if same_split:  # never show the example its own answer
         pool = [d for d in pool if d is not doc]
     if len(pool) < k:
-        raise ValueError(f"task {task.name}: {k} few-shot examples requested but only {len(pool)} "
-                         f"are available; lower --num-fewshot")
+        raise ValueError(
+            f"task {task.name}: {k} few-shot examples requested but only {len(pool)} are available; lower --num-fewshot"
+        )
     if task.fewshot_order == "first":
         return list(pool[:k])
     return random.Random(f"{seed}/{task.name}/{index}").sample(list(pool), k)

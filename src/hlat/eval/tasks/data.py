@@ -25,8 +25,9 @@ def load_split(data: Dataset, split: str, data_dir: Path | None) -> list[Doc]:
         return data.bundled(split)
     if data.hub:
         return _load_hub(data, split, data_dir)
-    raise DataMissing(f"no data for {data.local}/{split}: put {split}.jsonl under "
-                      f"{(data_dir or Path('<data-dir>')) / data.local}")
+    raise DataMissing(
+        f"no data for {data.local}/{split}: put {split}.jsonl under {(data_dir or Path('<data-dir>')) / data.local}"
+    )
 
 
 def read_file(file: Path) -> list[Doc]:
@@ -63,13 +64,11 @@ def _load_named(data: Dataset, split: str) -> list[Doc]:
     if data.path:
         docs = _load_local(Path(data.path), split, ())
         if docs is None:
-            raise DataMissing(f"no {split} split in {data.path}: put {split}.jsonl (or .json, "
-                              ".parquet, .arrow) there")
+            raise DataMissing(f"no {split} split in {data.path}: put {split}.jsonl (or .json, .parquet, .arrow) there")
         return docs
     files = dict(data.files).get(split)
     if not files:
-        raise DataMissing(f"no {split} split among dataset_kwargs.data_files "
-                          f"({', '.join(s for s, _ in data.files)})")
+        raise DataMissing(f"no {split} split among dataset_kwargs.data_files ({', '.join(s for s, _ in data.files)})")
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise DataMissing(f"{split} split: {', '.join(missing)} not found")
@@ -91,13 +90,18 @@ def _load_hub(data: Dataset, split: str, data_dir: Path | None) -> list[Doc]:
     try:
         import datasets
     except ImportError as err:
-        raise DataMissing(f"{data.local}/{split}: no local file{where} and the `datasets` package "
-                          "is not installed; pass --data-dir with the task files") from err
+        raise DataMissing(
+            f"{data.local}/{split}: no local file{where} and the `datasets` package "
+            "is not installed; pass --data-dir with the task files"
+        ) from err
     try:
         if not data.hub_configs:
             return list(datasets.load_dataset(data.hub, data.hub_name, split=split))
-        return [{**doc, "config": c} for c in data.hub_configs
-                for doc in datasets.load_dataset(data.hub, c, split=split)]
+        return [
+            {**doc, "config": c} for c in data.hub_configs for doc in datasets.load_dataset(data.hub, c, split=split)
+        ]
     except Exception as err:  # offline, gated or renamed: all mean "not available here"
-        raise DataMissing(f"{data.local}/{split}: no local file{where} and the hub dataset "
-                          f"{data.hub} could not be loaded ({type(err).__name__}: {err})") from err
+        raise DataMissing(
+            f"{data.local}/{split}: no local file{where} and the hub dataset "
+            f"{data.hub} could not be loaded ({type(err).__name__}: {err})"
+        ) from err

@@ -24,7 +24,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from hlat.errors import UserError
 from hlat.eval.tasks.base import Doc
 
-
 MAX_REPEAT = 1_000_000  # items or characters one `*` may produce
 MAX_EXPONENT = 64
 
@@ -40,6 +39,7 @@ def _regex_replace(text: str, pattern: str, repl: str, count: int = 0) -> str:
 class _TaskTemplates(ImmutableSandboxedEnvironment):
     """lm-eval's environment (a missing field is an error, a trailing newline is kept, the
     regex_replace filter), sandboxed, with `*` and `**` bounded."""
+
     intercepted_binops = frozenset({"*", "**"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
@@ -68,19 +68,25 @@ def _internal_names(template: str) -> list[str]:
 def render(template: str) -> Callable[[Doc], str]:
     internal = _internal_names(template)
     if internal:
-        raise TemplateError(f"template {template!r} reads {', '.join(sorted(set(internal)))}: a template may read "
-                            "the example's fields only (docs/evaluation.md)")
+        raise TemplateError(
+            f"template {template!r} reads {', '.join(sorted(set(internal)))}: a template may read "
+            "the example's fields only (docs/evaluation.md)"
+        )
     compiled = _ENV.from_string(template)
 
     def fill(doc: Doc) -> str:
         try:
             return compiled.render(**doc)
         except jinja2.UndefinedError as err:
-            raise TemplateError(f"template {template!r}: {err.message}; the example's fields are "
-                                f"{', '.join(doc)}") from err
+            raise TemplateError(
+                f"template {template!r}: {err.message}; the example's fields are {', '.join(doc)}"
+            ) from err
         except (SecurityError, OverflowError) as err:  # OverflowError: the sandbox's cap on range()
-            raise TemplateError(f"template {template!r} was refused: {err} (a template may read the example's "
-                                "fields only: docs/evaluation.md)") from err
+            raise TemplateError(
+                f"template {template!r} was refused: {err} (a template may read the example's "
+                "fields only: docs/evaluation.md)"
+            ) from err
+
     return fill
 
 
@@ -108,6 +114,7 @@ def to_target(spec: Any, has_choices: bool) -> Callable[[Doc], Any]:
             except (SyntaxError, ValueError):
                 return text
         return text
+
     return target
 
 

@@ -68,11 +68,14 @@ def load_callback(path: str) -> Callback:
     try:
         module = importlib.import_module(module_name)
     except Exception as err:  # a missing module, or one that fails while it imports
-        raise _problem(path, f"does not import ({type(err).__name__}: {err}); put its package on PYTHONPATH "
-                       "or install it") from err
+        raise _problem(
+            path, f"does not import ({type(err).__name__}: {err}); put its package on PYTHONPATH or install it"
+        ) from err
     cls = getattr(module, name, None)
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
-        found = "nothing" if cls is None else type(cls).__name__ if not isinstance(cls, type) else f"class {cls.__name__}"
+        found = (
+            "nothing" if cls is None else type(cls).__name__ if not isinstance(cls, type) else f"class {cls.__name__}"
+        )
         raise _problem(path, f"names {found}, not a subclass of hlat.train.callbacks.base.Callback; name such a class")
     return cls()
 

@@ -31,10 +31,14 @@ class Checkpointing(Callback):
         if stats is None:
             return
         if stats.write_s is None:
-            trainer.out(f"checkpoint: writing {stats.path.name} in the background (training blocked {stats.blocking_s:.2f} s)")
+            trainer.out(
+                f"checkpoint: writing {stats.path.name} in the background (training blocked {stats.blocking_s:.2f} s)"
+            )
         elif stats.background:
-            trainer.out(f"checkpoint: {stats.path} committed (written in {stats.write_s:.2f} s, training blocked "
-                        f"{stats.blocking_s:.2f} s)")
+            trainer.out(
+                f"checkpoint: {stats.path} committed (written in {stats.write_s:.2f} s, training blocked "
+                f"{stats.blocking_s:.2f} s)"
+            )
         else:
             trainer.out(f"checkpoint: {stats.path} ({stats.write_s:.2f} s)")
         trainer.emit("on_checkpoint", stats)

@@ -52,8 +52,11 @@ class Metrics(Callback):
     def on_end(self, trainer: Trainer, summary: TrainSummary) -> None:
         self.sinks.close()
         cfg = trainer.cfg
-        trainer.out(f"done: step {summary.step:,}, {summary.tokens:,} tokens, final loss {summary.final_loss:.4f} "
-                    f"(ln vocab = {math.log(cfg.model.vocab_size):.3f})" + (f"; loss plot {summary.plot}" if summary.plot else ""))
+        trainer.out(
+            f"done: step {summary.step:,}, {summary.tokens:,} tokens, final loss {summary.final_loss:.4f} "
+            f"(ln vocab = {math.log(cfg.model.vocab_size):.3f})"
+            + (f"; loss plot {summary.plot}" if summary.plot else "")
+        )
 
 
 class LossPlot(Callback):

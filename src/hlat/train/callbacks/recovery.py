@@ -33,9 +33,14 @@ class SpikeRecovery(Callback):
             if path is not None and self.recovery.may_roll_back():
                 undone = trainer.roll_back(path)
                 self.recovery.rolled_back(trainer.module.skipped_steps)
-                trainer.out(f"{incident.what}: rolled back to step {trainer.step} ({path.name}) and skipped the {undone} steps "
-                            f"of data read since (rollback {self.recovery.rollbacks} of at most {self.cfg.max_rollbacks})")
+                trainer.out(
+                    f"{incident.what}: rolled back to step {trainer.step} ({path.name}) and skipped the {undone} steps "
+                    f"of data read since (rollback {self.recovery.rollbacks} of at most {self.cfg.max_rollbacks})"
+                )
                 return
-        reason = ("recovery.spike_action=skip" if incident.action == "skip" else
-                  f"no checkpoint to roll back to, or recovery.max_rollbacks={self.cfg.max_rollbacks} reached")
+        reason = (
+            "recovery.spike_action=skip"
+            if incident.action == "skip"
+            else f"no checkpoint to roll back to, or recovery.max_rollbacks={self.cfg.max_rollbacks} reached"
+        )
         trainer.out(f"warning: {incident.what}; continuing ({reason})")

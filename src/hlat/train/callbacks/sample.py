@@ -16,8 +16,16 @@ class Sample(Callback):
     def on_end(self, trainer: Trainer, summary: TrainSummary) -> None:
         cfg = trainer.cfg
         with watch(trainer.layout, "end-of-training sample (gathering the weights to rank 0)", trainer.step):
-            sample = end_of_training_sample(trainer.model.parts, trainer.layout, cfg.model, cfg.data, trainer.tokenizer,
-                                            trainer.device, cfg.precision.mode, cfg.train.sample_prompt,
-                                            cfg.train.sample_tokens)
+            sample = end_of_training_sample(
+                trainer.model.parts,
+                trainer.layout,
+                cfg.model,
+                cfg.data,
+                trainer.tokenizer,
+                trainer.device,
+                cfg.precision.mode,
+                cfg.train.sample_prompt,
+                cfg.train.sample_tokens,
+            )
         if sample:
             trainer.out(sample)
