@@ -46,9 +46,8 @@ LLAMA_TP_PLAN: dict[str, TPRole] = {
 @dataclass(frozen=True)
 class ModelSpec:
     family: str
-    model: type[
-        Llama
-    ]  # built from a ModelConfig; the top-level layout (tok_embeddings, layers, norm, output) is LLaMA's
+    # built from a ModelConfig; the top-level layout (tok_embeddings, layers, norm, output) is LLaMA's
+    model: type[Llama]
     tensor_parallel: Mapping[str, TPRole]  # each block module's role, by its name in the block
     stage_costs: Callable[[ModelConfig], tuple[float, float]]  # (per-layer, head) FLOPs the pipeline split balances
     hf: HFMapping
