@@ -76,18 +76,9 @@ def install_emulation(device: torch.device) -> bool:
 
 def train_one(preset: str, mode: str, run_dir: Path, steps: int, extra: list[str]) -> dict:
     overrides = [
-        "--precision.mode",
-        mode,
-        "--train.run_dir",
-        str(run_dir),
-        "--train.steps",
-        str(steps),
-        "--train.tensorboard",
-        "false",
-        "--data.val_source",
-        "holdout",
-        *extra,
-    ]
+        "--precision.mode", mode, "--train.run_dir", str(run_dir), "--train.steps", str(steps),
+        "--train.tensorboard", "false", "--data.val_source", "holdout", *extra,
+    ]  # fmt: skip
     cfg = load_config(preset, None, overrides)
     trainer = Trainer(cfg, resume="fresh", out=lambda line: None)
     start = time.perf_counter()

@@ -49,50 +49,14 @@ ARRIVAL_TIMEOUT_S = LAUNCH_TIMEOUT_S  # a rank waiting for the others to reach i
 
 def tiny_args(corpus: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "--data.source",
-        str(corpus),
-        "--model.vocab_size",
-        "512",
-        "--model.d_model",
-        "64",
-        "--model.n_layers",
-        "2",
-        "--model.n_heads",
-        "4",
-        "--model.n_kv_heads",
-        "2",
-        "--model.ffn_dim",
-        "128",
-        "--model.max_seq_len",
-        "64",
-        "--data.seq_len",
-        "32",
-        "--train.global_batch",
-        "8",
-        "--train.micro_batch",
-        "2",
-        "--train.log_every",
-        "1",
-        "--precision.mode",
-        "fp32",
-        "--train.tensorboard",
-        "false",
-        "--train.plot",
-        "false",
-        "--train.peak_tflops",
-        "1",
-        "--eval.every",
-        "0",
-        "--train.sample_prompt",
-        "",  # the end-of-run sample: tests/eval/test_generate.py
-        "--schedule.warmup_steps",
-        "2",
-        "--schedule.decay_steps",
-        "6",
-        "--train.run_dir",
-        str(run_dir),
-        *extra,
-    ]
+        "--data.source", str(corpus), "--model.vocab_size", "512", "--model.d_model", "64",
+        "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128",
+        "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "8",
+        "--train.micro_batch", "2", "--train.log_every", "1", "--precision.mode", "fp32",
+        "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1", "--eval.every", "0",
+        "--train.sample_prompt", "",  # the end-of-run sample: tests/eval/test_generate.py
+        "--schedule.warmup_steps", "2", "--schedule.decay_steps", "6", "--train.run_dir", str(run_dir), *extra,
+    ]  # fmt: skip
 
 
 def _command(nproc: int, target: list[str], restarts: int) -> list[str]:

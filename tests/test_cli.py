@@ -36,19 +36,9 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "HLAT_CACHE": str(tmp_path / "cache")}
     cmd = [
-        sys.executable,
-        "-m",
-        "hlat",
-        "train",
-        "--train.steps",
-        "4",
-        "--train.log_every",
-        "2",
-        "--data.tokenizer_train_chars",
-        "300000",
-        "--train.run_dir",
-        str(run),
-    ]
+        sys.executable, "-m", "hlat", "train", "--train.steps", "4", "--train.log_every", "2",
+        "--data.tokenizer_train_chars", "300000", "--train.run_dir", str(run),
+    ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "tokenizer:" in out.stdout and "standard library" in out.stdout

@@ -150,29 +150,11 @@ def test_variants_import_init_from_and_export(tmp_path, small_corpus, capsys, va
     assert sum(p.numel() for p in loaded.model.parameters()) == sum(p.numel() for p in hf.parameters())
 
     args = [
-        "--data.source",
-        str(small_corpus),
-        "--data.seq_len",
-        "32",
-        "--train.global_batch",
-        "2",
-        "--train.micro_batch",
-        "2",
-        "--train.steps",
-        "1",
-        "--precision.mode",
-        "fp32",
-        "--eval.every",
-        "0",
-        "--train.tensorboard",
-        "false",
-        "--train.plot",
-        "false",
-        "--train.run_dir",
-        str(tmp_path / "continued"),
-        "--checkpoint.init_from",
-        f"hf:{tmp_path / 'hf'}",
-    ]
+        "--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "2",
+        "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
+        "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
+        "--checkpoint.init_from", f"hf:{tmp_path / 'hf'}",
+    ]  # fmt: skip
     trainer = Trainer(load_config("tiny", run / "config.toml", args), out=print)
     assert "initialised from Hugging Face weights" in capsys.readouterr().out
     model = trainer.model.raw_parts[0]
@@ -293,43 +275,13 @@ def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpu
     assert refused in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # nothing written
     args = [
-        "--data.source",
-        str(small_corpus),
-        "--data.tokenizer",
-        str(hf / "tokenizer.json"),
-        "--model.vocab_size",
-        "96",
-        "--model.d_model",
-        "64",
-        "--model.n_heads",
-        "8",
-        "--model.n_kv_heads",
-        "2",
-        "--model.ffn_dim",
-        "160",
-        "--model.max_seq_len",
-        "64",
-        "--data.seq_len",
-        "32",
-        "--train.global_batch",
-        "2",
-        "--train.micro_batch",
-        "2",
-        "--train.steps",
-        "1",
-        "--precision.mode",
-        "fp32",
-        "--eval.every",
-        "0",
-        "--train.tensorboard",
-        "false",
-        "--train.plot",
-        "false",
-        "--train.run_dir",
-        str(tmp_path / "continued"),
-        "--checkpoint.init_from",
-        f"hf:{hf}",
-    ]
+        "--data.source", str(small_corpus), "--data.tokenizer", str(hf / "tokenizer.json"),
+        "--model.vocab_size", "96", "--model.d_model", "64", "--model.n_heads", "8", "--model.n_kv_heads", "2",
+        "--model.ffn_dim", "160", "--model.max_seq_len", "64", "--data.seq_len", "32", "--train.global_batch", "2",
+        "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
+        "--train.tensorboard", "false", "--train.plot", "false", "--train.run_dir", str(tmp_path / "continued"),
+        "--checkpoint.init_from", f"hf:{hf}",
+    ]  # fmt: skip
     with pytest.raises(ImportRefused, match=refused):
         Trainer(load_config("tiny", None, args), out=lambda _: None)
     with pytest.raises(ImportRefused, match=refused):
@@ -345,31 +297,11 @@ def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
     imported = load_model(run).model.state_dict()
     args = [
-        "--data.source",
-        str(small_corpus),
-        "--data.seq_len",
-        "32",
-        "--train.global_batch",
-        "4",
-        "--train.micro_batch",
-        "2",
-        "--train.steps",
-        "2",
-        "--train.log_every",
-        "1",
-        "--precision.mode",
-        "fp32",
-        "--train.tensorboard",
-        "false",
-        "--train.plot",
-        "false",
-        "--train.peak_tflops",
-        "1",
-        "--eval.every",
-        "0",
-        "--train.run_dir",
-        str(tmp_path / "continued"),
-    ]
+        "--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "4",
+        "--train.micro_batch", "2", "--train.steps", "2", "--train.log_every", "1", "--precision.mode", "fp32",
+        "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1", "--eval.every", "0",
+        "--train.run_dir", str(tmp_path / "continued"),
+    ]  # fmt: skip
     cfg = load_config("tiny", run / "config.toml", args)  # the imported architecture, tokenizer and weights
     assert cfg.checkpoint.init_from == str(run.resolve()) and cfg.name == "imported-continued"
     trainer = Trainer(cfg, out=print)
@@ -398,43 +330,13 @@ def test_continued_pretraining_lowers_held_out_loss(tmp_path):
     for doc in range(40):
         (corpus / f"{doc:02d}.txt").write_text(" ".join(f"w{(doc * 7 + i) % 93}" for i in range(120)))
     args = [
-        "--data.source",
-        str(corpus),
-        "--data.val_source",
-        "holdout",
-        "--data.val_fraction",
-        "0.1",
-        "--data.seq_len",
-        "32",
-        "--train.global_batch",
-        "8",
-        "--train.micro_batch",
-        "4",
-        "--train.steps",
-        "6",
-        "--optim.lr",
-        "3e-3",
-        "--schedule.warmup_steps",
-        "1",
-        "--schedule.decay_steps",
-        "6",
-        "--precision.mode",
-        "fp32",
-        "--train.tensorboard",
-        "false",
-        "--train.plot",
-        "false",
-        "--train.peak_tflops",
-        "1",
-        "--eval.every",
-        "6",
-        "--eval.batches",
-        "2",
-        "--train.sample_prompt",
-        "",
-        "--train.run_dir",
-        str(tmp_path / "continued"),
-    ]
+        "--data.source", str(corpus), "--data.val_source", "holdout", "--data.val_fraction", "0.1",
+        "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "4", "--train.steps", "6",
+        "--optim.lr", "3e-3", "--schedule.warmup_steps", "1", "--schedule.decay_steps", "6",
+        "--precision.mode", "fp32", "--train.tensorboard", "false", "--train.plot", "false",
+        "--train.peak_tflops", "1", "--eval.every", "6", "--eval.batches", "2", "--train.sample_prompt", "",
+        "--train.run_dir", str(tmp_path / "continued"),
+    ]  # fmt: skip
     trainer = Trainer(load_config("tiny", run / "config.toml", args), out=lambda _: None)
     before = trainer.model.validation_loss(trainer.val_batches)
     trainer.fit()

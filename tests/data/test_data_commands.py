@@ -19,18 +19,9 @@ def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):
     out = capsys.readouterr().out
     assert "300-token byte-level BPE" in out and load_tokenizer(tmp_path / "t.json").vocab_size == 300
     args = [
-        "prepare",
-        "--out",
-        str(tmp_path / "shards"),
-        "--docs-per-shard",
-        "7",
-        "--data.source",
-        str(rows),
-        "--data.tokenizer",
-        str(tmp_path / "t.json"),
-        "--model.vocab_size",
-        "300",
-    ]
+        "prepare", "--out", str(tmp_path / "shards"), "--docs-per-shard", "7", "--data.source", str(rows),
+        "--data.tokenizer", str(tmp_path / "t.json"), "--model.vocab_size", "300",
+    ]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "prepared" in out and "uint16" in out and f"--data.source {tmp_path / 'shards'}" in out

@@ -20,19 +20,9 @@ from runs import ScenarioContext, tiny_args
 # Large enough tensors that a sample std is within ~1% of the true one; 4 layers, so a stage of a
 # 2-stage pipeline holds 2 and the scaled init must still use the whole model's depth.
 MODEL = [
-    "--model.d_model",
-    "128",
-    "--model.n_layers",
-    "4",
-    "--model.n_heads",
-    "4",
-    "--model.n_kv_heads",
-    "2",
-    "--model.ffn_dim",
-    "256",
-    "--model.init_std",
-    "0.021",
-]
+    "--model.d_model", "128", "--model.n_layers", "4", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+    "--model.ffn_dim", "256", "--model.init_std", "0.021",
+]  # fmt: skip
 
 
 def measure(ctx: ScenarioContext, layout: list[str]) -> None:

@@ -95,23 +95,10 @@ def test_activation_model_matches_a_live_measurement(policy):
     """The plan's bytes per block against what a block keeps for backward on CPU (fp32)."""
     mode, every_other = policy.split("-")[0], policy.endswith("every-other")
     overrides = [
-        "--model.d_model",
-        "64",
-        "--model.n_heads",
-        "4",
-        "--model.n_kv_heads",
-        "4",
-        "--model.ffn_dim",
-        "176",
-        "--data.seq_len",
-        "64",
-        "--train.micro_batch",
-        "2",
-        "--parallel.activation_checkpoint",
-        mode,
-        "--parallel.recompute_every_other_mm",
-        str(every_other).lower(),
-    ]
+        "--model.d_model", "64", "--model.n_heads", "4", "--model.n_kv_heads", "4", "--model.ffn_dim", "176",
+        "--data.seq_len", "64", "--train.micro_batch", "2", "--parallel.activation_checkpoint", mode,
+        "--parallel.recompute_every_other_mm", str(every_other).lower(),
+    ]  # fmt: skip
     cfg = load_config("tiny", None, overrides)
     measured = block_bytes(cfg.model, mode, every_other, batch=2, seq=64)
     assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.2)

@@ -26,17 +26,9 @@ from hlat.train.trainer import Trainer
 
 GOLDEN = Path(__file__).with_name("golden_tiny.json")
 OVERRIDES = [
-    "--train.steps",
-    "8",
-    "--train.log_every",
-    "1",
-    "--eval.every",
-    "0",
-    "--train.plot",
-    "false",
-    "--train.tensorboard",
-    "false",
-]
+    "--train.steps", "8", "--train.log_every", "1", "--eval.every", "0", "--train.plot", "false",
+    "--train.tensorboard", "false",
+]  # fmt: skip
 
 
 def command(run_dir: str = "RUN_DIR") -> str:

@@ -85,19 +85,9 @@ def test_loss_spike_rolls_back_and_skips_the_data_window(small_corpus, tmp_path,
     data an uninterrupted run would have read at steps 9-12. metrics.jsonl and TensorBoard then
     hold each step once, with the values of the steps that were kept."""
     args = [
-        "--train.steps",
-        "8",
-        "--checkpoint.every",
-        "4",
-        "--train.log_every",
-        "2",
-        "--train.tensorboard",
-        "true",
-        "--recovery.spike_sigmas",
-        "20",
-        "--recovery.spike_window",
-        "3",
-    ]
+        "--train.steps", "8", "--checkpoint.every", "4", "--train.log_every", "2", "--train.tensorboard", "true",
+        "--recovery.spike_sigmas", "20", "--recovery.spike_window", "3",
+    ]  # fmt: skip
     run = tmp_path / "spike"
     messages = []
     reference = Trainer(cfg(small_corpus, tmp_path / "reference", *args), out=quiet)  # only reads its data
