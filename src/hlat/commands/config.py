@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlat.commands.common import OVERRIDES_HELP, add_config_args
+from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config.load import load_config, preset_names
+    from hlat.config.load import preset_names
     from hlat.config.reference import explain, reference_page
 
     if args.command == "presets":
@@ -47,8 +47,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
                 *(["overrides"] if overrides else []),
             ]
         )
-        cfg = load_config(args.preset, args.config, overrides) if resolved else None
+        cfg = load_run_config(args, overrides) if resolved else None
         print(explain(args.explain, cfg, source), end="")
     else:
-        print(load_config(args.preset, args.config, overrides).to_toml(), end="")
+        print(load_run_config(args, overrides).to_toml(), end="")
     return 0

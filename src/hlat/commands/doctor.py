@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from hlat.commands.common import OVERRIDES_HELP, add_config_args
+from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 if TYPE_CHECKING:
     from hlat.parallel.preflight import Check
@@ -39,12 +39,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     import torch
 
-    from hlat.config.load import load_config
     from hlat.parallel import preflight
     from hlat.parallel.mesh import setup, teardown, world_from_env
 
     world, rank, local_rank = world_from_env()
-    cfg = load_config(args.preset, args.config, overrides)  # the layout is a check of the table, not an error
+    cfg = load_run_config(args, overrides)  # the layout is a check of the table, not an error
     cfg.fit_micro_batch(world)  # as hlat train would
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     os.environ["HLAT_COLLECTIVE_TIMEOUT_S"] = str(args.timeout)  # read by mesh.setup and the hang report

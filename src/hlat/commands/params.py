@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlat.commands.common import OVERRIDES_HELP
+from hlat.commands.common import OVERRIDES_HELP, load_run_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,10 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config.load import load_config
     from hlat.model import count_params, flops_per_token
 
-    cfg = load_config(args.preset, args.config, overrides)
+    cfg = load_run_config(args, overrides)
     n = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     embedding = cfg.model.vocab_size * cfg.model.d_model

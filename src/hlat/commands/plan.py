@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlat.commands.common import OVERRIDES_HELP, add_config_args
+from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +68,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config.load import load_config
     from hlat.devices import by_table_name, format_table
     from hlat.errors import UserError
     from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
@@ -92,7 +91,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         raise UserError("--world is required: the number of ranks to plan for, e.g. --world 64")
     if args.device and args.device != "cpu":
         by_table_name(args.device)  # before the plan: a typo fails at once
-    cfg = load_config(args.preset, args.config, overrides, world=args.world)  # as hlat train on that many ranks
+    cfg = load_run_config(args, overrides, world=args.world)  # as hlat train on that many ranks
     figures = Figures(args.peak_tflops, args.memory_gib, args.intra_gbs, args.inter_gbs, args.per_node, args.efficiency)
     system = make_system(args.device, figures, cfg, args.world)
     if args.search and system is None:

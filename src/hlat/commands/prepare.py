@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlat.commands.common import OVERRIDES_HELP, add_config_args
+from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,11 +28,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from tqdm import tqdm
 
     from hlat.config.data_paths import source_entries
-    from hlat.config.load import load_config
     from hlat.data import OnlineDocuments, build_data_tokenizer, open_entry, prepare_shards
     from hlat.errors import UserError
 
-    cfg = load_config(args.preset, args.config, overrides)
+    cfg = load_run_config(args, overrides)
     entries = source_entries(cfg.data.source)
     if len(entries) != 1:
         raise UserError("give one data.source (prepare each source of a mixture into its own directory)")

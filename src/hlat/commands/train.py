@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hlat.commands.common import OVERRIDES_HELP, add_config_args
+from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,14 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.config.load import load_config
-    from hlat.eval.tasks import task_name_problems
     from hlat.parallel.mesh import teardown, world_from_env
     from hlat.train.trainer import Trainer
 
     world, rank, _ = world_from_env()
     # the layout is validated here, on every rank alike, before any process group starts
-    cfg = load_config(args.preset, args.config, overrides, world=world, checks=(task_name_problems,))
+    cfg = load_run_config(args, overrides, world=world)
     if rank == 0:
         for note in cfg.notes:
             print(note, flush=True)
