@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig

@@ -74,7 +74,8 @@ def export_model(preset: str, texts: list[str], directory: Path) -> int:
 
 
 def hlat_runner(directory: Path, device: str, batch_size: int) -> Runner:
-    from hlat.eval import GenerateRequest, LanguageModel, LoglikelihoodRequest, load_model
+    from hlat.checkpoint.loading import load_model
+    from hlat.eval import GenerateRequest, LanguageModel, LoglikelihoodRequest
 
     loaded = load_model(directory)
     lm = LanguageModel(loaded.model, loaded.tokenizer, device, batch_size, prefix_token=loaded.prefix_token)

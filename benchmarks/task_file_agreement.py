@@ -158,7 +158,8 @@ def main() -> None:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from hlat.eval import EvalOptions, LanguageModel, evaluate_task, load_model
+    from hlat.checkpoint.loading import load_model
+    from hlat.eval import EvalOptions, LanguageModel, evaluate_task
     from hlat.eval.tasks.task_file import load_task_files
 
     with tempfile.TemporaryDirectory(prefix="hlat-agreement-") as tmp:

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from hlat import atomic_files
-from hlat.checkpoint import CheckpointError, CheckpointManager
-from hlat.checkpoint.manager import own_files
+from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.manager import CheckpointManager, own_files
 from runs import ScenarioContext
 
 # (HLAT_FAULT fault, the rank it strikes, background save): every one of hlat's own save steps

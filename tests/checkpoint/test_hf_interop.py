@@ -12,9 +12,9 @@ import torch
 
 from deps import require
 from hlat.checkpoint.hf_import import ImportRefused
+from hlat.checkpoint.loading import load_model
 from hlat.cli import main
 from hlat.config.load import load_config
-from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 from runs import tiny_args
 

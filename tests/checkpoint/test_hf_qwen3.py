@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from deps import require
+from hlat.checkpoint.loading import load_model
 from hlat.cli import main
-from hlat.eval import load_model
 
 transformers = require("transformers")
 

@@ -5,7 +5,8 @@ import pickle
 import pytest
 import torch
 
-from hlat.checkpoint import CheckpointError, CheckpointManager
+from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.manager import CheckpointManager
 from manager_runs import FAULTS
 from runs import Scenario
 

@@ -18,9 +18,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-from hlat.checkpoint import CheckpointError, CheckpointManager
+from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.loading import load_model
-from hlat.checkpoint.manager import FORMAT_VERSION
+from hlat.checkpoint.manager import FORMAT_VERSION, CheckpointManager
 from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.config.load import load_config
 from hlat.train.trainer import Trainer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 from hlat.toml_value import toml_value

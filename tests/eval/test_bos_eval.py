@@ -13,9 +13,10 @@ from deps import require
 from export import save_hf, save_run
 from hlat.checkpoint.hf_export import export_hf
 from hlat.checkpoint.hf_import import import_hf
+from hlat.checkpoint.loading import load_model
 from hlat.config.model import ModelConfig
 from hlat.data import Tokenizer
-from hlat.eval import GenerateRequest, LanguageModel, load_model
+from hlat.eval import GenerateRequest, LanguageModel
 from hlat.eval.requests import LoglikelihoodRequest, RollingRequest
 from hlat.model import Llama
 from llama3_tokenizer import BOS, EOS, write_llama3_tokenizer

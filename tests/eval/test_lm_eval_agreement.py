@@ -13,7 +13,8 @@ import pytest
 
 from deps import require
 from export import save_hf
-from hlat.eval import TASKS, EvalOptions, GenerateRequest, LanguageModel, evaluate_task, load_model
+from hlat.checkpoint.loading import load_model
+from hlat.eval import TASKS, EvalOptions, GenerateRequest, LanguageModel, evaluate_task
 from hlat.eval.harness import TaskResult
 from hlat.eval.tasks.task_file import load_task_files
 from task_files import ARC_ROWS, TEXT, write_jsonl

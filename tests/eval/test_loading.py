@@ -7,9 +7,8 @@ import torch
 
 from deps import require
 from export import save_hf, save_run
-from hlat.checkpoint.loading import run_checkpoints
+from hlat.checkpoint.loading import load_model, run_checkpoints
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.eval import load_model
 
 
 def logits(model, tokens: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 save in flight is never committed, the restarted group resumes from the previous checkpoint, and
 the final weights and Adam moments equal the uninterrupted run's bit for bit (2 gloo processes)."""
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import CheckpointManager
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args
 
 ASYNC = ["--checkpoint.every", "2", "--checkpoint.async_save", "true"]

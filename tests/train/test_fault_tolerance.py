@@ -9,7 +9,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.load import load_config
 from hlat.train.trainer import Trainer
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args

@@ -1,9 +1,9 @@
 """Background (async) saves give the same checkpoints as synchronous ones, and report their
 blocking and write times; archives are weights-only and never pruned."""
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.loading import load_model
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.load import load_config
-from hlat.eval import load_model
 from hlat.train.trainer import Trainer
 from runs import assert_same_tensors, checkpoint_tensors, tiny_args
 

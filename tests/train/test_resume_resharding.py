@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hlat.checkpoint import CheckpointManager
+from hlat.checkpoint.manager import CheckpointManager
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors
 
 TRAIN = "train/layout_runs.py:train"

@@ -5,8 +5,8 @@ import shutil
 import pytest
 import torch
 
-from hlat.checkpoint import CheckpointManager
 from hlat.checkpoint.hf_export import export_hf
+from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig

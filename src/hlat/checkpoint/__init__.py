@@ -1,3 +1,1 @@
-from hlat.checkpoint.manager import CheckpointError, CheckpointManager
-
-__all__ = ["CheckpointError", "CheckpointManager"]
+"""Sharded, atomic, verified checkpoints (manager), their safe loading, HF import and export."""

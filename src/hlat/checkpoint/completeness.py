@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from hlat.checkpoint.manager import METADATA, CheckpointError
+from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.manager import METADATA
 from hlat.checkpoint.safe_metadata import read_metadata
 from hlat.config.model import ModelConfig
 from hlat.model import Llama, build_model, model_spec

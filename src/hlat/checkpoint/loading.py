@@ -2,7 +2,7 @@
 Hugging Face LLaMA directory (config.json + safetensors or pytorch_model.bin + tokenizer.json).
 
 `load_checkpoint_weights` is the only function here that reads hlat checkpoints; it goes through
-hlat.checkpoint.CheckpointManager like training does.
+hlat.checkpoint.manager.CheckpointManager like training does.
 """
 
 from __future__ import annotations

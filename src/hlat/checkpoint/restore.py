@@ -22,7 +22,8 @@ from hlat.checkpoint.completeness import (
     model_shapes,
     rename_from_hf,
 )
-from hlat.checkpoint.manager import CheckpointError, CheckpointManager, rank_file
+from hlat.checkpoint.errors import CheckpointError
+from hlat.checkpoint.manager import CheckpointManager, rank_file
 from hlat.data import merge_states
 
 HF_PREFIX = "hf:"

@@ -1,7 +1,6 @@
 """Evaluation: the HLAT benchmark suite on hlat or Hugging Face checkpoints, during and after
 training. `hlat eval` is the command; these are the pieces it is built from."""
 
-from hlat.checkpoint.loading import LoadedModel, load_checkpoint_weights, load_model
 from hlat.eval.harness import EvalOptions, TaskResult, evaluate, evaluate_task
 from hlat.eval.lm import LanguageModel
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
@@ -13,7 +12,6 @@ __all__ = [
     "ExecResult",
     "GenerateRequest",
     "LanguageModel",
-    "LoadedModel",
     "LoglikelihoodRequest",
     "Program",
     "RollingRequest",
@@ -24,8 +22,6 @@ __all__ = [
     "TaskResult",
     "evaluate",
     "evaluate_task",
-    "load_checkpoint_weights",
-    "load_model",
     "resolve_tasks",
     "run_program",
     "run_programs",

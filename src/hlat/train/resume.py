@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from hlat.checkpoint import CheckpointManager
-from hlat.checkpoint.manager import SaveStats
+from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config.run import RunConfig
 from hlat.data import PackedLoader

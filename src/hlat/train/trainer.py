@@ -19,8 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hlat.checkpoint import CheckpointManager
-from hlat.checkpoint.manager import SaveStats
+from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.config.data import default_cache_dir
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
