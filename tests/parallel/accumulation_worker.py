@@ -4,6 +4,7 @@ per step on one process, over tp 2 or pp 2, or 2 per rank over dp 2, recording l
 weights and how many FSDP2 all-gathers each step ran.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,23 +37,56 @@ def _counted_gather(*args, **kwargs):
 fsdp_group.foreach_all_gather = _counted_gather
 
 
-def run(spec: str, layout: Layout, out: Path) -> None:
-    """spec: "layout,sharding,mode,options": layout 1, dp2, tp2 or pp2; options "+"-joined from
-    keep (reshard_after_backward false), fp32acc (fp32_grad_accum), bf16reduce (reduce_dtype bf16)."""
-    _, sharding, mode, options = spec.split(",")
-    flags = set(options.split("+"))
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One accumulation run: its degrees (at most one of dp, tp, pp above 1), data-parallel
+    sharding, precision mode, and the switches under test: reshard_after_backward (false keeps the
+    weights gathered between micro-batches) and fp32_grad_accum."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    dp_sharding: str = "ddp"
+    mode: str = "fp32"
+    reshard_after_backward: bool = True
+    fp32_grad_accum: bool = False
+
+    @property
+    def id(self) -> str:
+        """Readable and unique, e.g. dp2-fsdp-mixed-keep or 1-ddp-bf16-sr-fp32acc; names its result files."""
+        degrees = [f"{dim}{n}" for dim, n in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp)) if n > 1]
+        return "-".join(
+            (
+                *(degrees or ["1"]),
+                self.dp_sharding,
+                self.mode,
+                *(["keep"] if not self.reshard_after_backward else []),
+                *(["fp32acc"] if self.fp32_grad_accum else []),
+            )
+        )
+
+    @property
+    def degrees(self) -> Degrees:
+        return Degrees(pp=self.pp, dp_shard=self.dp, tp=self.tp)
+
+
+def run(spec: Run, layout: Layout, out: Path) -> None:
+    """Train the global batches under `spec` and save its losses, gathers and weights as files named by spec.id."""
     par = ParallelConfig(
-        pp=layout.pp, dp=layout.dp, tp=layout.tp, dp_sharding=sharding, reshard_after_backward="keep" not in flags
+        pp=spec.pp,
+        dp=spec.dp,
+        tp=spec.tp,
+        dp_sharding=spec.dp_sharding,
+        reshard_after_backward=spec.reshard_after_backward,
     )
-    precision = PrecisionConfig(
-        mode=mode, fp32_grad_accum="fp32acc" in flags, reduce_dtype="bf16" if "bf16reduce" in flags else "fp32"
-    )
+    precision = PrecisionConfig(mode=spec.mode, fp32_grad_accum=spec.fp32_grad_accum)
     per_dp = GLOBAL_BATCH // layout.dp
     model = build_parallel_model(
         MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision
     )
     optimizers = Optimizers(
-        model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(mode), seed=3, compile=False)
+        model.parts,
+        lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(spec.mode), seed=3, compile=False),
     )
     losses, gathers = [], []
     for tokens in global_batches():
@@ -63,17 +97,16 @@ def run(spec: str, layout: Layout, out: Path) -> None:
         gathers.append(GATHERS[0] - before)
         losses.append(model.reduce_loss(share).item())
     full = get_model_state_dict(model.parts[0], options=StateDictOptions(full_state_dict=True))
-    tag = spec.replace(",", "_")
+    tag = spec.id
     if layout.dp_rank == 0 and layout.coordinate("tp") == 0:  # each pipeline stage saves its own layers
         torch.save({k: v.detach().float().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
     if layout.rank == 0:
         (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "gathers": gathers}))
 
 
-def specs(ctx, specs: list[str]) -> None:
-    """Scenario: each spec in turn over this scenario's processes."""
-    for spec in specs:
-        kind = spec.split(",")[0]
-        degrees = {"1": Degrees(), "dp2": Degrees(dp_shard=2), "tp2": Degrees(tp=2), "pp2": Degrees(pp=2)}[kind]
+def runs(ctx, runs: list[dict]) -> None:
+    """Scenario: each run (a Run as a dict) in turn over this scenario's processes."""
+    for spec in (Run(**fields) for fields in runs):
+        degrees = spec.degrees
         layout = Layout(1, 0, degrees, None) if ctx.world == 1 else make_layout(degrees, torch.device("cpu"))
         run(spec, layout, ctx.out)

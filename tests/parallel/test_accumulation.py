@@ -6,76 +6,83 @@ against hlat.parallel.grad_accum on one process) reproduce one process; keeping 
 gathered between micro-batches (reshard_after_backward false) changes nothing but the gathers.
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from parallel.accumulation_worker import Run
 from parallel.parity_worker import STEPS
 from runs import Scenario, ScenarioResults
 
-ONE = ["1,ddp,fp32,", "1,ddp,mixed,", "1,ddp,bf16-sr,fp32acc"]
-TWO = [
-    "dp2,zero2,fp32,keep",
-    "dp2,fsdp,mixed,keep",
-    "dp2,fsdp,bf16-sr,fp32acc",
-    "tp2,ddp,bf16-sr,fp32acc",
-    "pp2,ddp,bf16-sr,fp32acc",
-]
+FP32 = Run()
+MIXED = Run(mode="mixed")
+BF16_SR = Run(mode="bf16-sr", fp32_grad_accum=True)
+ZERO2_KEPT = Run(dp=2, dp_sharding="zero2", reshard_after_backward=False)
+FSDP_MIXED_KEPT = Run(dp=2, dp_sharding="fsdp", mode="mixed", reshard_after_backward=False)
+FSDP_BF16_SR = Run(dp=2, dp_sharding="fsdp", mode="bf16-sr", fp32_grad_accum=True)
+TP_BF16_SR = Run(tp=2, mode="bf16-sr", fp32_grad_accum=True)
+PP_BF16_SR = Run(pp=2, mode="bf16-sr", fp32_grad_accum=True)
+ONE = [FP32, MIXED, BF16_SR]
+TWO = [ZERO2_KEPT, FSDP_MIXED_KEPT, FSDP_BF16_SR, TP_BF16_SR, PP_BF16_SR]
 SCENARIOS = [
-    Scenario(f"accumulation-{world}", "parallel/accumulation_worker.py:specs", world, {"specs": specs})
-    for world, specs in ((1, ONE), (2, TWO))
+    Scenario(
+        f"accumulation-{world}",
+        "parallel/accumulation_worker.py:runs",
+        world,
+        {"runs": [dataclasses.asdict(r) for r in runs]},
+    )
+    for world, runs in ((1, ONE), (2, TWO))
 ]
 GROUPS = 5  # FSDP2 parameter groups: 4 blocks and the root
 
 
-def result(scenarios: ScenarioResults, spec: str) -> tuple[dict, dict[str, torch.Tensor]]:
-    out: Path = scenarios.path(f"accumulation-{1 if spec.startswith('1,') else 2}")
-    tag = spec.replace(",", "_")
+def result(scenarios: ScenarioResults, spec: Run) -> tuple[dict, dict[str, torch.Tensor]]:
+    out: Path = scenarios.path(f"accumulation-{spec.degrees.world}")
     weights: dict[str, torch.Tensor] = {}
-    for file in sorted(out.glob(f"{tag}.rank*.pt")):  # one file, or one per pipeline stage
+    for file in sorted(out.glob(f"{spec.id}.rank*.pt")):  # one file, or one per pipeline stage
         weights.update(torch.load(file, weights_only=True))
-    return json.loads((out / f"{tag}.json").read_text()), weights
+    return json.loads((out / f"{spec.id}.json").read_text()), weights
+
+
+def _id(spec: Run) -> str:
+    return spec.id
 
 
 @pytest.mark.parametrize(
-    "spec, reference",
-    [
-        ("dp2,zero2,fp32,keep", "1,ddp,fp32,"),
-        ("dp2,fsdp,mixed,keep", "1,ddp,mixed,"),
-        ("dp2,fsdp,bf16-sr,fp32acc", "1,ddp,bf16-sr,fp32acc"),
-    ],
+    "spec, reference", [(ZERO2_KEPT, FP32), (FSDP_MIXED_KEPT, MIXED), (FSDP_BF16_SR, BF16_SR)], ids=_id
 )
 def test_matches_one_process(scenarios, spec, reference):
     (metrics, weights), (ref_metrics, ref_weights) = result(scenarios, spec), result(scenarios, reference)
     assert metrics["losses"] == pytest.approx(ref_metrics["losses"], rel=1e-5)
-    if "bf16-sr" in spec:
+    if spec.mode == "bf16-sr":
         # The fp32 gradient sums meet in another order (each rank's two micro-batches, then the
         # reduce-scatter) than on one process, so where they differ in the last bit stochastic
         # rounding may take the other bf16 neighbour, and the next steps spread such flips. Measured:
         # identical after these 2 steps; after 3, 93.6% of elements identical and the rest within one
         # bf16 step (2.4e-4: the weights stay under 0.0625 in magnitude).
         same = sum((weights[n] == v).sum().item() for n, v in ref_weights.items())
-        assert same >= 0.8 * sum(v.numel() for v in ref_weights.values()), spec
+        assert same >= 0.8 * sum(v.numel() for v in ref_weights.values()), spec.id
         tolerance = 5e-4  # one bf16 step below 0.125
     else:
         tolerance = 2e-5  # measured: identical for mixed, 1.8e-6 for fp32
     for name, value in ref_weights.items():
-        torch.testing.assert_close(weights[name], value, rtol=0, atol=tolerance, msg=f"{spec}: {name}")
+        torch.testing.assert_close(weights[name], value, rtol=0, atol=tolerance, msg=f"{spec.id}: {name}")
 
 
 def test_weights_gathered_once_per_step_without_resharding_after_backward(scenarios):
     # Resharding after backward, zero2 gathers once per micro-batch (2 x GROUPS per step here, as
     # measured) and fsdp for backward too (4 x GROUPS); kept, the forwards after the first gather nothing.
-    assert result(scenarios, "dp2,zero2,fp32,keep")[0]["gathers"] == [GROUPS] * STEPS
-    assert result(scenarios, "dp2,fsdp,mixed,keep")[0]["gathers"] == [3 * GROUPS] * STEPS
+    assert result(scenarios, ZERO2_KEPT)[0]["gathers"] == [GROUPS] * STEPS
+    assert result(scenarios, FSDP_MIXED_KEPT)[0]["gathers"] == [3 * GROUPS] * STEPS
 
 
-@pytest.mark.parametrize("spec", ["tp2,ddp,bf16-sr,fp32acc", "pp2,ddp,bf16-sr,fp32acc"])
+@pytest.mark.parametrize("spec", [TP_BF16_SR, PP_BF16_SR], ids=_id)
 def test_fp32_grad_accum_under_tensor_and_pipeline_parallelism(scenarios, spec):
     """hlat.parallel.grad_accum's hooks on DTensor and pipeline-stage parameters. Stochastic
     rounding draws other noise there (tensor-parallel shards, stage-local parameter positions), so
     only the losses are compared: measured within 1.3e-5 relative of one process, as without the switch."""
     metrics, _ = result(scenarios, spec)
-    assert metrics["losses"] == pytest.approx(result(scenarios, "1,ddp,bf16-sr,fp32acc")[0]["losses"], rel=1e-4)
+    assert metrics["losses"] == pytest.approx(result(scenarios, BF16_SR)[0]["losses"], rel=1e-4)
