@@ -27,7 +27,7 @@ def _tiny() -> RunConfig:
 
 
 def _layout(tp=1, pp=1, dp=1, sharding="ddp", micro=1, recompute="none") -> LayoutChoice:
-    return LayoutChoice(tp, pp, dp, sharding, dp, micro, recompute)
+    return LayoutChoice(tp=tp, pp=pp, dp=dp, sharding=sharding, dp_shard=dp, micro_batch=micro, recompute=recompute)
 
 
 def test_kv_projections_computed_by_several_ranks_count_once_per_copy():

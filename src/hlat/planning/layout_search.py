@@ -87,7 +87,15 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                     / GIB
                 )
                 if need <= system.memory_gib:
-                    layout = LayoutChoice(tp, pp, dp, variant.parallel.dp_sharding, shard, micro, recompute)
+                    layout = LayoutChoice(
+                        tp=tp,
+                        pp=pp,
+                        dp=dp,
+                        sharding=variant.parallel.dp_sharding,
+                        dp_shard=shard,
+                        micro_batch=micro,
+                        recompute=recompute,
+                    )
                     found.append(Candidate(layout, need, step_time(variant, world, system, layout)))
     return found
 

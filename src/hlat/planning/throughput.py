@@ -55,7 +55,7 @@ class System:
     efficiency: float  # fraction of the peak that compute reaches
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # by name only: five int knobs are easily swapped by position
 class LayoutChoice:
     """The knobs the search turns; `dp_shard` < dp is HSDP."""
 
@@ -111,7 +111,15 @@ def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
     par = cfg.parallel
     dp = world // (par.tp * par.pp)
     shard = par.dp_shard or dp  # below dp: HSDP
-    return LayoutChoice(par.tp, par.pp, dp, par.dp_sharding, shard, cfg.train.micro_batch, par.activation_checkpoint)
+    return LayoutChoice(
+        tp=par.tp,
+        pp=par.pp,
+        dp=dp,
+        sharding=par.dp_sharding,
+        dp_shard=shard,
+        micro_batch=cfg.train.micro_batch,
+        recompute=par.activation_checkpoint,
+    )
 
 
 def recompute_flops_per_token(model: ModelConfig, seq_len: int, policy: str, every_other_mm: bool = False) -> float:
