@@ -13,6 +13,14 @@ def test_params_reports_llama2_counts(capsys):
     assert "68,976,648,192 parameters" in capsys.readouterr().out
 
 
+def test_params_states_the_flop_formula_of_its_family(capsys):
+    """Qwen3's attention is n_heads x head_dim wide, not d_model (hlat.model.qwen3)."""
+    assert main(["params", "hlat-7b"]) == 0
+    assert "4.609e+10 (6N + 12·L·d·T)" in capsys.readouterr().out
+    assert main(["params", "qwen3-0.6b"]) == 0
+    assert "6.395e+09 (6N + 12·L·(n_heads·head_dim)·T)" in capsys.readouterr().out
+
+
 def test_config_errors_exit_2_with_the_field(capsys):
     assert main(["train", "--model.n_heads", "7"]) == 2
     err = capsys.readouterr().err

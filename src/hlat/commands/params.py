@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.model import count_params, flops_per_token
+    from hlat.model import count_params, flops_per_token, model_spec
 
     cfg = load_run_config(args, overrides)
     n = count_params(cfg.model)
@@ -33,5 +33,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             else f"{n - embedding:,} without the input embedding"
         )
     )
-    print(f"training FLOPs per token at seq_len {cfg.data.seq_len}: {flops:.4g} (6N + 12·L·d·T)")
+    print(
+        f"training FLOPs per token at seq_len {cfg.data.seq_len}: {flops:.4g} ({model_spec(cfg.model).flops_formula})"
+    )
     return 0

@@ -53,9 +53,13 @@ class ModelSpec:
     hf: HFMapping
     count_params: Callable[[ModelConfig], int]  # exact, as the built model's
     flops_per_token: Callable[[ModelConfig, int], float]  # training FLOPs per token at a sequence length (MFU)
+    # flops_per_token as `hlat params` states it: N parameters, L layers, d d_model, T seq_len
+    flops_formula: str
 
 
-LLAMA = ModelSpec("llama", Llama, LLAMA_TP_PLAN, llama_stage_costs, LLAMA_HF, llama_params, llama_flops_per_token)
+LLAMA = ModelSpec(
+    "llama", Llama, LLAMA_TP_PLAN, llama_stage_costs, LLAMA_HF, llama_params, llama_flops_per_token, "6N + 12·L·d·T"
+)
 QWEN3 = ModelSpec(
     "qwen3",
     Qwen3,
@@ -64,6 +68,7 @@ QWEN3 = ModelSpec(
     QWEN3_HF,
     qwen3_params,
     qwen3_flops_per_token,
+    "6N + 12·L·(n_heads·head_dim)·T",
 )
 SPECS: dict[str, ModelSpec] = {spec.family: spec for spec in (LLAMA, QWEN3)}  # ModelConfig.family's Literal names these
 
