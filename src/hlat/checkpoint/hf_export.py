@@ -15,6 +15,7 @@ import torch
 
 from hlat.checkpoint.loading import load_model
 from hlat.config.data_paths import find_tokenizer_file
+from hlat.config.load import RUN_CONFIG
 from hlat.errors import UserError
 from hlat.model import model_spec
 
@@ -30,7 +31,7 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     loaded = load_model(source)
     mapping = model_spec(loaded.model.cfg).hf
     hf_config = mapping.config_dict(loaded.model.cfg)  # refuses what the family's transformers class cannot hold
-    run_dir = Path(source) if (Path(source) / "config.toml").is_file() else Path(source).parent.parent
+    run_dir = Path(source) if (Path(source) / RUN_CONFIG).is_file() else Path(source).parent.parent
     weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in mapping.to_hf(loaded.model.state_dict()).items()}
     out.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]

@@ -18,6 +18,7 @@ import torch
 
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
+from hlat.config.load import RUN_CONFIG
 from hlat.config.run import RunConfig
 from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
@@ -44,7 +45,7 @@ def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
     which evaluation and export read from the run directory. Not before: a refused resume (other
     data settings) must leave the files of the run it refused as they were."""
     tokenizer.save(cfg.run_dir / tokenizer.FILE_NAME)
-    (cfg.run_dir / "config.toml").write_text(cfg.to_toml())
+    (cfg.run_dir / RUN_CONFIG).write_text(cfg.to_toml())
 
 
 @dataclass
