@@ -8,6 +8,7 @@ import pytest
 
 from hlat.atomic_files import atomic_path, file_entry, file_problem, write_atomic, write_manifest
 from hlat.digests import sha256_hex
+from hlat.errors import UserError
 
 
 def test_write_atomic_replaces_the_file_and_leaves_nothing_beside_it(tmp_path):
@@ -32,8 +33,9 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
 def test_a_symbolic_link_is_refused(tmp_path):
     (tmp_path / "real").write_bytes(b"kept")
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    with pytest.raises(OSError, match="symbolic link"):
+    with pytest.raises(OSError, match="symbolic link") as refused:
         write_atomic(tmp_path / "link", b"new")
+    assert isinstance(refused.value, UserError) and str(tmp_path / "link") in str(refused.value)  # hlat: one line
     assert (tmp_path / "real").read_bytes() == b"kept" and (tmp_path / "link").is_symlink()
 
 

@@ -14,7 +14,6 @@ shard manifest records only digests) is checked by digest alone.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
@@ -23,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from hlat.digests import sha256_file
+from hlat.errors import UserError
+
+
+class SymlinkRefused(UserError, OSError):
+    """A destination that is a symbolic link: hlat writes over regular files only."""
 
 
 @contextlib.contextmanager
@@ -33,7 +37,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     `path` is refused: renaming over it would silently cut the link."""
     path = Path(path)
     if path.is_symlink():
-        raise OSError(errno.ELOOP, "refusing to replace a symbolic link", str(path))
+        raise SymlinkRefused(f"refusing to replace the symbolic link {path}; remove it or choose another path")
     temporary = _create_beside(path)
     try:
         yield temporary
