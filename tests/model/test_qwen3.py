@@ -10,8 +10,9 @@ from deps import require
 from hlat.config.fields import choices
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
+from hlat.errors import ConfigError
 from hlat.model import KVCache, build_model, count_params, flops_per_token
-from hlat.model.qwen3 import Qwen3
+from hlat.model.qwen3 import Qwen3, qwen3_config_dict
 from hlat.model.spec import QWEN3, SPECS, hf_spec
 
 transformers = require("transformers")
@@ -127,3 +128,9 @@ def test_family_is_looked_up_and_checked() -> None:
         and type(build_model(dataclasses.replace(BASE, family="llama"))).__name__ == "Llama"
     )
     assert [field for field, _ in dataclasses.replace(BASE, family="qwen2").validate()] == ["family"]
+
+
+def test_export_refuses_mlp_biases_naming_the_field() -> None:
+    """transformers' Qwen3 has no MLP biases: exporting such a run is a configuration error, one line."""
+    with pytest.raises(ConfigError, match="model.mlp_bias: true, but Qwen3 has no MLP biases"):
+        qwen3_config_dict(ModelConfig(family="qwen3", mlp_bias=True))

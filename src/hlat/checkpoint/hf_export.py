@@ -22,8 +22,9 @@ from hlat.model import model_spec
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32") -> Path:
-    """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint)."""
+def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32") -> tuple[Path, str]:
+    """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint).
+    Returns `out` and the transformers architecture written (e.g. LlamaForCausalLM)."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -83,4 +84,4 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
             indent=1,
         )
     )
-    return out
+    return out, mapping.architecture

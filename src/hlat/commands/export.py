@@ -25,6 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.checkpoint.hf_export import export_hf
 
-    out = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype)
-    print(f"exported {args.source} to {out} (Hugging Face LLaMA)")
+    out, architecture = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype)
+    print(f"exported {args.source} to {out} (Hugging Face {architecture})")
     return 0

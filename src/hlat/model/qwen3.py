@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import torch
 
 from hlat.config.model import ModelConfig
+from hlat.errors import ConfigError
 from hlat.model.hf import LAYER_NAMES, HFMapping, decoder_config_from_hf, hf_config_dict, renamed_to_hf, renamed_to_hlat
 from hlat.model.llama import Attention, Llama, RMSNorm, TransformerBlock
 from hlat.model.size import llama_params, stage_flops, training_flops
@@ -66,7 +67,9 @@ QWEN3_LAYER_NAMES = {
 def qwen3_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     """Keyword arguments for transformers.Qwen3Config describing the same architecture."""
     if cfg.mlp_bias:
-        raise ValueError("model.mlp_bias=true: Qwen3 has no MLP biases, so transformers' Qwen3 cannot hold this model")
+        raise ConfigError(
+            [("model.mlp_bias", "true, but Qwen3 has no MLP biases: transformers' Qwen3 cannot hold this model")]
+        )
     return {**{k: v for k, v in hf_config_dict(cfg).items() if k != "mlp_bias"}, "use_sliding_window": False}
 
 
