@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hlat.train.peak as peak_module
-from hlat.devices import by_table_name
+from hlat.accelerators import by_table_name
 from hlat.train.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
 from hlat.train.gemm_ceiling import CACHE_FILE, gemm_ceiling_tflops, model_shapes
 from hlat.train.peak import resolve_peak, slow_bf16_warning

@@ -83,8 +83,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from hlat.accelerators import resolve_device
     from hlat.checkpoint.loading import LoadedModel, is_run_dir, load_model
-    from hlat.devices import resolve_device
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, resolve_tasks
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
     from hlat.eval.sandbox import describe, require_isolation

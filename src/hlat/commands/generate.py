@@ -48,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     _check(args)
 
+    from hlat.accelerators import resolve_device
     from hlat.checkpoint.loading import load_model
-    from hlat.devices import resolve_device
     from hlat.eval import GenerateRequest, LanguageModel
     from hlat.eval.stream import TextStream
 

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.devices import by_table_name, format_table
+    from hlat.accelerators import by_table_name, format_table
     from hlat.errors import UserError
     from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
     from hlat.planning.memory import format_fit, format_plan, plan

@@ -14,9 +14,9 @@ import functools
 import math
 from dataclasses import dataclass
 
+from hlat.accelerators import by_table_name
 from hlat.config.load import load_config
 from hlat.config.run import RunConfig
-from hlat.devices import by_table_name
 from hlat.planning.throughput import LayoutChoice, System, step_time
 
 _TT = "https://github.com/pytorch/torchtitan/blob/main/benchmarks/"
@@ -60,7 +60,7 @@ class Run:
     name: str
     source: str
     conditions: str
-    device: str  # a row of hlat.devices, or "cpu"
+    device: str  # a row of hlat.accelerators, or "cpu"
     preset: str
     overrides: tuple[str, ...]  # model, sequence, batch and precision
     world: int

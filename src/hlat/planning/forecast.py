@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hlat.accelerators import Accelerator, by_table_name
 from hlat.config.run import RunConfig
-from hlat.devices import Accelerator, by_table_name
 from hlat.errors import UserError
 from hlat.planning.calibration import efficiencies
 from hlat.planning.throughput import StepTime, System

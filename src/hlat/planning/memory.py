@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from hlat.accelerators import Accelerator
 from hlat.config.layout import Degrees, check_data_parallel, check_grad_accum, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
-from hlat.devices import Accelerator
 from hlat.dtensor import local_tensor
 from hlat.model import Llama, build_model, model_spec
 from hlat.parallel.data_parallel import DTYPES

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hlat.accelerators import resolve_device
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.config.data import default_cache_dir
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
-from hlat.devices import resolve_device
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8

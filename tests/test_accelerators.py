@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hlat.devices import ACCELERATORS, GIB, by_table_name, identify
+from hlat.accelerators import ACCELERATORS, GIB, by_table_name, identify
 from hlat.errors import UserError
 
 # (name torch.cuda.get_device_name reports, total memory GiB, the row it must select)
