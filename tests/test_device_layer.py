@@ -101,6 +101,9 @@ def test_a_type_without_a_row_gets_the_conservative_record(monkeypatch):
     # A backend registered for the type later is found: torch's own map is read when asked.
     monkeypatch.setitem(dist.Backend.default_device_backend_map, "simdev", "simgloo")
     assert device_record("simdev").process_group_backend == "cpu:gloo,simdev:simgloo"
+    # A backend that declares the type without being its default (registered after another) too.
+    monkeypatch.setitem(dist.Backend.backend_capability, "simccl", ["othersim"])
+    assert device_record("othersim").dist_backend == "simccl"
     assert device_record("cpu").process_group_backend == "gloo"
     assert device_record("cuda").process_group_backend == "cpu:gloo,cuda:nccl"
 

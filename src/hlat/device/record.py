@@ -31,10 +31,14 @@ class DeviceRecord:
 
     @property
     def dist_backend(self) -> str | None:
-        """The torch.distributed backend for this type's tensors (None: none is registered)."""
+        """The torch.distributed backend for this type's tensors: torch's default for the type, else
+        a registered backend that declares it (TorchNeuron's "neuron"); None: none is registered."""
         import torch.distributed as dist
 
-        return _GLOO if self.type == "cpu" else dist.Backend.default_device_backend_map.get(self.type)
+        if self.type == "cpu":
+            return _GLOO
+        declared = (name for name, types in dist.Backend.backend_capability.items() if self.type in types)
+        return dist.Backend.default_device_backend_map.get(self.type) or next(declared, None)
 
     @property
     def process_group_backend(self) -> str | None:
