@@ -108,6 +108,16 @@ def test_a_type_without_a_row_gets_the_conservative_record(monkeypatch):
     assert device_record("cuda").process_group_backend == "cpu:gloo,cuda:nccl"
 
 
+def test_several_processes_need_a_backend_for_the_device(monkeypatch):
+    from hlat.config.parallel import ParallelConfig
+    from hlat.parallel.mesh import setup
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)  # as in a fresh torchrun process
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"^2 processes on meta, but no torch.distributed backend is registered"):
+        setup(ParallelConfig(), torch.device("meta"))
+
+
 def test_rng_state_is_saved_per_device_type_and_restored_only_on_its_type(monkeypatch):
     restored = {}
     monkeypatch.setattr(torch.xpu, "get_rng_state", lambda device=None: torch.tensor([7], dtype=torch.uint8))

@@ -103,8 +103,9 @@ def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
         backend = device_record(device.type).process_group_backend
         if backend is None:
             raise UserError(
-                f"no torch.distributed backend is registered for device type {device.type!r} "
-                f"(torch.distributed.Backend.default_device_backend_map has none); run one process or use --train.device cpu"
+                f"{world} processes on {device.type}, but no torch.distributed backend is registered for "
+                f"that device type (its package registers one with Backend.register_backend(..., devices="
+                f"[{device.type!r}])); launch one process or use --train.device cpu"
             )
         timeout = collective_timeout()
         store = restart_store(timeout)
