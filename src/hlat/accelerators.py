@@ -1,7 +1,7 @@
 """The accelerators hlat knows: data-sheet peaks and memory, for MFU (trainer) and fits (planner).
 
-One row per accelerator, matched on the exact name torch reports (torch.cuda.get_device_name),
-never on a substring: "NVIDIA L40" is not an L4, "NVIDIA H100 PCIe" is not the SXM part. Where
+One row per accelerator, matched on the exact name its device module reports
+(hlat.device.runtime.device_name), never on a substring: "NVIDIA L40" is not an L4, "NVIDIA H100 PCIe" is not the SXM part. Where
 one name covers several memory sizes, the device's total memory picks the row.
 
 Peaks are dense (the data sheets' "with sparsity" figures halved), per device as torch sees it:
@@ -32,7 +32,7 @@ GIB = 1024**3
 @dataclass(frozen=True)
 class Accelerator:
     name: str  # the table's name: what `hlat plan --device` takes
-    reported: tuple[str, ...]  # exact torch.cuda.get_device_name strings (XLA devices: none)
+    reported: tuple[str, ...]  # exact reported names (Trainium: none known yet)
     bf16_tflops: float  # dense tensor-core peak
     tf32_tflops: float
     fp32_tflops: float
@@ -256,19 +256,3 @@ def format_table() -> str:
         for a in ACCELERATORS
     ]
     return "\n".join(lines)
-
-
-def cuda_accelerator(device: torch.device) -> tuple[str, Accelerator | None]:
-    """(the name torch reports, its table row or None) for a CUDA (or ROCm) device."""
-    name = torch.cuda.get_device_name(device)
-    return name, identify(name, torch.cuda.get_device_properties(device).total_memory)
-
-
-def resolve_device(name: str, setting: str) -> torch.device:
-    """The device `setting` (the option that holds `name`) asks for: "auto" is CUDA when one is
-    visible, else the CPU; an explicit cuda[:N] without a visible device is refused naming `setting`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"{setting} {name}: no CUDA device is visible; use {setting} cpu or auto")
-    return torch.device(name)

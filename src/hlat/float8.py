@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hlat.device.record import device_record
+from hlat.device.runtime import capability, device_name
 from hlat.errors import ConfigError
 
 FIELD = "precision.float8"
@@ -25,12 +27,12 @@ _FIX = "use a CUDA GPU of capability 8.9 or higher (L4, L40S, H100, H200, B200) 
 
 def float8_problem(device: torch.device, tp: int = 1) -> str | None:
     """Why float8 training cannot run on `device` with tensor parallelism `tp`, or None when it can."""
-    if device.type != "cuda":
+    found = capability(device) if device_record(device.type).float8 else None
+    if found is None:
         return f"float8 matmuls need a CUDA GPU of capability >= 8.9; this run is on {device}; {_FIX}"
-    major, minor = torch.cuda.get_device_capability(device)
+    major, minor = found
     if (major, minor) < MIN_CAPABILITY:
-        name = torch.cuda.get_device_name(device)
-        return f"{name} has CUDA capability {major}.{minor}, and float8 matmuls need >= 8.9; {_FIX}"
+        return f"{device_name(device)} has CUDA capability {major}.{minor}, and float8 matmuls need >= 8.9; {_FIX}"
     if tp > 1:
         # Float8 under TP needs torchao's float8-aware parallel styles on top of hlat's plan.
         return f"not supported with tensor parallelism (parallel.tp = {tp}); set --parallel.tp 1 or --precision.float8 false"

@@ -42,9 +42,10 @@ def bf16_rounding(mode: str) -> str | None:
     return _BF16_STORAGE.get(mode)
 
 
-def compute_dtype(mode: str, device: torch.device) -> torch.dtype:
-    """The dtype the matmuls run in on `device` (the MFU denominator's dtype)."""
-    if mode == "mixed" or (mode in _BF16_STORAGE and device.type != "cpu"):
+def compute_dtype(mode: str, device: torch.device | None = None) -> torch.dtype:
+    """The dtype the matmuls run in on `device` (the MFU denominator's dtype); `device` None: on an
+    accelerator, whichever (what `hlat plan` predicts for)."""
+    if mode == "mixed" or (mode in _BF16_STORAGE and (device is None or device.type != "cpu")):
         return torch.bfloat16
     return torch.float32
 

@@ -47,6 +47,18 @@ def test_small_updates_survive_only_with_stochastic_rounding():
     assert finals["stochastic"] == pytest.approx(1.0 - 300 * 1e-4, abs=3e-4)
 
 
+def test_hardware_rounding_leaves_the_cast_to_the_device():
+    """ "hardware" adds no noise: a plain cast, which a CPU rounds to nearest (Trainium's hardware
+    stochastically, when the launch switches it on: hlat.device.rounding)."""
+    finals = {}
+    for rounding in ("hardware", "nearest", "stochastic"):
+        params = bf16_params()
+        run(params, BF16AdamW(params, rounding=rounding, compile=False, **HYPER), 3)
+        finals[rounding] = params
+    assert all(torch.equal(a, b) for a, b in zip(finals["hardware"], finals["nearest"]))
+    assert not all(torch.equal(a, b) for a, b in zip(finals["hardware"], finals["stochastic"]))
+
+
 def test_seeded_and_deterministic():
     def final(seed: int) -> list[torch.Tensor]:
         params = bf16_params()

@@ -58,9 +58,9 @@ def test_torch_switch_wins():
     assert decide("false").line == "compile: off (parallel.compile false)"
 
 
-def test_no_inductor_backend(compiling):
-    assert decide("auto", torch.device("meta")).line == "compile: off (auto: no inductor backend for meta)"
-    with pytest.raises(UserError, match="inductor does not support device 'meta'; set --parallel.compile false"):
+def test_no_compile_backend(compiling):
+    assert decide("auto", torch.device("meta")).line == "compile: off (auto: no compile backend for meta)"
+    with pytest.raises(UserError, match="no torch.compile backend for device 'meta'; set --parallel.compile false"):
         decide("true", torch.device("meta"))
 
 

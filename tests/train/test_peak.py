@@ -16,6 +16,7 @@ from hlat.train.trainer import Trainer
 from test_trainer import tiny_cfg
 
 CPU = torch.device("cpu")
+META = torch.device("meta")
 
 
 def facts(capability="AVX2", flags=(), ghz=2.3, cores=4) -> CpuFacts:
@@ -93,7 +94,7 @@ def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypa
     assert faster.tflops == 5.0 and "the measured GEMM ceiling, as it exceeds the theoretical" in faster.summary
 
     monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (400.0, True))
-    monkeypatch.setattr(peak_module, "cuda_accelerator", lambda device: ("NVIDIA L40S", by_table_name("L40S")))
+    monkeypatch.setattr(peak_module, "accelerator", lambda device: ("NVIDIA L40S", by_table_name("L40S")))
     assert resolve_peak(torch.device("cuda"), torch.bfloat16, 0, [], tmp_path).tflops == 400.0
     monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (100.0, True))
     bf16 = resolve_peak(torch.device("cuda"), torch.bfloat16, 0, [], tmp_path)
@@ -103,12 +104,14 @@ def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypa
 
 
 def test_unknown_device_leaves_mfu_empty_with_one_warning(tmp_path, monkeypatch):
-    monkeypatch.setattr(peak_module, "cuda_accelerator", lambda device: ("NVIDIA GeForce RTX 4090", None))
+    monkeypatch.setattr(peak_module, "accelerator", lambda device: ("NVIDIA GeForce RTX 4090", None))
     peak = resolve_peak(torch.device("cuda"), torch.bfloat16, 0, [], tmp_path)
     assert peak.tflops is None and peak.mfu(1e12, 8) is None and peak.mfu_of_gemm(1e12, 8) is None
     assert "'NVIDIA GeForce RTX 4090'" in peak.warning and "--train.peak_tflops" in peak.warning
     assert "\n" not in peak.warning
     assert resolve_peak(CPU, torch.float32, 0, [], tmp_path, cpu=facts("ZVECTOR")).tflops is None
+    monkeypatch.undo()  # a device whose module reports no name (here: none at all)
+    assert "no peak FLOP/s known for this meta device" in resolve_peak(META, torch.bfloat16, 0, [], tmp_path).warning
 
 
 def test_slow_bf16_warning_follows_the_cpu_flags():

@@ -37,8 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    import torch
-
+    from hlat.device.resolve import resolve_device
     from hlat.parallel import preflight
     from hlat.parallel.mesh import setup, teardown, world_from_env
 
@@ -55,7 +54,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         checks += [preflight.check_writable(cfg.run_dir, rank), preflight.check_disk(cfg, rank)]
     healthy = world == 1
     if not any(c.failed for c in checks):
-        device = torch.device("cuda" if cfg.train.device != "cpu" and torch.cuda.is_available() else "cpu")
+        device = resolve_device(cfg.train.device, "--train.device", local_rank)  # checked by check_devices
         layout = setup(cfg.parallel, device)
         latency = preflight.check_latency(layout, device)
         bandwidth = (

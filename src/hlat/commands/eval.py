@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from hlat.device.names import DEVICE_HELP
 from hlat.errors import UserError
 
 
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--num-fewshot", type=int, help="override every task's number of shots")
     parser.add_argument("--seed", type=int, default=1234, help="few-shot selection and sampling seed")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument(
         "--precision", default="fp32", choices=("fp32", "mixed"), help="mixed = bf16 autocast (weights stay fp32)"
     )
@@ -83,8 +84,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from hlat.accelerators import resolve_device
     from hlat.checkpoint.loading import LoadedModel, is_run_dir, load_model
+    from hlat.device.resolve import resolve_device
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, resolve_tasks
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
     from hlat.eval.sandbox import describe, require_isolation

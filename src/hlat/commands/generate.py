@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from hlat.device.names import DEVICE_HELP
 from hlat.errors import UserError
 
 
@@ -39,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--stop", action="append", default=[], metavar="TEXT", help="stop before this text (repeatable)"
     )
     parser.add_argument("--tokenizer", type=Path, help="tokenizer.json (default: the model's own)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
     parser.add_argument(
         "--precision", default="fp32", choices=("fp32", "mixed"), help="mixed = bf16 autocast (weights stay fp32)"
     )
@@ -48,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     _check(args)
 
-    from hlat.accelerators import resolve_device
     from hlat.checkpoint.loading import load_model
+    from hlat.device.resolve import resolve_device
     from hlat.eval import GenerateRequest, LanguageModel
     from hlat.eval.stream import TextStream
 

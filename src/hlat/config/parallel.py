@@ -49,8 +49,9 @@ class ParallelConfig:
     recompute_every_other_mm: bool = False
     """With activation_checkpoint "op" only: save every other matmul's output, recompute the rest."""
     compile: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
-    """torch.compile each transformer block. "auto" = wherever inductor works (CPU, CUDA), checked
-    by a start-up probe that falls back to eager; true/false (TOML or command-line booleans too)."""
+    """torch.compile each transformer block. "auto" = wherever the device has a compile backend
+    (inductor on CPU, CUDA, XPU; TorchNeuron's on Trainium: docs/devices.md), checked by a start-up
+    probe that falls back to eager; true/false (TOML or command-line booleans too)."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

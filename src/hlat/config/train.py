@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from hlat.config.fields import choice_problems
+from hlat.device.names import device_name_problem
 
 
 @dataclass
@@ -21,8 +20,11 @@ class TrainConfig:
     """Sequences per forward/backward pass."""
     seed: int = 0
     """Seeds the weight initialisation and the data order."""
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    """The device to train on: "auto" takes CUDA when present, else the CPU."""
+    device: str = "auto"
+    """The device to train on: "auto" = the accelerator torch finds (torch.accelerator: CUDA, ROCm, XPU,
+    MPS, Trainium's neuron, ...), else the CPU; or a device type as torch names it ("cpu", "cuda",
+    "neuron", ...), with an index ("cuda:1") or without one (each torchrun process takes its local
+    rank's); docs/devices.md."""
     run_dir: str = ""
     """Where the run writes its config, metrics and checkpoints; "" = runs/<preset or config name>."""
     log_every: int = 10
@@ -61,7 +63,9 @@ class TrainConfig:
                     f"{self.global_batch} is not divisible by train.micro_batch={self.micro_batch}; make the global batch a multiple of the micro batch",
                 )
             )
-        problems += choice_problems(self, "device")
+        device = device_name_problem(self.device)
+        if device:
+            problems.append(("device", device))
         if self.slow_rank_threshold <= 0:
             problems.append(
                 (

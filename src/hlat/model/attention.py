@@ -1,9 +1,9 @@
 """Core attention: SDPA with native grouped-query attention, and the document-masking backends.
 
 Document masking (attention causal and inside each document) has two representations, chosen once
-by the device the batch lives on (`document_mask`):
-- CUDA: a FlexAttention BlockMask built from the document ids. Only the blocks that hold allowed
-  pairs are computed and no [T, T] tensor exists; flex_attention runs compiled.
+by the device the batch lives on (`document_mask`, from the device's record in hlat.device.record):
+- where FlexAttention's compiled kernel exists (CUDA): a BlockMask built from the document ids.
+  Only the blocks that hold allowed pairs are computed and no [T, T] tensor exists.
 - elsewhere: the dense bool mask [B, 1, T, T] through SDPA. torch 2.13's FlexAttention has no
   backward on CPU, and benchmarks/attention_masking.md measured the dense mask against a
   per-document block-diagonal loop on CPU.
@@ -17,6 +17,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+from hlat.device.record import device_record
 
 # What the model accepts as a mask: None (causal), a dense bool mask, or a BlockMask.
 AttentionMask = torch.Tensor | BlockMask | None
@@ -62,4 +64,6 @@ def document_mask(doc_ids: torch.Tensor | None) -> AttentionMask:
     """The mask for a batch's document ids [B, T] on their device; None without masking."""
     if doc_ids is None:
         return None
-    return flex_document_mask(doc_ids, compiled=True) if doc_ids.device.type == "cuda" else dense_document_mask(doc_ids)
+    if device_record(doc_ids.device.type).flex_attention:
+        return flex_document_mask(doc_ids, compiled=True)
+    return dense_document_mask(doc_ids)

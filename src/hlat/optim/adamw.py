@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from hlat.config.optim import OptimConfig
+from hlat.device.record import device_record
 from hlat.optim.bf16_adamw import BF16AdamW
 from hlat.parallel.init import canonical_name
 
@@ -29,11 +30,6 @@ def decay_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
     ]
 
 
-# Devices with torch's fused AdamW kernel: one kernel over all parameters, and the `found_inf`
-# flag that skips a step exactly on the device. Elsewhere (e.g. XLA) foreach does the update.
-FUSED_DEVICES = ("cpu", "cuda")
-
-
 def adamw_class(
     cfg: OptimConfig,
     bf16_rounding: str | None = None,
@@ -45,13 +41,15 @@ def adamw_class(
     """(optimizer class, keyword arguments) without the parameters: what ZeroRedundancyOptimizer takes.
 
     `bf16_rounding` None: torch AdamW for fp32 state (fused on `device_type`s that have the kernel).
-    "stochastic"/"nearest": BF16AdamW for bf16 parameters, rounding each update that way (noise
-    seeded by `seed` and by the names of `model`'s parameters; `compile` fuses the update). Both
-    honour `found_inf` (see skips_exactly).
+    "stochastic"/"nearest"/"hardware": BF16AdamW for bf16 parameters, rounding each update that way
+    (noise seeded by `seed` and by the names of `model`'s parameters; `compile` fuses the update
+    where the parameters' device has a compile backend). Both honour `found_inf` (see skips_exactly).
     """
     kwargs: dict[str, Any] = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     if bf16_rounding is None:
-        fused = device_type in FUSED_DEVICES
+        # fused: one kernel over all parameters, and the `found_inf` flag that skips a step exactly
+        # on the device; where the device has no such kernel, foreach does the update
+        fused = device_record(device_type).fused_adamw
         return torch.optim.AdamW, {**kwargs, "fused": fused, "foreach": not fused}
     names = None if model is None else {id(p): canonical_name(n) for n, p in model.named_parameters()}
     return BF16AdamW, {**kwargs, "rounding": bf16_rounding, "seed": seed, "compile": compile, "names": names}

@@ -4,6 +4,8 @@ Each update is computed in fp32 from the bf16 values and written back to bf16. W
 first moment are rounded stochastically (Trainium's hardware mode, the one HLAT trained with) or
 to nearest (the baseline that shows why stochastic rounding exists: updates smaller than half a
 bf16 ulp are lost); the second moment is always rounded to nearest (see adamw_update_).
+"hardware" writes every value back with a plain cast, for a device whose hardware rounds casts
+stochastically (hlat.device.rounding): the device rounds, hlat adds no noise.
 
 Works on each rank's local shard: DTensor parameters (FSDP2, tensor parallel) are updated
 through `.to_local()`, and the class takes plain keyword arguments so ZeroRedundancyOptimizer can
@@ -31,10 +33,11 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from hlat.device.record import device_record
 from hlat.dtensor import local_tensor
 from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
 
-ROUNDINGS = ("stochastic", "nearest")
+ROUNDINGS = ("stochastic", "nearest", "hardware")
 
 
 def adamw_update_(
@@ -75,10 +78,11 @@ def adamw_update_(
 
 
 @functools.cache
-def compiled_update() -> Callable[..., None]:
-    """The update fused into one kernel per parameter by torch.compile (built on first use: importing
-    the compiler costs seconds). Flat inputs and dynamic sizes and scalars: one kernel for all shapes."""
-    return torch.compile(adamw_update_, dynamic=True)
+def compiled_update(backend: str = "inductor") -> Callable[..., None]:
+    """The update fused into one kernel per parameter by torch.compile's `backend` (built on first
+    use: importing the compiler costs seconds). Flat inputs and dynamic sizes and scalars: one
+    kernel for all shapes."""
+    return torch.compile(adamw_update_, dynamic=True, backend=backend)
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor:
@@ -141,7 +145,9 @@ class BF16AdamW(torch.optim.Optimizer):
         # `calls` counts step() calls, skipped ones included: it keys the rounding noise on the host.
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed, calls=0)
         super().__init__(params, defaults)
-        self.update = compiled_update() if compile else adamw_update_
+        first = next((p for group in self.param_groups for p in group["params"]), None)
+        backend = device_record(first.device.type).compile_backend if compile and first is not None else None
+        self.update = compiled_update(backend) if backend else adamw_update_  # eager where nothing compiles
         self.names = dict(names or {})
         for group in self.param_groups:
             for p in group["params"]:

@@ -1,6 +1,7 @@
 """Whether this run compiles its transformer blocks, decided once at start-up, and the compiling.
 
-`parallel.compile = "auto"` compiles wherever inductor works (CPU and CUDA) and runs eager
+`parallel.compile = "auto"` compiles wherever the device's record names a compile backend
+(hlat.device.record: inductor on CPU, CUDA and XPU, TorchNeuron's on Trainium) and runs eager
 elsewhere. A probe compiles one block of the run's own shape on the run's device, dtype and
 precision and runs a forward and backward; every rank must succeed (MIN over the world group) or
 the whole run falls back to eager, so no rank diverges alone. Under "true" a failing probe is an
@@ -17,14 +18,14 @@ import torch.distributed as dist
 from torch import nn
 
 from hlat.config.model import ModelConfig
+from hlat.device.record import device_record
+from hlat.device.runtime import collective_device, fork_rng
 from hlat.errors import UserError
 from hlat.model.attention import document_mask
 from hlat.model.llama import rope_tables
 from hlat.model.spec import model_spec
 from hlat.parallel.activation_checkpoint import checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype
-
-INDUCTOR_DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -68,20 +69,22 @@ def decide_compile(
             f"compile: off (parallel.compile {setting}, but torch.compile is disabled by "
             "TORCH_COMPILE_DISABLE=1 / torch._dynamo.config.disable)",
         )
-    if tp > 1:
+    record = device_record(device.type)
+    if tp > 1 and not record.compiled_tp:
         if setting == "true":
             raise UserError(
                 f"parallel.compile=true with parallel.tp={tp}: {TP_UNSUPPORTED}; set --parallel.compile "
                 "false (or auto, which runs tensor-parallel layouts eager)"
             )
         return CompileDecision(False, f"compile: off (auto: {TP_UNSUPPORTED})")
-    if device.type not in INDUCTOR_DEVICES:
+    backend = record.compile_backend
+    if backend is None:
         if setting == "true":
             raise UserError(
-                f"parallel.compile=true, but inductor does not support device {device.type!r}; "
+                f"parallel.compile=true, but hlat knows no torch.compile backend for device {device.type!r}; "
                 "set --parallel.compile false (or auto)"
             )
-        return CompileDecision(False, f"compile: off (auto: no inductor backend for {device.type})")
+        return CompileDecision(False, f"compile: off (auto: no compile backend for {device.type})")
     start = time.perf_counter()
     try:
         probe_block(
@@ -99,12 +102,14 @@ def decide_compile(
                 "set --parallel.compile false (or auto, which falls back to eager)"
             ) from error
         return CompileDecision(False, f"warning: compile: torch.compile failed ({reason}); running eager")
-    return CompileDecision(True, f"compile: on (inductor, probe {seconds:.1f} s)")
+    return CompileDecision(True, f"compile: on ({backend}, probe {seconds:.1f} s)")
 
 
-def compile_blocks(module: nn.Module, backend: str = "inductor") -> None:
+def compile_blocks(module: nn.Module, device_type: str, backend: str | None = None) -> None:
     """Compile each transformer block in place; fullgraph, so a graph break is an error, not a slowdown.
-    `backend`: torch.compile's (runs use inductor; the multi-process tests capture with aot_eager)."""
+    `backend`: torch.compile's; None = `device_type`'s (hlat.device.record; the multi-process tests
+    capture with aot_eager)."""
+    backend = backend or device_record(device_type).compile_backend
     for name, block in list(module.layers.items()):
         module.layers[name] = torch.compile(block, fullgraph=True, backend=backend)
 
@@ -122,7 +127,7 @@ def probe_block(
     """Compile one block with the run's shapes and recompute policy and run forward and backward.
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the run's RNG untouched
+    with fork_rng(device):  # the run's RNG untouched
         _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
 
 
@@ -141,7 +146,11 @@ def _probe(
     block.to_empty(device=device)
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)
-    compiled = torch.compile(checkpoint_block(block, recompute, every_other_mm, compiled=True), fullgraph=True)
+    compiled = torch.compile(
+        checkpoint_block(block, recompute, every_other_mm, compiled=True),
+        fullgraph=True,
+        backend=device_record(device.type).compile_backend,
+    )
     cos, sin = rope_tables(model_cfg, device=device)
     # The block's input as the model makes it: an embedding lookup under the precision mode, whose
     # dtype (fp32 under bf16-sr's upcast on CPU, bf16 under mixed's weight casts) the graph depends on.
@@ -162,7 +171,7 @@ def _probe(
 def _all_ranks(ok: bool, device: torch.device) -> bool:
     if not (dist.is_available() and dist.is_initialized()):
         return ok
-    flag = torch.tensor([int(ok)], device=device if dist.get_backend() == "nccl" else "cpu")
+    flag = torch.tensor([int(ok)], device=collective_device(device))
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 

@@ -18,6 +18,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hlat.config.layout import Degrees, resolve_degrees
 from hlat.config.parallel import ParallelConfig
+from hlat.device.record import device_record
+from hlat.device.runtime import set_device
+from hlat.errors import UserError
 
 
 @dataclass
@@ -87,15 +90,23 @@ def world_from_env() -> tuple[int, int, int]:
 
 
 def setup(cfg: ParallelConfig, device: torch.device) -> Layout:
-    """Join the process group torchrun prepared (if any) and build the (pp, dp, cp, tp) mesh."""
-    world, _, local_rank = world_from_env()
+    """Make `device` current, join the process group torchrun prepared (if any) and build the (pp,
+    dp, cp, tp) mesh. The group's backend is the device's, with gloo beside it for host tensors
+    (hlat.device.record): checkpoint listings, doctor's results and start-up host names travel as
+    pickled objects, and a few flags and counters as host tensors."""
+    world = world_from_env()[0]
     degrees = resolve_degrees(cfg, world)
+    set_device(device)  # the local rank's (hlat.device.resolve picked it)
     if world == 1:
         return Layout(1, 0, degrees, None)
-    if device.type == "cuda":
-        torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        backend = {"cuda": "nccl", "cpu": "gloo"}.get(device.type)  # XLA: "xla" via torch_xla
+        backend = device_record(device.type).process_group_backend
+        if backend is None:
+            raise UserError(
+                f"{world} processes on {device.type}, but no torch.distributed backend is registered for "
+                f"that device type (its package registers one with Backend.register_backend(..., devices="
+                f"[{device.type!r}])); launch one process or use --train.device cpu"
+            )
         timeout = collective_timeout()
         store = restart_store(timeout)
         if store is None:

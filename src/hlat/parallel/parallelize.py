@@ -235,7 +235,7 @@ def build_parallel_model(
             convert_to_float8(module)
         apply_activation_checkpoint(module, par.activation_checkpoint, par.recompute_every_other_mm, compiled)
         if compiled:
-            compile_blocks(module)
+            compile_blocks(module, device.type)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout, par.dp_sharding, precision)
         module.to_empty(device=device)

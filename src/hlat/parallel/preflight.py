@@ -17,6 +17,9 @@ import torch.distributed as dist
 
 from hlat.config.layout import resolve_degrees
 from hlat.config.run import RunConfig
+from hlat.device.resolve import resolve_device
+from hlat.device.runtime import device_count, device_name, mem_get_info, synchronize
+from hlat.errors import UserError
 from hlat.model import count_params
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout
@@ -38,33 +41,31 @@ class Check:
         return self.status == "FAIL"
 
 
-def check_devices(device_name: str, rank: int, local_rank: int, local_world: int) -> Check:
-    """What this rank sees: the CUDA device it will use, or the CPU cores it may use."""
-    if device_name in ("auto", "cuda") and torch.cuda.is_available():
-        count = torch.cuda.device_count()
-        local = local_rank % count
-        props = torch.cuda.get_device_properties(local)
-        free, total = torch.cuda.mem_get_info(local)
-        figure = f"cuda:{local} of {count}, {props.name}, {free / 2**30:.0f} of {total / 2**30:.0f} GiB free"
-        if local_world > count:
-            return Check(
-                "devices",
-                rank,
-                "FAIL",
-                figure,
-                f"{local_world} processes on this node share {count} GPUs; launch torchrun --nproc_per_node {count}",
-            )
+def check_devices(device_setting: str, rank: int, local_rank: int, local_world: int) -> Check:
+    """What this rank sees: the accelerator it will use (as `hlat train` resolves train.device), or
+    the CPU cores it may use."""
+    try:
+        device = resolve_device(device_setting, "--train.device", local_rank)
+    except UserError as err:
+        return Check("devices", rank, "FAIL", f"train.device {device_setting}", str(err))
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        figure = f"cpu, {cores} cores for {local_world} process{'es' if local_world > 1 else ''} on this node"
         return Check("devices", rank, "ok", figure)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    figure = f"cpu, {cores} cores for {local_world} process{'es' if local_world > 1 else ''} on this node"
-    if device_name == "cuda":
+    count = device_count(device.type)
+    figure = f"{device} of {count}, {device_name(device) or 'name not reported'}"
+    memory = mem_get_info(device)
+    if memory is not None:
+        free, total = memory
+        figure += f", {free / 2**30:.0f} of {total / 2**30:.0f} GiB free"
+    if local_world > count:
         return Check(
             "devices",
             rank,
             "FAIL",
             figure,
-            "train.device=cuda but no CUDA device is visible: check the driver "
-            "(nvidia-smi) and CUDA_VISIBLE_DEVICES, or use --train.device cpu",
+            f"{local_world} processes on this node share {count} {device.type} devices; "
+            f"launch torchrun --nproc_per_node {count}",
         )
     return Check("devices", rank, "ok", figure)
 
@@ -83,12 +84,10 @@ def _timed_all_reduce(tensor: torch.Tensor, iters: int) -> list[float]:
     dist.all_reduce(tensor)
     times = []
     for _ in range(iters):
-        if tensor.is_cuda:
-            torch.cuda.synchronize()
+        synchronize(tensor.device)
         start = time.perf_counter()
         dist.all_reduce(tensor)
-        if tensor.is_cuda:
-            torch.cuda.synchronize()
+        synchronize(tensor.device)
         times.append(time.perf_counter() - start)
     return times
 

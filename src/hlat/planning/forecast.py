@@ -32,7 +32,7 @@ class Figures:
 def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int) -> System | None:
     """The system to predict on: a table row, "cpu" (this machine, as the trainer's MFU sees it) or
     custom figures alone (--peak-tflops and --memory-gib); None when none is given."""
-    dtype = compute_dtype(cfg.precision.mode, torch.device("cpu" if device == "cpu" else "cuda"))
+    dtype = compute_dtype(cfg.precision.mode, torch.device("cpu") if device == "cpu" else None)
     if device == "cpu":
         from hlat.train.cpu_peak import cpu_peak, read_cpu_facts
 

@@ -85,7 +85,7 @@ def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
     model, par = cfg.model, cfg.parallel
     if tp > 1 and model.n_kv_heads % tp:  # KV heads replicated over the TP ranks: whole on each
         model = dataclasses.replace(model, n_kv_heads=model.n_kv_heads * tp)
-    width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
+    width = compute_dtype(cfg.precision.mode).itemsize
     per = activation_elements_per_token(model, par.activation_checkpoint, par.recompute_every_other_mm)
     return cfg.data.seq_len * cfg.train.micro_batch * per / tp * width
 
@@ -205,7 +205,7 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees:
     acts = activation_bytes_per_layer(cfg, tp) * len(layers) * (1 if pp == 1 else in_flight)
     if index == n_stages - 1:
         tokens = cfg.train.micro_batch * cfg.data.seq_len
-        width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
+        width = compute_dtype(cfg.precision.mode).itemsize
         acts += tokens * (3 * cfg.model.d_model * width + cfg.model.vocab_size * 4) / tp  # final norm, fp32 log-probs
     return StagePlan(index, layers, local, weights, grads, optimizer, acts)
 

@@ -32,8 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.model import count_params, flops_per_token
@@ -183,7 +181,7 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     executed = executed_flops_per_token(model, seq, lay.recompute, every_other_mm, lay.tp)
     compute = executed * tokens / world / (system.peak_tflops * 1e12 * system.efficiency)
 
-    width = compute_dtype(cfg.precision.mode, torch.device("cuda")).itemsize
+    width = compute_dtype(cfg.precision.mode).itemsize
     activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
     tp_s = 0.0
     if lay.tp > 1:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hlat.atomic_files import write_atomic
+from hlat.device.runtime import synchronize
 
 CACHE_FILE = "gemm_ceiling.json"
 Shape = tuple[int, int, int, bool, bool]  # m, k, n, A transposed, B transposed
@@ -70,15 +71,14 @@ def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, shape: Shape, 
     a = torch.randn((k, m) if a_t else (m, k), device=device, dtype=dtype)
     b = torch.randn((n, k) if b_t else (k, n), device=device, dtype=dtype)
     a, b = (a.t() if a_t else a), (b.t() if b_t else b)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.matmul(a, b)  # warm-up: kernel selection, thread pool start
-    sync()
+    synchronize(device)
     best, runs, deadline = float("inf"), 0, time.perf_counter() + seconds
     while runs < 3 or time.perf_counter() < deadline:
         runs += 1
         start = time.perf_counter()
         torch.matmul(a, b)
-        sync()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * m * k * n / best / 1e12
 

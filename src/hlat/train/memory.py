@@ -1,10 +1,12 @@
-"""Peak memory of a logging window: the CUDA caching allocator's, or the process's resident set."""
+"""Peak memory of a logging window: the device allocator's, or the process's resident set."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from hlat.device.runtime import memory_peaks, reset_memory_peaks
 
 GIB = 2**30
 _STATUS = Path("/proc/self/status")
@@ -14,9 +16,10 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 class MemoryMeter:
     """`read()` returns this process's memory since the previous `read()` (or construction), in GiB.
 
-    CUDA: `mem_peak_gib` = torch.cuda.max_memory_allocated (tensors), `mem_reserved_gib` =
-    max_memory_reserved (what the allocator holds from the driver), both reset after each read.
-    Elsewhere: `mem_peak_gib` = peak resident set (VmHWM of /proc/self/status, reset after each
+    A device whose module keeps allocator statistics (CUDA, and any module with
+    max_memory_allocated): `mem_peak_gib` = max_memory_allocated (tensors), `mem_reserved_gib` =
+    max_memory_reserved (what the allocator holds from the driver, where the module reports it),
+    both reset after each read. Elsewhere (the CPU): `mem_peak_gib` = peak resident set (VmHWM of /proc/self/status, reset after each
     read through /proc/self/clear_refs; where that is refused, or without /proc, the peak since the
     process started, from getrusage), and `mem_rss_gib` = the resident set now (VmRSS; Linux only).
     """
@@ -26,11 +29,12 @@ class MemoryMeter:
         self._reset()
 
     def read(self) -> dict[str, float]:
-        if self.device.type == "cuda":
-            values = {
-                "mem_peak_gib": torch.cuda.max_memory_allocated(self.device) / GIB,
-                "mem_reserved_gib": torch.cuda.max_memory_reserved(self.device) / GIB,
-            }
+        peaks = memory_peaks(self.device)
+        if peaks is not None:
+            allocated, reserved = peaks
+            values = {"mem_peak_gib": allocated / GIB}
+            if reserved is not None:
+                values["mem_reserved_gib"] = reserved / GIB
         else:
             status = _proc_status()
             if status:
@@ -41,8 +45,7 @@ class MemoryMeter:
         return values
 
     def _reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        if reset_memory_peaks(self.device):
             return
         try:  # "5" resets VmHWM to the current resident set (Linux >= 4.0); nothing else is cleared
             _CLEAR_REFS.write_text("5")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.accelerators import cuda_accelerator
+from hlat.device.runtime import accelerator
 from hlat.train.cpu_peak import CpuFacts, cpu_peak, has_native_bf16, read_cpu_facts
 from hlat.train.gemm_ceiling import Shape, gemm_ceiling_tflops
 
@@ -44,15 +44,6 @@ def resolve_peak(
     with an override: nothing is measured then). `cpu` replaces this machine's facts (tests)."""
     if override > 0:
         return Peak(override, f"MFU against {_rate(override)} per device (set by train.peak_tflops)")
-    if device.type == "cuda":
-        name, accelerator = cuda_accelerator(device)
-        if accelerator is None:
-            return _unknown(repr(name))
-        tf32 = torch.get_float32_matmul_precision() != "highest"
-        kind = "bf16" if dtype in (torch.bfloat16, torch.float16) else "tf32" if tf32 else "fp32"
-        tflops = accelerator.peak_tflops(dtype, tf32)
-        how = f"({name} = {accelerator.name}, dense {kind}, {accelerator.source})"
-        return _with_ceiling(tflops, "per device", how, device, name, dtype, shapes, cache_dir)
     if device.type == "cpu":
         cpu = cpu or read_cpu_facts()
         peak = cpu_peak(cpu, torch.get_num_threads(), dtype)
@@ -61,7 +52,16 @@ def resolve_peak(
         return _with_ceiling(
             peak.gflops / 1e3, "per process", f": {peak.explanation}", device, cpu.model, dtype, shapes, cache_dir
         )
-    return _unknown(f"this {device.type} device")
+    found = accelerator(device)
+    if found is None:
+        return _unknown(f"this {device.type} device")
+    name, row = found
+    if row is None:
+        return _unknown(repr(name))
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    kind = "bf16" if dtype in (torch.bfloat16, torch.float16) else "tf32" if tf32 else "fp32"
+    how = f"({name} = {row.name}, dense {kind}, {row.source})"
+    return _with_ceiling(row.peak_tflops(dtype, tf32), "per device", how, device, name, dtype, shapes, cache_dir)
 
 
 def slow_bf16_warning(device: torch.device, mode: str, flags: frozenset[str] | None = None) -> str | None:

@@ -1,5 +1,6 @@
-"""`--profile.steps A:B`: a torch.profiler trace of training steps A to B, one file per rank, and on
-CUDA a memory snapshot of the same steps (docs/training.md says how to open them)."""
+"""`--profile.steps A:B`: a torch.profiler trace of training steps A to B, one file per rank, and
+where the device's allocator keeps a history (CUDA) a memory snapshot of the same steps
+(docs/training.md says how to open them)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 import torch
 
 from hlat.config.profile import ProfileConfig
+from hlat.device.record import device_record
+from hlat.device.runtime import dump_memory_snapshot, record_memory_history
 
 
 class StepProfiler:
@@ -20,6 +23,7 @@ class StepProfiler:
         self._profile: Any = None
         self._done = self.range is None
         self._first = self._last = 0  # the steps the running trace covers
+        self._memory = False  # the running trace records the allocator's history too
 
     def before_step(self, step: int) -> None:
         """Call before optimizer step `step` (1-based); stops after B, starts at A."""
@@ -41,9 +45,10 @@ class StepProfiler:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
-        if self.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
-            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        kernels = device_record(self.device.type).profiler_activity
+        if kernels is not None:
+            activities.append(getattr(ProfilerActivity, kernels))
+        self._memory = record_memory_history(self.device, enabled=True)
         self._first = self._last = step
         self._profile = profile(activities=activities, record_shapes=True, profile_memory=True)
         self._profile.start()
@@ -59,10 +64,10 @@ class StepProfiler:
         stem = f"rank{self.rank}_steps{self._first}-{self._last}"
         paths = [self.dir / f"{stem}.pt.trace.json"]
         profile.export_chrome_trace(str(paths[0]))
-        if self.device.type == "cuda":
+        if self._memory:
             paths.append(self.dir / f"{stem}_memory.pickle")
-            torch.cuda.memory._dump_snapshot(str(paths[1]))
-            torch.cuda.memory._record_memory_history(enabled=None)
+            dump_memory_snapshot(self.device, paths[1])
+            record_memory_history(self.device, enabled=False)
         self.out(
             f"profile: wrote {', '.join(str(p) for p in paths)} (one set per rank; docs/training.md says how to open them)"
         )

@@ -22,9 +22,9 @@ from hlat.config.load import RUN_CONFIG
 from hlat.config.run import RunConfig
 from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
+from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
-from hlat.train.rng import load_rng_state, rng_state
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE
 from hlat.train.train_module import TrainModule
 

@@ -35,7 +35,8 @@ class StepOutput:
 
 class TrainModule:
     """`max_grad_norm` > 0 also skips steps whose pre-clip norm exceeds it (recovery.max_grad_norm);
-    non-finite steps are always skipped."""
+    non-finite steps are always skipped. `hardware_rounding`: the device rounds bf16 casts
+    stochastically (hlat.device.rounding), so bf16-sr's optimizer casts instead of adding noise."""
 
     def __init__(
         self,
@@ -45,21 +46,24 @@ class TrainModule:
         dp_sharding: str,
         seed: int,
         max_grad_norm: float,
+        hardware_rounding: bool = False,
     ):
         self.model, self.grad_clip, self.max_grad_norm = model, optim.grad_clip, max_grad_norm
         rounding, compile = bf16_rounding(precision.mode), precision.compile_optimizer
+        if hardware_rounding and rounding == "stochastic":
+            rounding = "hardware"
         zero1 = dp_sharding == "zero1" and model.layout.dp > 1  # ZeRO-1 is an optimizer: one shard per dp rank
+        device = next(iter(model.parameters())).device
 
         def build(part: nn.Module) -> torch.optim.Optimizer:
             if zero1:
-                cls, kwargs = adamw_class(optim, rounding, seed, compile, model=part)
+                cls, kwargs = adamw_class(optim, rounding, seed, compile, device.type, model=part)
                 return ZeroRedundancyOptimizer(
                     decay_groups(part, optim), optimizer_class=cls, process_group=model.layout.group("dp"), **kwargs
                 )
             return build_adamw(part, optim, rounding, seed, compile)
 
         self.optimizers = Optimizers(model.parts, build)
-        device = next(iter(model.parameters())).device
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self._shares: list[torch.Tensor] = []  # this rank's share of each step's loss since the last read
 

@@ -10,6 +10,7 @@ writes logs.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,12 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hlat.accelerators import resolve_device
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.config.data import default_cache_dir
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
+from hlat.device.record import device_record
+from hlat.device.resolve import resolve_device
+from hlat.device.rounding import stochastic_rounding
+from hlat.device.runtime import collective_device
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
@@ -85,7 +89,7 @@ class Trainer:
             raise ConfigError(problems)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
         self.cfg, self.resume = cfg, resume
-        self.device = resolve_device(cfg.train.device, "--train.device")
+        self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
         self.layout: Layout = setup(cfg.parallel, self.device)
         if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
@@ -129,8 +133,17 @@ class Trainer:
             if cfg.eval.tasks_every
             else None
         )
+        rounding = stochastic_rounding(cfg.precision.mode, device_record(self.device.type), os.environ)
+        if rounding.line:
+            self.out(rounding.line)
         self.module = TrainModule(
-            model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, cfg.train.seed, cfg.recovery.max_grad_norm
+            model,
+            cfg.optim,
+            cfg.precision,
+            cfg.parallel.dp_sharding,
+            cfg.train.seed,
+            cfg.recovery.max_grad_norm,
+            rounding.hardware,
         )
         self.state = RunState(cfg, self.layout, self.device, self.module, self.loader)
         self.step, self.tokens, self.train_s = 0, 0, 0.0
@@ -331,9 +344,9 @@ class Trainer:
         return output
 
     def _to_device(self, batch: Batch) -> Batch:
-        """On CUDA, through pinned memory without waiting for the copy (the stream orders it before
-        the forward); elsewhere an ordinary copy (none on the CPU)."""
-        if self.device.type == "cuda":
+        """Where the device's record says so (CUDA, XPU), through pinned memory without waiting for
+        the copy (the stream orders it before the forward); elsewhere an ordinary copy (none on the CPU)."""
+        if device_record(self.device.type).pin_memory:
             return batch.pin_memory().to(self.device, non_blocking=True)
         return batch.to(self.device)
 
@@ -384,7 +397,8 @@ class Trainer:
 
     def _source_tokens(self) -> dict[str, int]:
         """Tokens consumed from each data source so far, over all data-parallel ranks (collective)."""
-        counts = torch.tensor(self.loader.tokens_emitted, dtype=torch.float64, device=self.device)
+        # host counts on the host where gloo carries them: not every device has float64
+        counts = torch.tensor(self.loader.tokens_emitted, dtype=torch.float64, device=collective_device(self.device))
         if self.layout.dp > 1:
             dist.all_reduce(counts, group=self.layout.group("dp"))
         return {docs.name: int(n) for docs, n in zip(self.loader.docs, counts.tolist())}

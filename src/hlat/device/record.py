@@ -1,0 +1,75 @@
+"""What hlat needs to know about a device type: one frozen record per type, looked up by name.
+
+Rows for the types hlat has reasons to treat apart; any other type (a PrivateUse1 backend such as
+a simulated device, or one torch adds later) gets the conservative record: eager, foreach AdamW,
+the dense attention mask, ordinary copies. ROCm devices report the type "cuda" and take its row.
+The distributed backend is read from torch's own device-to-backend map when asked, so a backend
+registered after import (dist.Backend.register_backend(..., devices=[type])) is found. Autocast
+needs no entry: every type here takes bf16, the dtype the precision modes name (hlat.precision).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_GLOO = "gloo"
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    type: str
+    compile_backend: str | None = None  # torch.compile's backend for blocks and the bf16 optimizer; None: eager
+    # Compiled blocks under tensor parallelism: no device yet, as torch 2.13 breaks them in backward
+    # (hlat.parallel.compile.TP_UNSUPPORTED); a row turns this on once its compiler is shown to work.
+    compiled_tp: bool = False
+    fused_adamw: bool = False  # torch's fused AdamW kernel (one kernel, exact `found_inf` skips); else foreach
+    flex_attention: bool = False  # FlexAttention's compiled kernel for document masks; else a dense mask
+    pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
+    float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
+    profiler_activity: str | None = None  # the torch.profiler.ProfilerActivity that traces its kernels
+    stochastic_rounding_env: str | None = None  # the runtime's switch for hardware stochastic rounding
+
+    @property
+    def dist_backend(self) -> str | None:
+        """The torch.distributed backend for this type's tensors: torch's default for the type, else
+        a registered backend that declares it (TorchNeuron's "neuron"); None: none is registered."""
+        import torch.distributed as dist
+
+        if self.type == "cpu":
+            return _GLOO
+        declared = (name for name, types in dist.Backend.backend_capability.items() if self.type in types)
+        return dist.Backend.default_device_backend_map.get(self.type) or next(declared, None)
+
+    @property
+    def process_group_backend(self) -> str | None:
+        """What init_process_group takes: the device's backend, with gloo beside it for host tensors
+        (object collectives, host-side flags) when the device's own backend is another."""
+        backend = self.dist_backend
+        return backend if backend in (None, _GLOO) else f"cpu:{_GLOO},{self.type}:{backend}"
+
+
+RECORDS: dict[str, DeviceRecord] = {
+    # torch 2.13's FlexAttention has no backward on the CPU (hlat.model.attention)
+    "cpu": DeviceRecord("cpu", compile_backend="inductor", fused_adamw=True),
+    "cuda": DeviceRecord(
+        "cuda",
+        compile_backend="inductor",
+        fused_adamw=True,
+        flex_attention=True,
+        pin_memory=True,
+        float8=True,
+        profiler_activity="CUDA",
+    ),
+    "xpu": DeviceRecord("xpu", compile_backend="inductor", pin_memory=True, profiler_activity="XPU"),
+    "mps": DeviceRecord("mps"),
+    # TorchNeuron: torch.compile(backend="neuron"); HLAT's scripts switched the hardware's stochastic
+    # rounding on with this runtime variable (hlat.device.rounding says what is known of it).
+    "neuron": DeviceRecord(
+        "neuron", compile_backend="neuron", stochastic_rounding_env="NEURON_RT_STOCHASTIC_ROUNDING_EN"
+    ),
+}
+
+
+def device_record(device_type: str) -> DeviceRecord:
+    """The record of `device_type`; the conservative default for a type without a row."""
+    return RECORDS.get(device_type) or DeviceRecord(device_type)
