@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hlat.accelerators import ACCELERATORS, GIB, by_table_name, identify
+from hlat.accelerators import ACCELERATORS, GIB, NEURON_CHIPS, by_table_name, identify
 from hlat.errors import UserError
 
 # (name torch.cuda.get_device_name reports, total memory GiB, the row it must select)
@@ -59,8 +59,40 @@ def test_table_is_consistent():
         assert a.peak_tflops(torch.bfloat16, tf32=False) == a.bf16_tflops
         assert a.peak_tflops(torch.float32, tf32=True) == a.tf32_tflops
         assert a.peak_tflops(torch.float32, tf32=False) == a.fp32_tflops
-    # Trainium: one row per NeuronCore, what one rank drives (a trn1 chip of 190 TFLOP/s holds 2).
-    assert by_table_name("trn1 NeuronCore-v2").bf16_tflops == 95.0
+    assert len({n.lower() for a in ACCELERATORS for n in (a.name, *a.aliases)}) == len(names) + sum(
+        len(a.aliases) for a in ACCELERATORS
+    )  # no alias shadows another row
+
+
+@pytest.mark.parametrize("chip", NEURON_CHIPS, ids=lambda c: c.name)
+def test_trainium_rows_are_the_chip_over_its_ranks(chip):
+    """One row per rank as Neuron runs it: a NeuronCore, or a logical NeuronCore of LNC cores."""
+    for lnc in chip.lncs:
+        row = by_table_name(f"{chip.name} LNC={lnc}")
+        ranks = chip.cores // lnc
+        assert (row.bf16_tflops, row.tf32_tflops, row.fp32_tflops) == (
+            chip.bf16_tflops / ranks,
+            chip.bf16_tflops / ranks,
+            chip.fp32_tflops / ranks,
+        )
+        assert (row.memory_gib, row.bandwidth_tbs) == (chip.memory_gib / ranks, chip.bandwidth_tbs / ranks)
+        assert (row.per_node, row.intra_gbs, row.inter_gbs) == (
+            chip.per_node * ranks,
+            chip.link_gbs / ranks,
+            chip.network_gbs / ranks,
+        )
+        assert row.family == "trainium" and chip.source in row.source and chip.node_source == row.node_source
+    assert by_table_name(chip.name) == by_table_name(f"{chip.name} LNC={chip.lncs[0]}")  # the default LNC
+
+
+def test_trainium_names_resolve_to_the_rank_neuron_runs():
+    trn1, trn2, trn2_core, trn3 = (by_table_name(n) for n in ("trn1", "trn2", "trn2 LNC=1", "TRN3"))
+    assert (trn1.name, trn1.bf16_tflops, trn1.memory_gib, trn1.per_node) == ("trn1 NeuronCore-v2", 95.0, 16, 32)
+    assert (trn2.name, trn2.memory_gib, trn2.per_node) == ("trn2 LNC=2", 24, 64)  # 64 ranks a trn2.48xlarge
+    assert trn2.rank == "1 logical NeuronCore (2 x NeuronCore-v3, 24 GiB; 4 per chip)"
+    assert (trn2_core.name, trn2_core.memory_gib) == ("trn2 NeuronCore-v3", 12)
+    assert trn2.bf16_tflops == 2 * trn2_core.bf16_tflops and trn2.intra_gbs == 2 * trn2_core.intra_gbs
+    assert (trn3.name, trn3.bf16_tflops, trn3.memory_gib) == ("trn3 LNC=2", 671 / 4, 36)
 
 
 def test_table_names_are_looked_up_case_insensitively_and_typos_list_the_names():

@@ -44,6 +44,10 @@ EXCLUDED = {
     "hlat eval --checkpoint runs/tiny/checkpoints/step_00000200 --tasks arc_easy,humaneval --data-dir data/eval": "needs the task files a user downloads into data/eval, and runs/tiny trained to step 200",
     "hlat eval --checkpoint runs/tiny --suite hlat --data-dir data/eval": "needs the task files a user downloads into data/eval",
     "hlat eval --checkpoint /models/llama-2-7b-hf --suite hlat --precision mixed --baseline llama2.json": "needs LLaMA-2 7B from the Hugging Face hub (network, 13 GB) and the user's baseline file",
+    "python -m pip install torch==2.13.0 -e . --extra-index-url https://download.pytorch.org/whl/cpu": "installs packages from the network",
+    "python -m pip install torch==2.13.0 torch-neuronx==2.13.* neuronx-cc==2.* nki --extra-index-url https://pip.repos.neuron.amazonaws.com --extra-index-url https://download.pytorch.org/whl/cpu": "installs packages from the network, for Trainium",
+    "python -c import torch; print(torch.__version__, torch.accelerator.current_accelerator())": "prints neuron only on a Trainium instance with torch-neuronx",
+    "torchrun --standalone --nproc_per_node 64 -m hlat train --preset hlat-7b --train.device neuron": "needs a Trainium instance with torch-neuronx",
 }
 SHORTENED = {  # appended overrides (the last value of a field wins); each keeps the command's own settings
     "hlat train": [*STEPS, *SMALL_BATCH],

@@ -137,14 +137,15 @@ def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
 
 def test_the_system_is_a_table_row_with_custom_figures_on_top():
     cfg = load_config("hlat-7b")  # bf16-sr: the bf16 peak
-    trn1 = make_system("trn1", Figures(inter_gbs=12.5), cfg, 4096)
+    trn1 = make_system("trn1", Figures(inter_gbs=12.5), cfg, 4096)  # a rank per NeuronCore: half a chip
     assert (trn1.peak_tflops, trn1.memory_gib, trn1.per_node, trn1.intra_gbs, trn1.inter_gbs) == (
-        190.0,
-        32,
+        95.0,
         16,
-        206.0,
+        32,
+        103.0,
         12.5,
     )
+    assert trn1.rank == "1 NeuronCore-v2 (16 GiB; 2 per chip)"
     assert trn1.family == "trainium" and trn1.efficiency == efficiencies()["trainium"]
     custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, per_node=8, efficiency=0.5), cfg, 8)
     assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.family) == (400.0, 64.0, 0.5, "gpu")

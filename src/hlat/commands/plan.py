@@ -18,14 +18,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "step time (compute, exposed communication, pipeline bubble), tokens/s, MFU, days to the token budget and "
         "cost (docs/parallelism.md). " + OVERRIDES_HELP,
         epilog='examples: hlat plan --preset hlat-70b --world 4096 --device "H100 SXM"; '
-        "hlat plan --preset hlat-7b --world 256 --device trn1 --search; hlat plan --hlat; hlat plan --calibration",
+        "hlat plan --preset hlat-7b --world 256 --device trn2 --search; hlat plan --hlat; hlat plan --calibration",
     )
     add_config_args(parser)
-    parser.add_argument("--world", type=int, help="number of ranks (accelerators) to plan for (required)")
+    parser.add_argument(
+        "--world", type=int, help="number of ranks to plan for (GPUs; on Trainium logical NeuronCores) (required)"
+    )
     parser.add_argument(
         "--device",
-        help='an accelerator of hlat\'s table (e.g. "H100 SXM", trn1), or cpu (this machine, '
-        "as the trainer's MFU sees it): memory fit and throughput; `--device list` prints the table",
+        help='an accelerator of hlat\'s table (e.g. "H100 SXM"; trn1, trn2, trn3: one rank per NeuronCore, on trn2 '
+        'and trn3 per logical NeuronCore of 2, "trn2 LNC=1" for single cores), or cpu (this machine, as the '
+        "trainer's MFU sees it): memory fit and throughput; `--device list` prints the table",
     )
     figures = parser.add_argument_group(
         "custom figures (replace the device's; without --device, --peak-tflops and --memory-gib are required)"
@@ -62,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--hlat",
         action="store_true",
-        help="HLAT's 7B and 70B on 4096 trn1 chips and on as many A100 "
+        help="HLAT's 7B and 70B on 4096 trn1 chips (8192 NeuronCores) and on as many A100 "
         "40GB (p4d.24xlarge): days and cost per trillion tokens",
     )
 
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.accelerators import by_table_name, format_table
     from hlat.errors import UserError
     from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
-    from hlat.planning.memory import format_fit, format_plan, plan
+    from hlat.planning.memory import format_fit, format_plan, largest_stage_gib, plan
     from hlat.planning.throughput import step_time
 
     if args.device == "list":
@@ -105,12 +108,18 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if system is None:
         return 0
     print(format_fit(stages, system))
+    fits = largest_stage_gib(stages) <= system.memory_gib
+    if not fits and not args.search:
+        print("this layout does NOT fit: add --search to rank the layouts that do")
     budget = args.tokens or cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
     price = cfg.train.price_per_node_hour if args.price_per_node_hour is None else args.price_per_node_hour
-    print(format_forecast(step_time(cfg, args.world, system), system, args.world, budget, price))
+    own = step_time(cfg, args.world, system)
+    print(format_forecast(own, system, args.world, budget, price))
     if args.search:
-        from hlat.planning.layout_search import format_search, search
+        from hlat.planning.layout_search import compare_with_own, format_search, search
 
+        found = search(cfg, args.world, system)
         print(f"\nlayouts of {cfg.name} on {args.world} x {system.name} that fit, fastest first:")
-        print(format_search(search(cfg, args.world, system), args.top, budget, price, nodes_of(system, args.world)))
+        print(format_search(found, args.top, budget, price, nodes_of(system, args.world)))
+        print(compare_with_own(found, own, fits))
     return 0

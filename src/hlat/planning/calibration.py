@@ -96,25 +96,24 @@ def _nxd(
     nodes: int,
     preset: str,
     seq: int,
-    cores: str,
     layout: LayoutChoice,
     seq_per_s: float,
     extra: tuple[str, ...] = (),
     fit: bool = False,
 ) -> Run:
-    """A row of NxD's trn1 table: `cores` its layout over NeuronCores, planned one rank per chip
-    (2 NeuronCores, 16 chips a node) as `layout`."""
-    chips = nodes * 16
+    """A row of NxD's trn1 table, its layout over NeuronCores as NxD runs it: one rank per
+    NeuronCore, 32 a trn1.32xlarge."""
+    cores = nodes * 32
     return Run(
         f"Neuron SDK {model}, {nodes} trn1.32xlarge",
         _NEURON,
-        f"{_NXD}, seq {seq}; {cores} NeuronCores = {layout.name} chips; {seq_per_s} seq/s",
-        "trn1",
+        f"{_NXD}, seq {seq}; {layout.name} NeuronCores; {seq_per_s} seq/s",
+        "trn1 NeuronCore-v2",
         preset,
         _settings(seq, 1024, 1, *extra),
-        chips,
+        cores,
         layout,
-        seq_per_s * seq / chips,
+        seq_per_s * seq / cores,
         fit,
     )
 
@@ -227,8 +226,7 @@ RUNS: tuple[Run, ...] = (
         16,
         "hlat-7b",
         4096,
-        "TP 8 x DP 64",
-        LayoutChoice(tp=4, pp=1, dp=64, sharding="zero2", dp_shard=64, micro_batch=1, recompute="selective"),
+        LayoutChoice(tp=8, pp=1, dp=64, sharding="zero2", dp_shard=64, micro_batch=1, recompute="selective"),
         95.14,
     ),
     _nxd(
@@ -236,8 +234,7 @@ RUNS: tuple[Run, ...] = (
         32,
         "hlat-7b",
         4096,
-        "TP 8 x PP 8 x DP 16",
-        LayoutChoice(tp=4, pp=8, dp=16, sharding="zero2", dp_shard=16, micro_batch=1, recompute="selective"),
+        LayoutChoice(tp=8, pp=8, dp=16, sharding="zero2", dp_shard=16, micro_batch=1, recompute="selective"),
         80.33,
         _LLAMA2_13B,
     ),
@@ -246,8 +243,7 @@ RUNS: tuple[Run, ...] = (
         32,
         "hlat-70b",
         4096,
-        "TP 32 x PP 8 x DP 4",
-        LayoutChoice(tp=16, pp=8, dp=4, sharding="zero2", dp_shard=4, micro_batch=1, recompute="selective"),
+        LayoutChoice(tp=32, pp=8, dp=4, sharding="zero2", dp_shard=4, micro_batch=1, recompute="selective"),
         14.44,
     ),
     _nxd(
@@ -255,8 +251,7 @@ RUNS: tuple[Run, ...] = (
         32,
         "llama3.1-8b",
         8192,
-        "TP 32 x DP 32",
-        LayoutChoice(tp=16, pp=1, dp=32, sharding="zero2", dp_shard=32, micro_batch=1, recompute="selective"),
+        LayoutChoice(tp=32, pp=1, dp=32, sharding="zero2", dp_shard=32, micro_batch=1, recompute="selective"),
         53.51,
         fit=True,
     ),
@@ -265,8 +260,7 @@ RUNS: tuple[Run, ...] = (
         32,
         "llama3.1-8b",
         8192,
-        "TP 32 x PP 8 x DP 4",
-        LayoutChoice(tp=16, pp=8, dp=4, sharding="zero2", dp_shard=4, micro_batch=1, recompute="selective"),
+        LayoutChoice(tp=32, pp=8, dp=4, sharding="zero2", dp_shard=4, micro_batch=1, recompute="selective"),
         7.97,
         _LLAMA_70B,
     ),

@@ -52,6 +52,7 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
             row.inter_gbs,
             row.family,
             0.0,
+            row.rank,
         )
     elif figures.peak_tflops is not None and figures.memory_gib is not None:
         base = System("custom", 0.0, 0.0, 1, 0.0, 0.0, "gpu", 0.0)  # the GPU family's constant unless --efficiency
@@ -72,6 +73,7 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
         pick(figures.inter_gbs, base.inter_gbs),
         base.family,
         pick(figures.efficiency, efficiencies()[base.family]),
+        base.rank,
     )
     if world > system.per_node and system.inter_gbs <= 0:
         raise UserError(

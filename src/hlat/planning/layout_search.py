@@ -118,6 +118,34 @@ def _with(cfg: RunConfig, micro_batch: int | None = None, **parallel: object) ->
     return out
 
 
+def overrides(layout: LayoutChoice) -> list[str]:
+    """The command-line overrides that give a config `layout`."""
+    return [
+        *("--parallel.tp", str(layout.tp), "--parallel.pp", str(layout.pp)),
+        *("--parallel.dp_sharding", layout.sharding),
+        *("--parallel.dp_shard", str(layout.dp_shard if layout.dp_shard < layout.dp else 0)),
+        *("--train.micro_batch", str(layout.micro_batch)),
+        *("--parallel.activation_checkpoint", layout.recompute, "--parallel.recompute_every_other_mm", "false"),
+    ]
+
+
+def compare_with_own(found: list[Candidate], own: StepTime, own_fits: bool) -> str:
+    """What the search says of the config's own layout: whether a faster one fits, and its overrides."""
+    if not found:
+        return "no layout fits: the config's does not either" if not own_fits else "the search found no layout"
+    best = found[0]
+    gain = best.step.tokens_per_s / own.tokens_per_s - 1
+    to_use = (
+        f"{best.layout.name}, micro-batch {best.layout.micro_batch}, recompute {best.layout.recompute}: "
+        + " ".join(overrides(best.layout))
+    )
+    if not own_fits:
+        return f"the config's layout does NOT fit; the fastest that does is {to_use}"
+    if gain > 0.005:
+        return f"a layout {gain:.0%} faster than the config's fits: {to_use}"
+    return "no layout that fits is faster than the config's (by more than 0.5%)"
+
+
 def format_search(found: list[Candidate], top: int, budget_tokens: float, price: float, nodes: int) -> str:
     """The top `top` layouts as a table: memory, step split, tokens/s, MFU, days (and cost)."""
     if not found:

@@ -225,12 +225,19 @@ def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[Stage
     return "\n".join(lines)
 
 
+def largest_stage_gib(stages: list[StagePlan]) -> float:
+    """GiB per rank of the stage that needs the most."""
+    return max(st.total for st in stages) / GIB
+
+
 def format_fit(stages: list[StagePlan], device: Accelerator | System) -> str:
     """Whether the rank of the largest stage fits in `device`'s memory (the data sheet's capacity;
-    allocator fragmentation and the CUDA context, a few hundred MiB to GiB, come on top)."""
-    need = max(st.total for st in stages) / GIB
+    allocator fragmentation and the device runtime's context, a few hundred MiB to GiB, come on
+    top), after what a rank is where it is part of a chip."""
+    need = largest_stage_gib(stages)
     verdict = "fits" if need <= device.memory_gib else "does NOT fit"
+    rank = f"rank = {device.rank}\n" if device.rank else ""
     return (
-        f"on {device.name} ({device.memory_gib:g} GiB): the largest stage needs {need:.2f} GiB per rank "
+        f"{rank}on {device.name} ({device.memory_gib:g} GiB): the largest stage needs {need:.2f} GiB per rank "
         f"({need / device.memory_gib:.0%} of the device): {verdict}"
     )

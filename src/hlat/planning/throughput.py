@@ -51,6 +51,7 @@ class System:
     inter_gbs: float  # one-way bandwidth per rank across nodes
     family: str  # calibration family
     efficiency: float  # fraction of the peak that compute reaches
+    rank: str = ""  # what a rank is where it is part of a chip (hlat.accelerators.Accelerator.rank)
 
 
 @dataclass(frozen=True, kw_only=True)  # by name only: five int knobs are easily swapped by position
