@@ -16,6 +16,7 @@ import torch._dynamo.config  # noqa: E402  (reads TORCH_COMPILE_DISABLE at impor
 
 import runs  # noqa: E402
 from compiling import compiling  # noqa: E402, F401  (the fixture, for every test module)
+from flex_on_cpu import flex_on_cpu  # noqa: E402, F401  (the fixture, for every test module)
 from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
 pytest_plugins = ["pytester"]  # tests/test_compiling.py runs a pytest session of its own

@@ -29,6 +29,8 @@ _FUSED_ATTENTION = {
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_cudnn_attention.default,
     aten._scaled_dot_product_flash_attention_for_cpu.default,
+    # FlexAttention (document masking on CUDA) reaches the policy as this higher-order operator.
+    torch.ops.higher_order.flex_attention,
 }
 
 # "selective": ops of core attention and the SwiGLU product, recomputed in backward.
@@ -58,9 +60,15 @@ _NO_IN_PLACE_WARNING = _NoInPlaceWarning()
 
 
 def _selective_policy(ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
-    # Views too: free to redo, and a saved view would keep a recomputed tensor's storage alive
-    # (the reshaped SwiGLU product or attention output on its way into a matmul).
-    if op in _RECOMPUTE or op.is_view or op.overloadpacket in (aten._softmax, aten.bmm, aten.baddbmm):
+    if op in _RECOMPUTE:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    # The policy also sees higher-order operators (FlexAttention, regions torch compiled), which
+    # are no OpOverload: they have neither is_view nor an overload packet, and are saved.
+    # Views are recomputed: free to redo, and a saved view would keep a recomputed tensor's
+    # storage alive (the reshaped SwiGLU product or attention output on its way into a matmul).
+    if isinstance(op, torch._ops.OpOverload) and (
+        op.is_view or op.overloadpacket in (aten._softmax, aten.bmm, aten.baddbmm)
+    ):
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
 

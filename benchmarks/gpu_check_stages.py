@@ -1,0 +1,488 @@
+"""The stages of benchmarks/gpu_check.py, one per process: each appends its results to a JSONL
+file as they come (a stage cut off by its deadline keeps what it measured) and logs to stdout.
+
+    python benchmarks/gpu_check_stages.py PLAN TOTAL_S RESULTS_JSONL LOG_DIR WORK_DIR [--cpu-dry-run]
+
+PLAN: stage:seconds,... of env, parity, throughput, end_to_end (benchmarks/gpu_check.py passes it). Each check inside a stage has its own soft deadline
+(SIGALRM); the stage's hard deadline is the driver's. Sizes: `Sizes.gpu` on the GPU, `Sizes.dry`
+(toy shapes, same code paths) in the CPU dry run, where compiled checks use the aot_eager backend
+(the same capture and recompute, no inductor code generation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import sysconfig
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hlat.config.load import load_config
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.run import RunConfig
+from hlat.data.batch import Batch, make_batch
+from hlat.float8 import float8_problem
+from hlat.model import flops_per_token
+from hlat.parallel import parallelize
+from hlat.parallel.compile import compile_blocks, compile_disabled_by_torch
+from hlat.parallel.init import canonical_name
+from hlat.parallel.mesh import setup
+from hlat.parallel.parallelize import build_parallel_model, global_target_count
+from hlat.precision import compute_dtype
+from hlat.train.memory import MemoryMeter
+from hlat.train.train_module import TrainModule
+
+CPU = torch.device("cpu")
+EOS = 0  # the synthetic batches' end-of-document token
+
+
+@dataclass(frozen=True)
+class Sizes:
+    parity: ModelConfig  # the small model of the parity checks
+    parity_batch: tuple[int, int]  # (rows, tokens per row)
+    throughput: list[str]  # overrides shrinking every throughput config (none on the GPU)
+    steps: int  # timed steps per throughput config (the first, compilation included, is reported apart)
+    gemm: int  # the bf16 GEMM's M = N = K
+    e2e_steps: int
+    check_s: float  # soft deadline of one check
+
+
+PARITY_MODEL = ModelConfig(
+    vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=688, max_seq_len=256
+)
+GPU = Sizes(PARITY_MODEL, (2, 256), [], 6, 8192, 20, 150.0)
+DRY = Sizes(
+    replace(PARITY_MODEL, d_model=64, ffn_dim=160, max_seq_len=64),
+    (2, 64),
+    ["--model.n_layers", "2", "--model.d_model", "64", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+     "--model.ffn_dim", "160", "--model.vocab_size", "512", "--model.max_seq_len", "64", "--data.seq_len", "64"],
+    2,
+    256,
+    4,
+    60.0,
+)  # fmt: skip
+
+
+class CheckTimeout(Exception):
+    pass
+
+
+class Results:
+    """Appends one JSON object per check to the stage's results file, flushed at once."""
+
+    def __init__(self, path: Path, stage: str):
+        self.path, self.stage = path, stage
+
+    def add(self, check: str, status: str, **fields: Any) -> None:
+        row = {"stage": self.stage, "check": check, "status": status, **fields}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+
+    def run(self, check: str, deadline_s: float, body: Callable[[], dict[str, Any]]) -> None:
+        """`body`'s fields as an ok (or its own "status") row; an error or the deadline as such a row."""
+        start = time.perf_counter()
+        try:
+            with _alarm(deadline_s):
+                fields = body()
+            status = fields.pop("status", "ok")
+        except CheckTimeout:
+            status, fields = "timeout", {"error": f"over its {deadline_s:.0f} s deadline"}
+        except Exception as err:  # noqa: BLE001  (a check's failure is its result; the next check runs)
+            status, fields = "error", {"error": f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"}
+        self.add(check, status, wall_s=round(time.perf_counter() - start, 2), **fields)
+
+
+@contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    def expired(signum: int, frame: Any) -> None:
+        raise CheckTimeout
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- env -----------------------------------------------------------------------------------
+
+
+def stage_env(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
+    def versions() -> dict[str, Any]:
+        found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+        for name in ("triton", "torchao"):
+            try:
+                found[name] = __import__(name).__version__
+            except ImportError:
+                found[name] = None
+        found["compile"] = "disabled (TORCH_COMPILE_DISABLE)" if compile_disabled_by_torch() else "on"
+        return found
+
+    def device_row() -> dict[str, Any]:
+        if device.type != "cuda":
+            return {"device": f"cpu ({platform.processor() or platform.machine()}), no table row", "peak_tflops": None}
+        from hlat.accelerators import cuda_accelerator
+
+        name, row = cuda_accelerator(device)
+        props = torch.cuda.get_device_properties(device)
+        return {
+            "device": name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "table_row": row.name if row else None,
+            "peak_tflops": row.bf16_tflops if row else None,
+        }
+
+    def gemm() -> dict[str, Any]:
+        n = sizes.gemm
+        a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+        a @ b
+        _sync(device)
+        reps, start = 10, time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        _sync(device)
+        seconds = (time.perf_counter() - start) / reps
+        return {"shape": n, "tflops": round(2 * n**3 / seconds / 1e12, 3)}
+
+    out.run("versions", 30, versions)
+    out.run("device", 30, device_row)
+    out.run("bf16_gemm", 60, gemm)
+    for preset in ("1b", "hlat-7b"):
+        out.run(f"sdpa_kernel_{preset}", 60, partial(_sdpa_kernels, preset, device, dry))
+
+
+def _sdpa_kernels(preset: str, device: torch.device, dry: bool) -> dict[str, Any]:
+    """The kernels one SDPA forward and backward of the preset's attention shape runs (bf16 on the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hlat.model.attention import sdpa
+
+    m = load_config(preset).model
+    seq = 64 if dry else m.max_seq_len
+    dtype = torch.float32 if dry else torch.bfloat16
+    q = torch.randn(1, m.n_heads, seq, m.attn_head_dim, device=device, dtype=dtype, requires_grad=True)
+    k, v = (
+        torch.randn(1, m.n_kv_heads, seq, m.attn_head_dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv"
+    )
+    sdpa(q, k, v, None).sum().backward()  # warm-up: lazy initialisation stays out of the trace
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        sdpa(q, k, v, None).sum().backward()
+    keys = ("attention", "flash", "fmha", "cudnn", "efficient")
+    names = sorted({e.key[:90] for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
+    return {"shape": [1, m.n_heads, m.n_kv_heads, seq, m.attn_head_dim], "kernels": names}
+
+
+# ---- parity ---------------------------------------------------------------------------------
+
+
+def _layout(device: torch.device):  # type: ignore[no-untyped-def]
+    return setup(ParallelConfig(), device)
+
+
+def _synthetic(vocab: int, rows: int, seq: int, documents: bool, seed: int = 0) -> Batch:
+    """Random tokens (never EOS), with EOS at a few places per row when `documents`."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, vocab, (rows, seq), generator=gen)
+    if documents:
+        for row in range(rows):
+            tokens[row, torch.randint(1, seq - 1, (3,), generator=gen)] = EOS
+    return make_batch(tokens, EOS, documents, mask_eos_target=documents)
+
+
+def _loss_and_grads(
+    model_cfg: ModelConfig, device: torch.device, mode: str, batch: Batch, **build: Any
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """One forward and backward of hlat's parallelized model (one process): the loss and the
+    gradients by canonical name, on the CPU in fp32."""
+    par = ParallelConfig(activation_checkpoint=build.pop("recompute", "none"))
+    build["compiled"] = build.get("compiled", False) and not compile_disabled_by_torch()
+    model = build_parallel_model(model_cfg, par, _layout(device), device, 0, 1, mode, **build)
+    batches = [batch.to(device)]
+    loss = model.forward_backward(batches, global_target_count(batches, model.layout)).item()
+    grads = {
+        canonical_name(n): p.grad.detach().float().cpu() for part in model.parts for n, p in part.named_parameters()
+    }
+    return loss, grads
+
+
+def _compare(
+    run: tuple[float, dict[str, torch.Tensor]], ref: tuple[float, dict[str, torch.Tensor]], tol: float
+) -> dict[str, Any]:
+    """Loss difference and the gradients' relative error (||g - g_ref|| / ||g_ref||, overall and worst tensor)."""
+    (loss, grads), (ref_loss, ref_grads) = run, ref
+    if grads.keys() != ref_grads.keys():
+        return {"status": "fail", "error": f"parameter names differ: {sorted(grads.keys() ^ ref_grads.keys())[:4]}"}
+    rel = {n: ((grads[n] - ref_grads[n]).norm() / ref_grads[n].norm().clamp_min(1e-30)).item() for n in grads}
+    diff = torch.cat([(grads[n] - ref_grads[n]).flatten() for n in grads]).norm()
+    total = (diff / torch.cat([g.flatten() for g in ref_grads.values()]).norm()).item()
+    worst = max(rel, key=rel.__getitem__)
+    ok = abs(loss - ref_loss) <= tol * abs(ref_loss) and total <= tol and math.isfinite(loss)
+    return {
+        "status": "ok" if ok else "fail",
+        "loss": loss,
+        "ref_loss": ref_loss,
+        "grad_rel_err": total,
+        "worst": f"{worst} {rel[worst]:.2e}",
+        "tolerance": tol,
+    }
+
+
+def stage_parity(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
+    """hlat's step on `device` against the same step on the CPU in fp32 eager: the reference."""
+    cfg, (rows, seq) = sizes.parity, sizes.parity_batch
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the parity
+        torch.backends.cudnn.allow_tf32 = False
+    plain, documents = _synthetic(cfg.vocab_size, rows, seq, False), _synthetic(cfg.vocab_size, rows, seq, True)
+    ref = _loss_and_grads(cfg, CPU, "fp32", plain)
+    ref_documents = _loss_and_grads(cfg, CPU, "fp32", documents)  # the CPU's dense mask
+    first: list[tuple[float, dict[str, torch.Tensor]]] = []
+
+    def fp32_eager() -> dict[str, Any]:
+        first.append(_loss_and_grads(cfg, device, "fp32", plain))
+        return _compare(first[0], ref, 1e-4)
+
+    def repeat() -> dict[str, Any]:
+        again = _loss_and_grads(cfg, device, "fp32", plain)
+        fields = _compare(again, first[0], 0.0) if first else {"status": "skip", "error": "fp32_eager did not run"}
+        return {**fields, "bitwise": fields.get("grad_rel_err") == 0.0}
+
+    def documents_selective() -> dict[str, Any]:
+        run = _loss_and_grads(cfg, device, "fp32", documents, recompute="selective")
+        mask = type(documents.to(device).attn_mask).__name__  # BlockMask (FlexAttention) on CUDA, else Tensor
+        return {**_compare(run, ref_documents, 1e-4), "mask": mask}
+
+    def compiled(mode: str, tol: float, float8: bool = False) -> dict[str, Any]:
+        if float8 and (problem := float8_problem(device)):
+            return {"status": "skip", "error": problem}
+        run = _loss_and_grads(cfg, device, mode, plain, compiled=True, float8=float8)
+        return {**_compare(run, ref, tol), "compiled": not compile_disabled_by_torch()}
+
+    out.run("fp32_eager", sizes.check_s, fp32_eager)
+    out.run("fp32_repeat_deterministic", sizes.check_s, repeat)
+    out.run("documents_selective_recompute", sizes.check_s, documents_selective)
+    out.run("mixed_compiled", sizes.check_s, partial(compiled, "mixed", 3e-2))
+    out.run("bf16-sr_compiled", sizes.check_s, partial(compiled, "bf16-sr", 5e-2))
+    out.run("float8_compiled", sizes.check_s, partial(compiled, "mixed", 1e-1, float8=True))
+
+
+# ---- throughput -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Throughput:
+    name: str
+    preset: str
+    overrides: tuple[str, ...]
+    compiled: bool
+    float8: bool = False
+    same_loss_as: str = ""  # a config on the same batch whose first loss this one must match
+
+
+THROUGHPUT = [
+    Throughput("1b_eager", "1b", (), False),
+    Throughput("1b_compiled", "1b", (), True, same_loss_as="1b_eager"),
+    Throughput("7b_4layers_compiled", "hlat-7b", ("--model.n_layers", "4", "--parallel.tp", "1", "--parallel.dp_sharding", "ddp"), True),
+    Throughput("1b_documents_compiled", "1b", ("--data.document_masking", "true"), True),
+    Throughput("1b_float8_compiled", "1b", (), True, float8=True, same_loss_as="1b_eager"),
+    Throughput("1b_micro8_compiled", "1b", ("--train.micro_batch", "8", "--train.global_batch", "8"), True),
+]  # fmt: skip
+FIRST_LOSS_TOL = {False: 2e-3, True: 2e-2}  # relative; float8 rounds its matmul inputs
+
+
+def stage_throughput(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
+    """Synthetic batches through hlat's parallelized model, optimizer and step: no data pipeline,
+    no tokenizer, no checkpoint."""
+    first_losses: dict[str, float] = {}
+    for spec in THROUGHPUT:
+        out.run(spec.name, sizes.check_s * 1.5, partial(_throughput, spec, device, sizes, first_losses))
+
+
+def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_losses: dict[str, float]) -> dict[str, Any]:
+    if spec.float8 and (problem := float8_problem(device)):
+        return {"status": "skip", "error": problem}
+    default_batch = ["--train.global_batch", "4"] if "--train.micro_batch" not in spec.overrides else []
+    cfg: RunConfig = load_config(spec.preset, overrides=[*spec.overrides, *default_batch, *sizes.throughput])
+    micro, seq = cfg.train.micro_batch, cfg.data.seq_len
+    batches = [
+        _synthetic(cfg.model.vocab_size, micro, seq, cfg.data.document_masking, seed).to(device)
+        for seed in range(cfg.train.global_batch // micro)
+    ]
+    compiled = spec.compiled and not compile_disabled_by_torch()  # TORCH_COMPILE_DISABLE: eager, as hlat runs
+    model = build_parallel_model(
+        cfg.model, cfg.parallel, _layout(device), device, 0, len(batches), cfg.precision, compiled, spec.float8
+    )
+    module = TrainModule(model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, 0, 0.0)
+    meter = MemoryMeter(device)
+    times = []
+    for _ in range(sizes.steps):
+        start = time.perf_counter()
+        module.step(batches, cfg.optim.lr)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    losses, _ = module.read_losses()
+    tokens = len(batches) * micro * seq
+    steady = statistics.median(times[1:] or times)
+    tps = tokens / steady
+    peak = _peak_tflops(device, cfg.precision.mode)
+    mfu = tps * flops_per_token(cfg.model, seq) / (peak * 1e12) if peak else None
+    fields: dict[str, Any] = {
+        "tokens_per_s": round(tps),
+        "mfu": round(mfu, 4) if mfu is not None else None,
+        "first_step_s": round(times[0], 2),
+        "step_s": round(steady, 4),
+        "peak_gib": round(meter.read()["mem_peak_gib"], 2),
+        "first_loss": losses[0],
+        "tokens_per_step": tokens,
+        "compiled": compiled,
+    }
+    first_losses[spec.name] = losses[0]
+    if spec.same_loss_as in first_losses:
+        expected, tol = first_losses[spec.same_loss_as], FIRST_LOSS_TOL[spec.float8]
+        agree = abs(losses[0] - expected) <= tol * abs(expected)
+        fields.update(agrees_with=spec.same_loss_as, agrees=agree, status="ok" if agree else "fail")
+    return fields
+
+
+def _peak_tflops(device: torch.device, mode: str) -> float | None:
+    """The device table's dense peak for the mode's matmul dtype; None off CUDA or for an unknown device."""
+    if device.type != "cuda":
+        return None
+    from hlat.accelerators import cuda_accelerator
+
+    _, row = cuda_accelerator(device)
+    return (
+        row.peak_tflops(compute_dtype(mode, device), torch.get_float32_matmul_precision() != "highest") if row else None
+    )
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+
+def stage_end_to_end(out: Results, device: torch.device, sizes: Sizes, work: Path, dry: bool) -> None:
+    """`hlat train` (tiny preset, a small BPE on 40 standard-library files) + resume + `hlat generate`, through the CLI."""
+    from hlat.cli import main
+
+    corpus = work / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(p for p in stdlib.glob("*.py") if 2_000 < p.stat().st_size < 40_000)[:40]:
+        shutil.copy(path, corpus / path.name)
+    run_dir = work / "run"
+    common = [
+        "--preset", "tiny", "--data.source", str(corpus), "--data.cache_dir", str(work / "cache"),
+        "--model.vocab_size", "512", "--data.tokenizer_train_chars", "200000", "--train.device", device.type,
+        "--train.run_dir", str(run_dir), "--train.log_every", "1", "--eval.every", "0", "--train.sample_prompt", "",
+        "--train.plot", "false", "--train.tensorboard", "false", "--checkpoint.every", "1000",
+        "--train.global_batch", "4", "--train.micro_batch", "4", "--parallel.compile", "false",  # throughput compiles
+        *(["--model.n_layers", "2", "--model.d_model", "64", "--model.ffn_dim", "160", "--data.seq_len", "64"] if dry else []),
+    ]  # fmt: skip
+    steps = sizes.e2e_steps
+
+    def cli(*argv: str) -> dict[str, Any]:
+        code = main(list(argv))
+        return {"exit_code": code, "status": "ok" if code == 0 else "fail"}
+
+    out.run("train", sizes.check_s, partial(cli, "train", "--fresh", *common, "--train.steps", str(steps)))
+    out.run("resume", sizes.check_s, partial(cli, "train", *common, "--train.steps", str(steps + steps // 2)))
+    generate = [
+        "generate",
+        "--checkpoint",
+        str(run_dir),
+        "--prompt",
+        "def ",
+        "--max-new-tokens",
+        "16",
+        "--device",
+        device.type,
+    ]
+    out.run("generate", sizes.check_s, partial(cli, *generate))
+
+
+STAGES = {"env": stage_env, "parity": stage_parity, "throughput": stage_throughput}
+
+
+def run_stage(name: str, results: Path, work: Path, dry: bool) -> None:
+    device, sizes = (CPU, DRY) if dry else (torch.device("cuda"), GPU)
+    if dry and not compile_disabled_by_torch():  # the same capture and recompute, no inductor code generation
+        parallelize.compile_blocks = partial(compile_blocks, backend="aot_eager")
+    out = Results(results, name)
+    if name == "end_to_end":
+        stage_end_to_end(out, device, sizes, work / name, dry)
+    else:
+        STAGES[name](out, device, sizes, dry)
+
+
+def host(plan: list[tuple[str, float]], total_s: float, results: Path, logs: Path, work: Path, dry: bool) -> None:
+    """Each stage in a child forked from this process, which imported torch and hlat once and
+    touches no device: a child that crashes or passes its deadline (killed) ends only its stage.
+    A stage's deadline is its own or what is left of `total_s`, whichever is less."""
+    start = time.monotonic()
+    for name, own_s in plan:
+        limit = max(1.0, min(own_s, total_s - (time.monotonic() - start)))
+        began = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the child: its output to the stage's log, its exit code to the parent
+            log = os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+            code = 0
+            try:
+                run_stage(name, results, work, dry)
+            except BaseException:  # noqa: BLE001  (reported as the stage's exit code; its log has the traceback)
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        status = _wait(pid, began + limit)
+        row = {"stage": name, "check": "stage", "status": status, "wall_s": round(time.monotonic() - began, 1)}
+        with results.open("a") as f:
+            f.write(json.dumps({**row, "limit_s": round(limit)}) + "\n")
+        print(f"gpu_check: {name}: {status} in {row['wall_s']} s", flush=True)
+
+
+def _wait(pid: int, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return "ok" if os.waitstatus_to_exitcode(code) == 0 else f"failed (exit {os.waitstatus_to_exitcode(code)})"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "timeout"
+
+
+def main(argv: list[str]) -> None:
+    """host PLAN TOTAL_S RESULTS LOGS WORK [--cpu-dry-run], PLAN = stage:seconds,... (in order)."""
+    plan = [(name, float(s)) for name, _, s in (item.partition(":") for item in argv[0].split(","))]
+    host(plan, float(argv[1]), Path(argv[2]), Path(argv[3]), Path(argv[4]), "--cpu-dry-run" in argv)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

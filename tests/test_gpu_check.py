@@ -1,0 +1,50 @@
+"""benchmarks/gpu_check.sh: its CPU dry run runs every stage and writes the three files; the
+script finds python3 where there is no python."""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
+STAGES = ["env", "parity", "throughput", "end_to_end"]
+
+
+def test_cpu_dry_run_reports_every_stage(tmp_path: Path) -> None:
+    """Every stage at toy sizes (the suite's TORCH_COMPILE_DISABLE=1 is inherited: compiled checks
+    run eager, as hlat does under that switch); about 30 s on 2 cores."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--cpu-dry-run", str(out)], env=env, capture_output=True, text=True, timeout=170
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.jsonl", "gpu_check.md", "gpu_check_logs.tar.gz"]
+    rows = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+    stages = {r["stage"]: r["status"] for r in rows if r["check"] == "stage"}
+    assert stages == dict.fromkeys(STAGES, "ok")
+    checks = [r for r in rows if r["check"] != "stage"]
+    assert {r["stage"] for r in checks} == set(STAGES)
+    # on a CPU only float8 cannot run, and says why; every other check passed its tolerance
+    assert {r["check"] for r in checks if r["status"] != "ok"} == {"float8_compiled", "1b_float8_compiled"}
+    assert all(r["status"] == "skip" and "CUDA" in r["error"] for r in checks if "float8" in r["check"])
+    report = (out / "gpu_check.md").read_text()
+    assert "CPU DRY RUN" in report and all(f"## {stage}: ok" in report for stage in STAGES)
+    with tarfile.open(out / "gpu_check_logs.tar.gz") as archive:
+        assert sorted(archive.getnames()) == ["logs", *(f"logs/{s}.log" for s in sorted(STAGES))]
+
+
+def test_the_script_finds_python3_without_python(tmp_path: Path) -> None:
+    only_python3 = tmp_path / "bin"
+    only_python3.mkdir()
+    (only_python3 / "python3").symlink_to(sys.executable)
+    env = {"PATH": str(only_python3), "HOME": str(tmp_path)}
+    done = subprocess.run(["/bin/bash", str(SCRIPT), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--cpu-dry-run" in done.stdout
+    (only_python3 / "python3").unlink()
+    done = subprocess.run(["/bin/bash", str(SCRIPT), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "neither python3 nor python" in done.stderr
