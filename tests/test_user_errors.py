@@ -114,6 +114,66 @@ def resume_with_other_max_doc_chars(tmp: Path, corpus: Path) -> tuple[list[str],
     )
 
 
+def _parquet(tmp: Path, corpus: Path, column: str = "content") -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [(corpus / name).read_text() for name in sorted(p.name for p in corpus.iterdir())[:20]]
+    pq.write_table(pa.table({column: texts}), tmp / "data.parquet")
+    return tmp / "data.parquet"
+
+
+def train_on_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus)
+    return ["train", *tiny_args(data, tmp / "run", "--train.steps", "1")], (
+        f"{data} has no column 'text' (columns: content); set data.text_field to the column that holds the documents"
+    )
+
+
+def prepare_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus)
+    return ["prepare", "--data.source", str(data), "--out", str(tmp / "run")], f"{data} has no column 'text'"
+
+
+def tokenizer_on_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The tokenizer command names its own flag, not the config field."""
+    data = _parquet(tmp, corpus)
+    args = ["tokenizer", "train", str(data), "--vocab-size", "300", "--out", str(tmp / "run" / "t.json")]
+    return args, "set --text-field to the column that holds the documents"
+
+
+def tokenizer_vocabulary_too_small(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    args = ["tokenizer", "train", str(corpus), "--vocab-size", "100", "--out", str(tmp / "run" / "t.json")]
+    return args, "it needs at least 257 (256 bytes + EOS); set --vocab-size 257 or more"
+
+
+def corrupt_parquet(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus, column="text")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    return ["train", *tiny_args(data, tmp / "run", "--train.steps", "1")], f"cannot read {data} as Parquet"
+
+
+def no_documents(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    (tmp / "empty.jsonl").write_text("")
+    args = tiny_args(tmp / "empty.jsonl", tmp / "run", "--train.steps", "1")
+    return ["train", *args], "has no documents; give a source with at least one row"
+
+
+def tokenizer_without_eos(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    import tokenizers
+
+    tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tmp / "tok.json"))
+    args = tiny_args(corpus, tmp / "run", "--train.steps", "1", "--data.tokenizer", str(tmp / "tok.json"))
+    return ["train", *args], f"tokenizer {tmp / 'tok.json'} has no end-of-document token"
+
+
+def shards_made_differently(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """`hlat prepare` into a directory that holds shards of other settings."""
+    args = ["prepare", "--data.source", str(corpus), "--model.vocab_size", "512", "--out", str(tmp / "run")]
+    assert main([*args, "--data.max_doc_chars", "5000"]) == 0
+    return args, f"{tmp / 'run'} holds shards made differently"
+
+
 def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     return ["train", "--train.steps", "0"], "train.steps: must be >= 1"
 
@@ -134,20 +194,30 @@ CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
     resume_with_other_tokenizer,
     resume_with_other_max_doc_chars,
     invalid_config,
+    train_on_a_missing_column,
+    prepare_a_missing_column,
+    tokenizer_on_a_missing_column,
+    tokenizer_vocabulary_too_small,
+    corrupt_parquet,
+    no_documents,
+    tokenizer_without_eos,
+    shards_made_differently,
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_expected_errors_print_one_message_and_exit_2(case, tmp_path, small_corpus, capsys, monkeypatch):
     argv, message = case(tmp_path, small_corpus)
-    before = _files(tmp_path / "run")
+    run = tmp_path / "run"
+    before, existed = _files(run), run.exists()
     monkeypatch.delenv("HLAT_DEBUG", raising=False)
+    capsys.readouterr()
     assert main(argv) == USER_ERROR_EXIT
     err = capsys.readouterr().err
     assert f"hlat {argv[0]}: " in err and message in err, err
     assert "Traceback" not in err
-    if before:  # a refused command leaves an existing run as it was (a refused resume: its config and tokenizer)
-        assert _files(tmp_path / "run") == before
+    # a refused command leaves the run as it was (a refused resume: its config and tokenizer), or creates none
+    assert _files(run) == before and run.exists() == existed
     # the debug switch: the same message and code, with the traceback
     monkeypatch.setenv("HLAT_DEBUG", "1")
     assert main(argv) == USER_ERROR_EXIT

@@ -35,7 +35,7 @@ from hlat.data.documents import (
 )
 from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
-from hlat.errors import ResumeError
+from hlat.errors import DataError, ResumeError
 
 __all__ = ["IGNORE_INDEX", "Batch", "PackedLoader", "epoch_permutation", "labels_for", "merge_states", "split_document"]
 
@@ -86,7 +86,7 @@ class PackedLoader:
         self.eos_id: int = tokenizer.eos_id
         for d in self.docs:
             if d.eos_id != self.eos_id:
-                raise ValueError(
+                raise DataError(
                     f"{d.name} was tokenized with EOS id {d.eos_id}, the tokenizer's is "
                     f"{self.eos_id}: use the tokenizer the shards were made with"
                 )
@@ -164,7 +164,7 @@ class PackedLoader:
                 # unusable documents at the end of one epoch and the start of the next make a run
                 # of under two epochs' worth while any document is usable
                 if blank_run > 2 * self.docs_per_epoch:
-                    raise ValueError(
+                    raise DataError(
                         f"every document of data-parallel rank {self.dp_rank}'s share of "
                         f"{self.docs[k].name} is empty or unreadable: nothing to train on"
                     )

@@ -32,18 +32,20 @@ RESUME_MODES = ("auto", "require", "fresh")
 
 
 def prepare_run_dir(cfg: RunConfig, resume: str) -> None:
-    """Global rank 0, before anything is built: --fresh deletes what an earlier run wrote there."""
+    """Global rank 0, once everything is built (a start that fails must leave the directory as it
+    was): --fresh deletes what an earlier run wrote there."""
     if resume == "fresh":
         for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
             path = cfg.run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
     """Global rank 0, once the run has started or resumed: the resolved config and the tokenizer,
     which evaluation and export read from the run directory. Not before: a refused resume (other
-    data settings) must leave the files of the run it refused as they were."""
+    data settings) must leave the files of the run it refused as they were, and a failed start
+    creates no directory."""
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(cfg.run_dir / tokenizer.FILE_NAME)
     (cfg.run_dir / RUN_CONFIG).write_text(cfg.to_toml())
 

@@ -91,8 +91,6 @@ class Trainer:
             check_float8(self.device, self.layout.tp)
         self.out = out if self.layout.is_main else (lambda _: None)
         self.run_dir = cfg.run_dir
-        if self.layout.is_main:
-            prepare_run_dir(cfg, resume)
 
         torch.manual_seed(cfg.train.seed)
         self._build_data()
@@ -146,6 +144,8 @@ class Trainer:
         for warning in (self.peak.warning, slow_bf16_warning(self.device, cfg.precision.mode)):
             if warning:
                 self.out(warning)
+        if self.layout.is_main:  # only now: a start that fails leaves the run directory as it was
+            prepare_run_dir(cfg, resume)
         self._set_progress(self.state.start(resume, self.out))
         if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
             record_run(cfg, self.tokenizer)
