@@ -13,7 +13,6 @@ from hlat import cli
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.config.model import ModelConfig
-from hlat.data.tokenizer import Tokenizer
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
@@ -83,35 +82,54 @@ def _trained_run(tmp: Path, corpus: Path) -> Path:
     return tmp / "run"
 
 
-def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
-    run = _trained_run(tmp, corpus)
-    args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32"
+def _refused_resume(run: Path, values: str) -> str:
+    """The message of a run directory this configuration cannot resume, found before anything is built."""
+    return (
+        f"{run} holds a run this configuration cannot resume (step_00000001): {values}; resume it with the "
+        "saved values, or start over with --fresh (deletes its checkpoints) or another --train.run_dir"
     )
 
 
-def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
-    """The same source, another tokenizer.json (that fits the model's vocabulary)."""
+def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
-    saved, other = Tokenizer.from_file(run / "tokenizer.json"), write_llama3_tokenizer(tmp / "other.json")
+    args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
+    return ["train", *args], _refused_resume(run, "data.seq_len = 32, now 16")
+
+
+def resume_with_another_model(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """Another preset's shape in the same run directory: named before the model is built."""
+    run = _trained_run(tmp, corpus)
+    args = tiny_args(corpus, run, "--train.steps", "2", "--model.d_model", "128", "--model.n_layers", "3")
+    return ["train", *args], _refused_resume(run, "model.d_model = 64, now 128; model.n_layers = 2, now 3")
+
+
+def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The same source, another tokenizer.json (that fits the model's vocabulary): named by its
+    setting, not by a fingerprint."""
+    run = _trained_run(tmp, corpus)
+    other = write_llama3_tokenizer(tmp / "other.json")
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.tokenizer", str(other))
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        f"was made with a different tokenizer (saved data.tokenizer fingerprint {saved.fingerprint()}, "
-        f"now {Tokenizer.from_file(other).fingerprint()}); resume with the data.tokenizer it was made with"
+    return ["train", *args], _refused_resume(run, f'data.tokenizer = "", now "{other}"')
+
+
+def resume_with_a_changed_tokenizer_file(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The same data.tokenizer path, another tokenizer in it: found when the data position is restored,
+    and named without the data's internal fingerprints."""
+    tokenizer = write_llama3_tokenizer(tmp / "tok.json")
+    args = tiny_args(corpus, tmp / "run", "--data.tokenizer", str(tokenizer), "--checkpoint.every", "1")
+    assert main(["train", *args, "--train.steps", "1"]) == 0
+    write_llama3_tokenizer(tokenizer, vocab_size=300)
+    return ["train", *args, "--train.steps", "2"], (
+        f"{tmp / 'run' / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint was "
+        "made with a different tokenizer (its vocabulary or merges differ from the tokenizer the checkpoint "
+        "was made with); resume with that data.tokenizer (the run directory keeps a copy: tokenizer.json)"
     )
 
 
 def resume_with_other_max_doc_chars(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.max_doc_chars", "5000")
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        "was made with a different data.max_doc_chars (saved data.max_doc_chars=100000, now 5000); "
-        "resume with data.max_doc_chars=100000"
-    )
+    return ["train", *args], _refused_resume(run, "data.max_doc_chars = 100000, now 5000")
 
 
 def _parquet(tmp: Path, corpus: Path, column: str = "content") -> Path:
@@ -191,7 +209,9 @@ CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
     incomplete_weights,
     missing_file,
     resume_with_other_data,
+    resume_with_another_model,
     resume_with_other_tokenizer,
+    resume_with_a_changed_tokenizer_file,
     resume_with_other_max_doc_chars,
     invalid_config,
     train_on_a_missing_column,

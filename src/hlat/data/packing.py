@@ -292,8 +292,8 @@ def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
         if a["tok"] != b["tok"]:
             return (
                 "a different tokenizer",
-                f"saved data.tokenizer fingerprint {a['tok']}, now {b['tok']}",
-                "resume with the data.tokenizer it was made with",
+                "its vocabulary or merges differ from the tokenizer the checkpoint was made with",
+                "resume with that data.tokenizer (the run directory keeps a copy: tokenizer.json)",
             )
         if a["split"] != b["split"]:
             return (

@@ -51,7 +51,7 @@ from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.train.profiling import StepProfiler
-from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir, record_run
+from hlat.train.resume import RESUME_MODES, Progress, RunState, check_run_dir, prepare_run_dir, record_run
 from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput, TrainModule
 from hlat.train.window import Window
@@ -83,6 +83,7 @@ class Trainer:
         problems = cfg.layout_problems(world_from_env()[0])  # a config loaded without the world size
         if problems:
             raise ConfigError(problems)
+        check_run_dir(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
         self.cfg, self.resume = cfg, resume
         self.device = resolve_device(cfg.train.device, "--train.device")
