@@ -2,6 +2,7 @@ import re
 
 import pytest
 
+from hlat.cli import main
 from hlat.config.layout import resolve_degrees
 from hlat.config.load import load_config, parse_overrides, preset_names
 from hlat.errors import ConfigError
@@ -165,3 +166,14 @@ def test_degrees_are_named_and_logged_as_before(overrides, world, text):
     degrees = resolve_degrees(load_config("tiny", None, overrides).parallel, world)
     assert degrees.describe() == text and degrees.world == world
     assert degrees.dp == degrees.dp_replicate * degrees.dp_shard and degrees.cp == 1
+
+
+def test_preset_flag_with_a_file_that_names_one(tmp_path):
+    """--preset, from the command line, wins over the file's own `preset =`, and says so."""
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "small"\n[train]\nsteps = 3\n')
+    cfg = load_config("tiny", path)
+    assert (cfg.model, cfg.train.steps) == (load_config("tiny").model, 3)
+    assert cfg.notes == [f"preset tiny (--preset) instead of {path}'s preset = 'small'"]
+    assert load_config("small", path).notes == [] and load_config(None, path).model == load_config("small").model
+    assert main(["config", "--preset", "tiny", "--config", str(path)]) == 0  # was: "top-level keys must be [sections]"

@@ -13,7 +13,6 @@ from hlat import cli
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.config.model import ModelConfig
-from hlat.data.tokenizer import Tokenizer
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
@@ -83,35 +82,114 @@ def _trained_run(tmp: Path, corpus: Path) -> Path:
     return tmp / "run"
 
 
-def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
-    run = _trained_run(tmp, corpus)
-    args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        "was made with a different seq_len (saved seq_len=32, now 16); resume with data.seq_len=32"
+def _refused_resume(run: Path, values: str) -> str:
+    """The message of a run directory this configuration cannot resume, found before anything is built."""
+    return (
+        f"{run} holds a run this configuration cannot resume (step_00000001): {values}; resume it with the "
+        "saved values, or start over with --fresh (deletes its checkpoints) or another --train.run_dir"
     )
 
 
-def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
-    """The same source, another tokenizer.json (that fits the model's vocabulary)."""
+def resume_with_other_data(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
-    saved, other = Tokenizer.from_file(run / "tokenizer.json"), write_llama3_tokenizer(tmp / "other.json")
+    args = tiny_args(corpus, run, "--train.steps", "2", "--data.seq_len", "16")
+    return ["train", *args], _refused_resume(run, "data.seq_len = 32, now 16")
+
+
+def resume_with_another_model(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """Another preset's shape in the same run directory: named before the model is built."""
+    run = _trained_run(tmp, corpus)
+    args = tiny_args(corpus, run, "--train.steps", "2", "--model.d_model", "128", "--model.n_layers", "3")
+    return ["train", *args], _refused_resume(run, "model.d_model = 64, now 128; model.n_layers = 2, now 3")
+
+
+def resume_with_other_tokenizer(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The same source, another tokenizer.json (that fits the model's vocabulary): named by its
+    setting, not by a fingerprint."""
+    run = _trained_run(tmp, corpus)
+    other = write_llama3_tokenizer(tmp / "other.json")
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.tokenizer", str(other))
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        f"was made with a different tokenizer (saved data.tokenizer fingerprint {saved.fingerprint()}, "
-        f"now {Tokenizer.from_file(other).fingerprint()}); resume with the data.tokenizer it was made with"
+    return ["train", *args], _refused_resume(run, f'data.tokenizer = "", now "{other}"')
+
+
+def resume_with_a_changed_tokenizer_file(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The same data.tokenizer path, another tokenizer in it: found when the data position is restored,
+    and named without the data's internal fingerprints."""
+    tokenizer = write_llama3_tokenizer(tmp / "tok.json")
+    args = tiny_args(corpus, tmp / "run", "--data.tokenizer", str(tokenizer), "--checkpoint.every", "1")
+    assert main(["train", *args, "--train.steps", "1"]) == 0
+    write_llama3_tokenizer(tokenizer, vocab_size=300)
+    return ["train", *args, "--train.steps", "2"], (
+        f"{tmp / 'run' / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint was "
+        "made with a different tokenizer (its vocabulary or merges differ from the tokenizer the checkpoint "
+        "was made with); resume with that data.tokenizer (the run directory keeps a copy: tokenizer.json)"
     )
 
 
 def resume_with_other_max_doc_chars(tmp: Path, corpus: Path) -> tuple[list[str], str]:
     run = _trained_run(tmp, corpus)
     args = tiny_args(corpus, run, "--train.steps", "2", "--data.max_doc_chars", "5000")
-    return ["train", *args], (
-        f"{run / 'checkpoints' / 'step_00000001'}: cannot resume the data loader: the checkpoint "
-        "was made with a different data.max_doc_chars (saved data.max_doc_chars=100000, now 5000); "
-        "resume with data.max_doc_chars=100000"
+    return ["train", *args], _refused_resume(run, "data.max_doc_chars = 100000, now 5000")
+
+
+def _parquet(tmp: Path, corpus: Path, column: str = "content") -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [(corpus / name).read_text() for name in sorted(p.name for p in corpus.iterdir())[:20]]
+    pq.write_table(pa.table({column: texts}), tmp / "data.parquet")
+    return tmp / "data.parquet"
+
+
+def train_on_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus)
+    return ["train", *tiny_args(data, tmp / "run", "--train.steps", "1")], (
+        f"{data} has no column 'text' (columns: content); set data.text_field to the column that holds the documents"
     )
+
+
+def prepare_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus)
+    return ["prepare", "--data.source", str(data), "--out", str(tmp / "run")], f"{data} has no column 'text'"
+
+
+def tokenizer_on_a_missing_column(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """The tokenizer command names its own flag, not the config field."""
+    data = _parquet(tmp, corpus)
+    args = ["tokenizer", "train", str(data), "--vocab-size", "300", "--out", str(tmp / "run" / "t.json")]
+    return args, "set --text-field to the column that holds the documents"
+
+
+def tokenizer_vocabulary_too_small(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    args = ["tokenizer", "train", str(corpus), "--vocab-size", "100", "--out", str(tmp / "run" / "t.json")]
+    return args, "it needs at least 257 (256 bytes + EOS); set --vocab-size 257 or more"
+
+
+def corrupt_parquet(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    data = _parquet(tmp, corpus, column="text")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    return ["train", *tiny_args(data, tmp / "run", "--train.steps", "1")], f"cannot read {data} as Parquet"
+
+
+def no_documents(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    (tmp / "empty.jsonl").write_text("")
+    args = tiny_args(tmp / "empty.jsonl", tmp / "run", "--train.steps", "1")
+    return ["train", *args], "has no documents; give a source with at least one row"
+
+
+def tokenizer_without_eos(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    import tokenizers
+
+    tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1}, unk_token="a")).save(str(tmp / "tok.json"))
+    args = tiny_args(corpus, tmp / "run", "--train.steps", "1", "--data.tokenizer", str(tmp / "tok.json"))
+    return ["train", *args], f"tokenizer {tmp / 'tok.json'} has no end-of-document token"
+
+
+def shards_made_differently(tmp: Path, corpus: Path) -> tuple[list[str], str]:
+    """`hlat prepare` into a directory that holds shards of other settings."""
+    args = ["prepare", "--data.source", str(corpus), "--model.vocab_size", "512", "--out", str(tmp / "run")]
+    assert main([*args, "--data.max_doc_chars", "5000"]) == 0
+    return args, f"{tmp / 'run'} holds shards made differently"
 
 
 def invalid_config(tmp: Path, corpus: Path) -> tuple[list[str], str]:
@@ -131,23 +209,35 @@ CASES: list[Callable[[Path, Path], tuple[list[str], str]]] = [
     incomplete_weights,
     missing_file,
     resume_with_other_data,
+    resume_with_another_model,
     resume_with_other_tokenizer,
+    resume_with_a_changed_tokenizer_file,
     resume_with_other_max_doc_chars,
     invalid_config,
+    train_on_a_missing_column,
+    prepare_a_missing_column,
+    tokenizer_on_a_missing_column,
+    tokenizer_vocabulary_too_small,
+    corrupt_parquet,
+    no_documents,
+    tokenizer_without_eos,
+    shards_made_differently,
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.__name__ for c in CASES])
 def test_expected_errors_print_one_message_and_exit_2(case, tmp_path, small_corpus, capsys, monkeypatch):
     argv, message = case(tmp_path, small_corpus)
-    before = _files(tmp_path / "run")
+    run = tmp_path / "run"
+    before, existed = _files(run), run.exists()
     monkeypatch.delenv("HLAT_DEBUG", raising=False)
+    capsys.readouterr()
     assert main(argv) == USER_ERROR_EXIT
     err = capsys.readouterr().err
     assert f"hlat {argv[0]}: " in err and message in err, err
     assert "Traceback" not in err
-    if before:  # a refused command leaves an existing run as it was (a refused resume: its config and tokenizer)
-        assert _files(tmp_path / "run") == before
+    # a refused command leaves the run as it was (a refused resume: its config and tokenizer), or creates none
+    assert _files(run) == before and run.exists() == existed
     # the debug switch: the same message and code, with the traceback
     monkeypatch.setenv("HLAT_DEBUG", "1")
     assert main(argv) == USER_ERROR_EXIT

@@ -5,7 +5,8 @@ An expected failure (hlat.errors.UserError: a bad argument, an invalid configura
 row, a corrupt or incomplete checkpoint, a refused Hugging Face directory; or a missing file),
 raised anywhere, prints `hlat COMMAND: MESSAGE` on stderr and exits with code 2; so does an
 argument argparse refuses, and an unknown `--x` given to a command that takes no config overrides.
-HLAT_DEBUG=1 (or --debug) prints the traceback too. Under torchrun, an error raised before the
+HLAT_DEBUG=1 (or --debug) prints the traceback too. An interrupt (Ctrl-C, SIGTERM) prints one line, exit
+code 128 + the signal: `hlat train` says where a resume starts. Under torchrun, an error raised before the
 process group started is the same on every rank, so rank 0 alone prints it; one raised later may
 be a single rank's, so each rank that meets it prints it, naming itself.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import time
 import traceback
@@ -91,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return importlib.import_module(f"hlat.commands.{COMMANDS[args.command]}").run(args, overrides)
     except EXPECTED as err:
         return _report(prog, err, debug=args.debug or debug)
-    except KeyboardInterrupt:
-        print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:
+        return _interrupted(prog, err)
 
 
 def _report(prog: str, err: BaseException, debug: bool) -> int:
@@ -112,6 +113,18 @@ def _report(prog: str, err: BaseException, debug: bool) -> int:
     if rank:  # the launcher stops every rank once one exits: let rank 0 print the error first
         time.sleep(QUIET_RANK_DELAY_S)
     return USER_ERROR_EXIT
+
+
+def _interrupted(prog: str, err: KeyboardInterrupt) -> int:
+    """Ctrl-C or SIGTERM: `hlat train` says where a resume starts (hlat.train.interrupt), the others
+    only that they stopped; rank 0 prints it (training's ranks agree on it). Exit 128 + the signal."""
+    code = 128 + getattr(err, "signum", signal.SIGINT)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{prog}: {str(err) or 'interrupted'}", file=sys.stderr, flush=True)
+    if _process_group_started():  # as in _report
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 def _process_group_started() -> bool:

@@ -12,6 +12,12 @@ class UserError(Exception):
     """An expected failure whose message names what to fix; `hlat` shows it without a traceback."""
 
 
+class DataError(UserError, ValueError):
+    """Data that cannot be used as configured: a source (a missing column, a corrupt file, too few
+    documents), a tokenizer or token shards. The message names the file and the setting to change.
+    A ValueError too, for the callers that catch those around data and tokenizer loading."""
+
+
 class ConfigError(UserError, ValueError):
     """An invalid configuration: every problem names its field and the fix."""
 

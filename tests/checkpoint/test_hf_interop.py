@@ -109,6 +109,33 @@ def test_import_gives_transformers_logits(tmp_path, capsys, n_kv_heads, max_shar
         assert (back(ids).logits - hf(ids).logits).abs().max().item() < 1e-4
 
 
+def test_import_sets_up_continued_pretraining_on_the_users_data(tmp_path, capsys, monkeypatch):
+    """The imported config trains briefly with validation at the model's context, not with the 7B
+    defaults; the suggested command names a data source, and `hlat train` without one warns."""
+    _hf_llama(tmp_path / "hf", 2)
+    run = tmp_path / "run"
+    assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
+    out = capsys.readouterr().out
+    assert f"hlat train --config {run / 'config.toml'} --data.source YOUR_DATA" in out
+    assert "1000 steps of 64 x 64 tokens, validation every 100" in out
+    cfg = load_config(None, run / "config.toml", ["--data.source", str(tmp_path / "hf")])
+    assert (cfg.train.steps, cfg.train.global_batch, cfg.schedule.decay_steps, cfg.optim.lr) == (1000, 64, 1000, 1e-4)
+    assert (cfg.data.seq_len, cfg.data.val_source, cfg.eval.every) == (64, "holdout", 100)
+
+    class Started:  # the run itself is not needed: only what `hlat train` prints before it
+        def __init__(self, cfg, resume):
+            pass
+
+        def fit(self):
+            pass
+
+    monkeypatch.setattr("hlat.train.trainer.Trainer", Started)
+    assert main(["train", "--config", str(run / "config.toml")]) == 0
+    assert "warning: no data.source: this 0.1M-parameter model trains on the embedded corpus" in capsys.readouterr().out
+    assert main(["train"]) == 0  # the tiny preset on the embedded corpus is what that corpus is for
+    assert "warning" not in capsys.readouterr().out
+
+
 # The LLaMA variants hlat represents, each as its model family's config.json says it (tiny sizes).
 VARIANTS = {
     "smollm2-tied": dict(tie_word_embeddings=True),

@@ -87,3 +87,21 @@ def mixture_sources(ctx: ScenarioContext, docs: int, chars: int) -> None:
                 written, piece = written + 1, ""
                 if written == docs:
                     break
+
+
+def interrupted(ctx: ScenarioContext, steps: int, fault: str, extra: list[str] = ()) -> None:
+    """Train with HLAT_FAULT `fault` (a signal to one rank, "sigterm:STEP:RANK"), then resume: the
+    resumed run's summary as `train` writes it, and what each rank's interrupted run raised in
+    OUT/interrupted.rank<r>.txt."""
+    from hlat.train.interrupt import Interrupted
+
+    env = {"HLAT_FAULT": fault, "HLAT_FAULT_MARKER": str(ctx.out / "fault-done")}
+    args = tiny_args(ctx.corpus, ctx.out / "run", "--train.steps", str(steps), *extra)
+    with mock.patch.dict(os.environ, env):
+        try:
+            Trainer(load_config("tiny", None, args), out=lambda _: None).fit()
+            stopped = "not interrupted"
+        except Interrupted as err:
+            stopped = str(err)
+    (ctx.out / f"interrupted.rank{ctx.rank}.txt").write_text(stopped)
+    _train(ctx, steps, list(extra), "require", None, False)

@@ -184,24 +184,48 @@ def _find_tokenizer(
     return file, tok
 
 
+# What `hlat train --config RUN/config.toml` continues pre-training with (the rest: the defaults):
+# a short schedule that re-warms over 1% of the steps to a conservative peak and re-decays (cosine;
+# docs/checkpoints.md), validation on held-out documents, rows of the model's context (up to hlat's
+# default). The data source is the user's: the suggested command names it.
+CONTINUED = {
+    "optim.lr": 1e-4,
+    "schedule.name": "cosine",
+    "schedule.warmup_steps": 10,
+    "schedule.decay_steps": 1000,
+    "train.steps": 1000,
+    "train.global_batch": 64,
+    "data.val_source": "holdout",
+    "eval.every": 100,
+}
+
+
+def continued_seq_len(cfg: ModelConfig) -> int:
+    """The rows continued pre-training packs: the model's context, up to hlat's default."""
+    return min(cfg.max_seq_len, RunConfig().data.seq_len)
+
+
 def _run_config_toml(source: Path, run_dir: Path, cfg: ModelConfig, tokenizer: Path, bos: bool) -> str:
-    """The architecture and tokenizer, and init_from this run: `hlat train --config` continues
-    pre-training from the imported weights, in a run directory of its own by default (training
-    in the imported one would try to resume from a checkpoint that has no optimizer state). A
-    model whose tokenizer adds BOS (Llama 3, LLaMA-2) was trained with it: data.bos keeps that for
-    continued training and tells evaluation to put BOS in front, as lm-eval does on the original.
-    Only these fields are written, so the rest come from --preset or the defaults."""
+    """The architecture and tokenizer, init_from this run, and settings for continued pre-training
+    (CONTINUED): `hlat train --config` continues pre-training from the imported weights, in a run
+    directory of its own by default (training in the imported one would try to resume from a
+    checkpoint that has no optimizer state). A model whose tokenizer adds BOS (Llama 3, LLaMA-2)
+    was trained with it: data.bos keeps that for continued training and tells evaluation to put
+    BOS in front, as lm-eval does on the original. Only these fields are written, so the rest come
+    from --preset or the defaults."""
     run = RunConfig(model=cfg, name=run_dir.name + "-continued")
     run.data.tokenizer, run.data.bos = str(tokenizer), bos
+    run.data.seq_len = continued_seq_len(cfg)
     run.checkpoint.init_from = str(run_dir)
-    keys = [f"model.{f.name}" for f in fields(cfg)] + ["data.tokenizer", "checkpoint.init_from"]
-    keys += ["data.bos"] if bos else []
-    if run.data.seq_len > cfg.max_seq_len:  # else `hlat train --config` would refuse the default rows
-        run.data.seq_len = cfg.max_seq_len
-        keys.append("data.seq_len")
+    for key, value in CONTINUED.items():
+        section, _, name = key.partition(".")
+        setattr(getattr(run, section), name, value)
+    keys = [f"model.{f.name}" for f in fields(cfg)] + ["data.tokenizer", "data.seq_len", "checkpoint.init_from"]
+    keys += [*CONTINUED, *(["data.bos"] if bos else [])]
     return (
-        f"# Imported from the Hugging Face model {source} by `hlat import`. Sections not given\n"
-        "# here take the preset's (--preset) or the defaults' values.\n" + run.to_toml(keys)
+        f"# Imported from the Hugging Face model {source} by `hlat import`, with settings to continue its\n"
+        "# pre-training on your data (give --data.source); sections not given here take the preset's\n"
+        "# (--preset) or the defaults' values.\n" + run.to_toml(keys)
     )
 
 

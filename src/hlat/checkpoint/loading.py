@@ -8,11 +8,13 @@ hlat.checkpoint.manager.CheckpointManager like training does.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.hf_import import hf_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.config.data import DataConfig
@@ -73,12 +75,28 @@ def load_model(
                 f"run directory {path} has no checkpoints under checkpoints/; "
                 "train it first or pass a checkpoint directory"
             )
-        path = saved[-1]
+        return _newest_valid(path, saved, tokenizer, dtype)
     if (path / MANIFEST).is_file():
         return load_hlat_checkpoint(path, tokenizer, dtype)
     raise FileNotFoundError(
         f"{path} is neither an hlat checkpoint (step_NNNNNNNN/ with {MANIFEST}), an hlat run "
         "directory (config.toml + checkpoints/) nor a Hugging Face model directory (config.json)"
+    )
+
+
+def _newest_valid(run_dir: Path, saved: list[Path], tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
+    """A run directory's newest checkpoint that passes verification: a corrupt or partial one is
+    named on stderr and skipped, as a resumed training run skips it."""
+    problems = []
+    for checkpoint in reversed(saved):
+        try:
+            return load_hlat_checkpoint(checkpoint, tokenizer, dtype)
+        except CheckpointError as err:
+            print(f"warning: skipping checkpoint {checkpoint}: {err}", file=sys.stderr, flush=True)
+            problems.append(checkpoint.name)
+    raise CheckpointError(
+        f"run directory {run_dir}: no checkpoint passes verification ({', '.join(problems)}; each named above); "
+        "pass a checkpoint directory of another run or train this one again"
     )
 
 

@@ -15,8 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Read a local Hugging Face LLaMA directory (config.json; model.safetensors, sharded "
         "safetensors with their index, or pytorch_model.bin; tokenizer.json or tokenizer.model) and write an "
         "hlat run directory: config.toml with the architecture, the tokenizer, and a weights-only checkpoint. "
-        "hlat eval, hlat export and --checkpoint.init_from read it. Features hlat's LLaMA lacks (RoPE scaling, "
-        "biases, tied embeddings, another activation) are refused, naming the config.json field.",
+        "hlat eval, hlat export and --checkpoint.init_from read it; config.toml also holds settings to continue "
+        "pre-training (a short schedule, validation on held-out documents). What hlat cannot represent (another "
+        "RoPE type or activation, Qwen3's sliding window) is refused, naming the config.json field.",
         epilog="example: hlat import ~/models/llama-2-7b runs/llama-2-7b && hlat eval --checkpoint runs/llama-2-7b --tasks arc_easy",
     )
     parser.add_argument("source", type=Path, help="Hugging Face model directory (save_pretrained's output)")
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.checkpoint.hf_import import import_hf
+    from hlat.checkpoint.hf_import import CONTINUED, continued_seq_len, import_hf
 
     done = import_hf(args.source, args.run_dir, args.tokenizer, progress=sys.stderr.isatty())  # refusals: hlat.cli
     cfg, run_dir = done.model, done.run_dir
@@ -38,7 +39,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         f"next:\n"
         f"  hlat eval --checkpoint {run_dir} --tasks arc_easy\n"
         f"  hlat export {run_dir} OUT_DIR\n"
-        f"  hlat train --config {run_dir / 'config.toml'}   # continue pre-training "
-        "from these weights (new optimizer)"
+        f"  hlat train --config {run_dir / 'config.toml'} --data.source YOUR_DATA   # continue pre-training "
+        f"from these weights (new optimizer; {CONTINUED['train.steps']} steps of {CONTINUED['train.global_batch']} x "
+        f"{continued_seq_len(cfg)} tokens, validation every {CONTINUED['eval.every']}: "
+        "see that file)"
     )
     return 0

@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
+
+# the data settings this command takes as flags: errors from the data layer name the settings
+FLAGS = {
+    "data.text_field": "--text-field",
+    "data.bad_documents": "--bad-documents",
+    "model.vocab_size": "--vocab-size",
+    "data.source": "SOURCE",
+}
+_SETTING = re.compile(r"(?<![\w.-])(?:--)?(" + "|".join(re.escape(s) for s in FLAGS) + r")(?!\w)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +42,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hlat.errors import UserError
+
+    try:
+        return _train(args)
+    except UserError as err:
+        raise UserError(in_flags(str(err))) from err
+
+
+def in_flags(message: str) -> str:
+    """A data-layer message in this command's terms: `set data.text_field` -> `set --text-field`."""
+    return _SETTING.sub(lambda m: FLAGS[m.group(1)], message)
+
+
+def _train(args: argparse.Namespace) -> int:
     import time
 
     from tqdm import tqdm

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
+
+if TYPE_CHECKING:
+    from hlat.config.run import RunConfig
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,10 +40,26 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     # the layout is validated here, on every rank alike, before any process group starts
     cfg = load_run_config(args, overrides, world=world)
     if rank == 0:
-        for note in cfg.notes:
+        for note in [*cfg.notes, *filter(None, [no_data_warning(cfg)])]:
             print(note, flush=True)
     resume = "require" if args.resume else "fresh" if args.fresh else "auto"
     Trainer(cfg, resume=resume).fit()
     if world > 1:
         teardown()
     return 0
+
+
+def no_data_warning(cfg: RunConfig) -> str | None:
+    """Without data.source a run trains on the embedded corpus (a few MB of Python): what the tiny
+    preset's model is for; any other model (a preset's, an imported one) almost surely meant the
+    user's data."""
+    from hlat.config.load import DEFAULT_PRESET, load_config
+    from hlat.model import count_params
+
+    if cfg.data.source or cfg.model == load_config(DEFAULT_PRESET).model:
+        return None
+    return (
+        f"warning: no data.source: this {count_params(cfg.model) / 1e6:,.1f}M-parameter model trains on the "
+        "embedded corpus (Python's standard library, meant for trying hlat out with the tiny preset); give "
+        "your data with --data.source FILE, DIRECTORY or hf:NAME (docs/data.md)"
+    )

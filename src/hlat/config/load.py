@@ -35,7 +35,8 @@ def load_config(
 ) -> RunConfig:
     """Preset <- config file <- command-line overrides, then validate.
 
-    The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny.
+    The preset is `preset`, else the file's top-level `preset = "..."`, else (with no file) tiny;
+    a `preset` other than the file's is noted in `notes`.
     A file without a preset applies over the built-in defaults: the HLAT 7B model shape and
     optimiser, but fp32 on one process with weight decay on matrices only (docs/recipe.md).
     With `world` (the number of processes that will run it), the micro-batch adapts to the layout
@@ -53,7 +54,8 @@ def load_config(
         except tomllib.TOMLDecodeError as err:
             raise ConfigError([("--config", f"{path} is not valid TOML: {err}")]) from err
         cfg.name = path.stem
-    base = preset or table.pop("preset", None) or (None if config_file else DEFAULT_PRESET)
+    file_preset = table.pop("preset", None)  # --preset, from the command line, overrides it
+    base = preset or file_preset or (None if config_file else DEFAULT_PRESET)
     if base is not None:
         if base not in preset_names():
             raise ConfigError(
@@ -72,6 +74,8 @@ def load_config(
         )
         cfg.name = base if config_file is None else cfg.name
     _apply_table(cfg, table, source=str(config_file), user=True)
+    if preset and file_preset and file_preset != preset:
+        cfg.notes.append(f"preset {preset} (--preset) instead of {config_file}'s preset = {file_preset!r}")
     for key, value in parse_overrides(overrides or []):
         set_field(cfg, key, value, source="command line", user=True)
     if world is not None:

@@ -47,6 +47,11 @@ class TrainConfig:
     median rank's (a rolling score) for slow_rank_windows log windows in a row (docs/operations.md)."""
     slow_rank_windows: int = 3
     """Log windows in a row a rank must stay over slow_rank_threshold to be named."""
+    interrupt_save_s: float = 25.0
+    """On SIGINT or SIGTERM (Ctrl-C, a preemption) the run stops after the current step and saves its
+    checkpoint, if that is done within this many seconds of the signal; else, or on a second signal,
+    it stops at once without saving, and a resume starts from the newest checkpoint. 0 = stop at once.
+    Keep it under the launcher's grace period (torchrun --shutdown_timeout, SLURM's KillWait: 30 s)."""
     callbacks: list[str] = field(default_factory=list)
     """Your own callbacks, each "package.module:ClassName" naming a subclass of
     hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts."""
@@ -73,6 +78,10 @@ class TrainConfig:
                     f"must be > 0 (a fraction of the median rank's compute time, e.g. 0.1), "
                     f"got {self.slow_rank_threshold}",
                 )
+            )
+        if self.interrupt_save_s < 0:
+            problems.append(
+                ("interrupt_save_s", f"must be >= 0 seconds (0 = stop at once), got {self.interrupt_save_s}")
             )
         if self.peak_tflops < 0:
             problems.append(("peak_tflops", f"must be >= 0 (0 = automatic), got {self.peak_tflops}"))

@@ -16,6 +16,7 @@ from hlat.config.data_paths import check_source_path, entry_kind, file_kind, rec
 from hlat.data.records import RowSource, convert_to_arrow, file_fingerprint, read_arrow, text_column
 from hlat.data.sources import DocumentSource, StdlibCorpus, TextFiles
 from hlat.digests import short_sha256
+from hlat.errors import DataError
 
 
 class SourceSettings(Protocol):
@@ -33,14 +34,14 @@ def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
     """The document source of one data.source entry (not token shards: see hlat.data.shards)."""
     problem = check_source_path(entry)
     if problem:
-        raise ValueError(problem)
+        raise DataError(problem)
     kind = entry_kind(entry)
     if kind == "stdlib":
         return StdlibCorpus()
     if kind == "text":
         return TextFiles(entry)
     if kind == "shards":
-        raise ValueError(f"{entry} holds token shards made by `hlat prepare`, not documents")
+        raise DataError(f"{entry} holds token shards made by `hlat prepare`, not documents")
     if kind in ("hub", "hf_disk"):
         return _open_hf(entry, kind, cfg)
     path = Path(entry).expanduser()
@@ -68,7 +69,7 @@ def open_entry(entry: str, cfg: SourceSettings) -> DocumentSource:
         fingerprint=_fingerprint(kind, cfg.text_field, fps),
     )
     if len(source) == 0:
-        raise ValueError(f"{what} has no documents; give a source with at least one row")
+        raise DataError(f"{what} has no documents; give a source with at least one row")
     return source
 
 
@@ -87,7 +88,7 @@ def _open_hf(entry: str, kind: str, cfg: SourceSettings) -> DocumentSource:
         ds = datasets.load_from_disk(str(Path(entry).expanduser()))
     if isinstance(ds, datasets.DatasetDict):
         if cfg.split not in ds:
-            raise ValueError(f"{entry} has splits {', '.join(ds)}, not {cfg.split!r}; set data.split")
+            raise DataError(f"{entry} has splits {', '.join(ds)}, not {cfg.split!r}; set data.split")
         ds = ds[cfg.split]
     column = text_column(ds.data.table, cfg.text_field, entry)
     indices = ds._indices.column(0).to_numpy() if ds._indices is not None else None

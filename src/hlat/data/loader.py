@@ -19,7 +19,7 @@ from hlat.data.shards import ShardDocuments, shard_tokenizer_path
 from hlat.data.sources import Concat, DocumentSource
 from hlat.data.tokenizer import BOS_CANDIDATES, build_tokenizer
 from hlat.digests import short_sha256
-from hlat.errors import ConfigError
+from hlat.errors import ConfigError, DataError
 
 VAL_SEED = 0  # validation always reads the same documents in the same order
 
@@ -67,7 +67,7 @@ def open_source(cfg: DataConfig) -> DocumentSource:
     shards excluded): what a BPE is trained on."""
     source = tokenizer_corpus(cfg)
     if source is None:
-        raise ValueError(f"data.source={cfg.source!r} holds only token shards, no documents")
+        raise DataError(f"data.source={cfg.source!r} holds only token shards, no documents")
     return source
 
 
@@ -167,7 +167,7 @@ class Validation:
     ):
         _, docs = _split(cfg, tokenizer)
         if docs is None:
-            raise ValueError("no validation data: set data.val_source to a source or to holdout")
+            raise DataError("no validation data: set data.val_source to a source or to holdout")
         self.docs, self.tokenizer, self.cfg = docs, tokenizer, cfg
         self.batch_size, self.num_batches, self.dp_rank, self.dp_size = batch_size, num_batches, dp_rank, dp_size
 

@@ -30,6 +30,7 @@ import torch
 
 from hlat.data.documents import DocumentTokens, TokenPieces
 from hlat.data.sources import BadDocument
+from hlat.errors import DataError
 
 Key = tuple[int, int, int]  # (epoch, cursor, virtual shard)
 # A document's tokens (or the BadDocument reading it raised), or a piece of them; and whether it
@@ -136,7 +137,7 @@ class RankStream:
     ):
         n = len(docs)
         if dp_size > num_shards:
-            raise ValueError(
+            raise DataError(
                 f"dp_size={dp_size} exceeds data.virtual_shards={num_shards}; raise "
                 f"data.virtual_shards to at least {dp_size}"
             )
@@ -146,7 +147,7 @@ class RankStream:
         # shard v holds perm[v::V]: ceil((n - v) / V) documents; empty shards are never read
         self.lengths = {v: -(-(n - v) // num_shards) for v in range(dp_rank, min(n, num_shards), dp_size)}
         if not self.lengths:
-            raise ValueError(
+            raise DataError(
                 f"{docs.name} has {n} documents, fewer than dp_size={dp_size}: "
                 f"data-parallel rank {dp_rank} would get none; use a source with at "
                 f"least {dp_size} documents"

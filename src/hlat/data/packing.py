@@ -35,7 +35,7 @@ from hlat.data.documents import (
 )
 from hlat.data.order import RankStream, epoch_permutation
 from hlat.data.sources import BadDocument, DocumentSource
-from hlat.errors import ResumeError
+from hlat.errors import DataError, ResumeError
 
 __all__ = ["IGNORE_INDEX", "Batch", "PackedLoader", "epoch_permutation", "labels_for", "merge_states", "split_document"]
 
@@ -86,7 +86,7 @@ class PackedLoader:
         self.eos_id: int = tokenizer.eos_id
         for d in self.docs:
             if d.eos_id != self.eos_id:
-                raise ValueError(
+                raise DataError(
                     f"{d.name} was tokenized with EOS id {d.eos_id}, the tokenizer's is "
                     f"{self.eos_id}: use the tokenizer the shards were made with"
                 )
@@ -164,7 +164,7 @@ class PackedLoader:
                 # unusable documents at the end of one epoch and the start of the next make a run
                 # of under two epochs' worth while any document is usable
                 if blank_run > 2 * self.docs_per_epoch:
-                    raise ValueError(
+                    raise DataError(
                         f"every document of data-parallel rank {self.dp_rank}'s share of "
                         f"{self.docs[k].name} is empty or unreadable: nothing to train on"
                     )
@@ -292,8 +292,8 @@ def _source_change(saved: Any, now: list[str]) -> tuple[str, str, str] | None:
         if a["tok"] != b["tok"]:
             return (
                 "a different tokenizer",
-                f"saved data.tokenizer fingerprint {a['tok']}, now {b['tok']}",
-                "resume with the data.tokenizer it was made with",
+                "its vocabulary or merges differ from the tokenizer the checkpoint was made with",
+                "resume with that data.tokenizer (the run directory keeps a copy: tokenizer.json)",
             )
         if a["split"] != b["split"]:
             return (

@@ -27,6 +27,7 @@ import pyarrow.ipc as ipc
 from hlat.atomic_files import atomic_path
 from hlat.data.sources import BadDocument, decode_windows
 from hlat.digests import short_sha256
+from hlat.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class RowSource:
 
 def text_column(table: pa.Table, field: str, where: str) -> pa.ChunkedArray:
     if field not in table.column_names:
-        raise ValueError(
+        raise DataError(
             f"{where} has no column {field!r} (columns: {', '.join(table.column_names)}); "
             "set data.text_field to the column that holds the documents"
         )
@@ -155,7 +156,7 @@ def text_column(table: pa.Table, field: str, where: str) -> pa.ChunkedArray:
         or pa.types.is_large_binary(t)
         or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
     ):
-        raise ValueError(f"{where}: column {field!r} has type {t}, not text; set data.text_field to a string column")
+        raise DataError(f"{where}: column {field!r} has type {t}, not text; set data.text_field to a string column")
     return column
 
 
@@ -168,7 +169,7 @@ def read_arrow(path: Path) -> pa.Table:
         reader = ipc.open_file(source) if is_file_format else ipc.open_stream(source)
         return reader.read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise ValueError(
+        raise DataError(
             f"cannot read {path} as Arrow IPC (file or stream): it is corrupt or "
             f"truncated ({e}); re-create or re-download it"
         ) from e
@@ -213,7 +214,7 @@ def _jsonl_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[
     except Exception as e:  # truncated gzip (EOFError), bad gzip/zstd frames, I/O errors
         if isinstance(e, BadDocument) or not isinstance(e, (EOFError, OSError)) and type(e).__name__ != "ZstdError":
             raise
-        raise ValueError(
+        raise DataError(
             f"cannot read {path} after line {line_no}: the file is corrupt or "
             f"truncated ({type(e).__name__}: {e}); re-create or re-download it"
         ) from e
@@ -225,7 +226,7 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
     try:
         pf = pq.ParquetFile(str(path))
         if field not in pf.schema_arrow.names:
-            raise ValueError(
+            raise DataError(
                 f"{path} has no column {field!r} (columns: {', '.join(pf.schema_arrow.names)}); "
                 "set data.text_field to the column that holds the documents"
             )
@@ -253,7 +254,7 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
                     yield value
                 row += 1
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise ValueError(
+        raise DataError(
             f"cannot read {path} as Parquet: it is corrupt or truncated ({e}); re-create or re-download it"
         ) from e
 

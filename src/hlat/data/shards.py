@@ -23,6 +23,7 @@ from hlat.config.data_paths import find_tokenizer_file
 from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
 from hlat.data.sources import BadDocument
 from hlat.digests import sha256_file
+from hlat.errors import DataError
 
 FORMAT = "hlat_shards"
 VERSION = 1
@@ -36,7 +37,7 @@ def shard_tokenizer_path(root: Path) -> Path:
     found = find_tokenizer_file(root)
     if found is not None:
         return found
-    raise ValueError(
+    raise DataError(
         f"{root} has no tokenizer.json or tokenizer.model: it is not a complete shard "
         "directory; run `hlat prepare` again"
     )
@@ -46,9 +47,9 @@ def read_manifest(root: Path) -> dict[str, Any]:
     try:
         manifest = atomic_files.read_manifest(root / "manifest.json")
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {root / 'manifest.json'}: {e}; run `hlat prepare` again") from e
+        raise DataError(f"cannot read {root / 'manifest.json'}: {e}; run `hlat prepare` again") from e
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(f"{root} is not a version-{VERSION} hlat shard directory; run `hlat prepare` again")
+        raise DataError(f"{root} is not a version-{VERSION} hlat shard directory; run `hlat prepare` again")
     return manifest
 
 
@@ -82,7 +83,7 @@ def prepare_shards(
         old = read_manifest(out)
         changed = [k for k in expected if old.get(k) != expected[k]]
         if changed:
-            raise ValueError(
+            raise DataError(
                 f"{out} holds shards made differently ({', '.join(changed)} differ, e.g. "
                 f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
                 "refusing to mix them: use a new directory or delete this one"
@@ -155,19 +156,19 @@ class ShardDocuments:
         m = read_manifest(root)
         self.root, self.name = root, f"token shards {root} ({m['source']})"
         if not m["complete"]:
-            raise ValueError(
+            raise DataError(
                 f"{root} is incomplete ({len(m['shards'])} shards written): run the same "
                 "`hlat prepare` command again to finish it"
             )
         dtype = np.dtype(m["dtype"])
         if tokenizer.vocab_size > np.iinfo(dtype).max + 1:
-            raise ValueError(
+            raise DataError(
                 f"{root} stores {m['dtype']} tokens but the tokenizer has {tokenizer.vocab_size} "
                 "ids, more than fit: these shards were made with another tokenizer; run "
                 "`hlat prepare` again with this one, into a new directory"
             )
         if tokenizer.fingerprint() != m["tokenizer"]:
-            raise ValueError(
+            raise DataError(
                 f"{root} was made with another tokenizer (fingerprint {m['tokenizer']}, this "
                 f"one is {tokenizer.fingerprint()}); use {shard_tokenizer_path(root)} as "
                 "data.tokenizer, or run `hlat prepare` again"
@@ -182,7 +183,7 @@ class ShardDocuments:
         for s in m["shards"]:
             path = root / s["tokens"]
             if not path.is_file() or path.stat().st_size != s["num_tokens"] * dtype.itemsize:
-                raise ValueError(
+                raise DataError(
                     f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
                     f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again"
                 )

@@ -21,10 +21,10 @@ from typing import Protocol, runtime_checkable
 
 from hlat.config.data_paths import SKIP_DIRS, TEXT_SUFFIXES, scan_text_files
 from hlat.digests import short_sha256
-from hlat.errors import UserError
+from hlat.errors import DataError
 
 
-class BadDocument(UserError, ValueError):
+class BadDocument(DataError):
     """A document that cannot be read (bad UTF-8, no text field, ...). The message names the file
     and the row. The loader raises it, or counts and logs a skip when data.bad_documents=skip."""
 
@@ -143,7 +143,7 @@ class StdlibCorpus(_Files):
                     relpaths.append(os.path.relpath(os.path.join(dirpath, fname), root_path))
         relpaths.sort()
         if not relpaths:
-            raise RuntimeError(
+            raise DataError(
                 f"found no .py files under {root_path}; this Python has no standard library "
                 "sources (some minimal images strip them): give data.source a text corpus instead"
             )
@@ -165,7 +165,7 @@ class TextFiles(_Files):
             return
         texts = scan_text_files(p) if p.is_dir() else []
         if not texts:
-            raise ValueError(
+            raise DataError(
                 f"no text files under {p} (looked for {', '.join(sorted(TEXT_SUFFIXES))}); give a "
                 "directory of text files, a data file, or leave empty for the embedded corpus"
             )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from hlat.atomic_files import atomic_path
 from hlat.digests import short_sha256
+from hlat.errors import DataError
 
 
 class SentencePieceTokenizer:
@@ -26,10 +27,10 @@ class SentencePieceTokenizer:
         try:
             self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
         except (OSError, RuntimeError) as e:
-            raise ValueError(f"cannot load {self.path} as a SentencePiece model: {e}") from e
+            raise DataError(f"cannot load {self.path} as a SentencePiece model: {e}") from e
         self.eos_id: int = self.sp.eos_id()
         if self.eos_id < 0:
-            raise ValueError(
+            raise DataError(
                 f"SentencePiece model {self.path} has no EOS piece (eos_id=-1); "
                 "train it with eos_id set (the default is 2)"
             )

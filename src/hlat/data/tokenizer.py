@@ -23,6 +23,7 @@ from hlat.atomic_files import atomic_path
 from hlat.data.sources import BadDocument, DocumentSource
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.digests import short_sha256
+from hlat.errors import DataError
 
 EOS_CANDIDATES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")  # LLaMA-1/2, GPT-2/NeoX, LLaMA-3, Gemma
 # Not Llama 3's "<|eot_id|>": it ends a chat turn, "<|end_of_text|>" ends a pre-training document.
@@ -54,7 +55,7 @@ class Tokenizer:
         eos_id = tk.token_to_id(eos_token)
         if eos_id is None:
             where = f" {origin}" if origin else ""
-            raise ValueError(f"tokenizer{where} has no token {eos_token!r}")
+            raise DataError(f"tokenizer{where} has no token {eos_token!r}")
         self.tk = tk
         self.eos_token = eos_token
         self.eos_id: int = eos_id
@@ -83,11 +84,11 @@ class Tokenizer:
         try:
             tk = tokenizers.Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust error says what is wrong with the JSON
-            raise ValueError(f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}") from e
+            raise DataError(f"cannot load tokenizer {path} as a Hugging Face tokenizer.json: {e}") from e
         eos = find_special(tk, EOS_CANDIDATES)
         if eos is not None:
             return cls(tk, eos, origin=str(path))
-        raise ValueError(
+        raise DataError(
             f"tokenizer {path} has no end-of-document token: looked for "
             f"{', '.join(EOS_CANDIDATES)}; add one of them as a special token"
         )
@@ -190,7 +191,7 @@ def train_bpe(
     character count as it is read (a progress bar)."""
     base = len(pre_tokenizers.ByteLevel.alphabet()) + 1
     if vocab_size < base:
-        raise ValueError(
+        raise DataError(
             f"vocab_size={vocab_size} is too small for a byte-level BPE: it needs at least {base} "
             f"(256 bytes + EOS); set --model.vocab_size {base} or more"
         )
@@ -236,7 +237,7 @@ def build_tokenizer(
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
         if tok.vocab_size > vocab_size:
-            raise ValueError(
+            raise DataError(
                 f"tokenizer {cfg.tokenizer} has {tok.vocab_size} tokens but the model's vocab_size "
                 f"is {vocab_size}; set --model.vocab_size {tok.vocab_size} (or larger)"
             )
@@ -245,7 +246,7 @@ def build_tokenizer(
         return tok, line
 
     if source is None:
-        raise ValueError("no data.tokenizer and no source to train a BPE on; give data.tokenizer")
+        raise DataError("no data.tokenizer and no source to train a BPE on; give data.tokenizer")
     path = bpe_cache_path(cfg.resolved_cache_dir(), source, vocab_size, cfg.tokenizer_train_chars)
     if path.is_file():
         try:

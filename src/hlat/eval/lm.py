@@ -18,6 +18,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from hlat.data.tokenizer import Tokenizer
+from hlat.errors import UserError
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
 from hlat.model import KVCache
 from hlat.precision import autocast
@@ -62,7 +63,7 @@ class LanguageModel:
         self.max_length = max_length or model.cfg.max_seq_len
         self.precision = precision
         if bos and tokenizer.bos_id is None:
-            raise ValueError(f"the model expects a BOS token but the tokenizer {tokenizer.origin} has none")
+            raise UserError(f"the model expects a BOS token but the tokenizer {tokenizer.origin} has none")
         self.bos: list[int] = [tokenizer.bos_id] if bos else []  # put in front of every context
         default = tokenizer.bos_id if bos else tokenizer.eos_id
         self.prefix_token = default if prefix_token is None else prefix_token

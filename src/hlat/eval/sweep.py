@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.loading import LoadedModel, load_hlat_checkpoint, run_checkpoints, run_tokenizer
 from hlat.config.load import read_run_config
 from hlat.eval.harness import EvalOptions, evaluate
@@ -39,7 +40,11 @@ def sweep_run(
         raise FileNotFoundError(f"{run_dir} has no checkpoints under checkpoints/")
     rows = []
     for i, checkpoint in enumerate(checkpoints):
-        loaded = load_hlat_checkpoint(checkpoint, cached=(model_cfg, data_cfg, tok))
+        try:
+            loaded = load_hlat_checkpoint(checkpoint, cached=(model_cfg, data_cfg, tok))
+        except CheckpointError as err:  # corrupt or partial: skipped and named, as training skips it
+            log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: skipped: {err}")
+            continue
         log(f"[{i + 1}/{len(checkpoints)}] {checkpoint.name}: step {loaded.step}, {loaded.tokens} tokens")
         results, skipped = evaluate(make_lm(loaded), tasks, options, log)
         if samples_dir is not None:
@@ -53,6 +58,8 @@ def sweep_run(
                 "skipped": skipped,
             }
         )
+    if not rows:
+        raise CheckpointError(f"{run_dir}: no checkpoint passes verification (each named above)")
     return rows
 
 

@@ -9,6 +9,8 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK, once:
               and before it is committed (the manifest and the rename);
   - "writing": SIGKILL while the background (checkpoint.async_save) save of step STEP is in
               flight: DCP's writer thread started, training went on, nothing hashed or committed;
+  - "sigint", "sigterm": that signal, sent to itself before optimizer step STEP runs (a Ctrl-C or
+              a preemption; "sigint:STEP:RANK:N" sends it N times back to back);
   - "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
               stuck node), so the others' collectives time out (hlat.parallel.hang);
   - "fail-mkdir", "fail-write", "fail-hash", "fail-commit": raise OSError in that step of
@@ -32,7 +34,12 @@ import time
 from pathlib import Path
 
 _SAVE_STEPS = ("mkdir", "write", "hash", "commit")
-_POINT = {"hang": "step", **{f"fail-{point}": point for point in _SAVE_STEPS}}  # where each fault strikes
+_SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
+_POINT = {
+    "hang": "step",
+    **dict.fromkeys(_SIGNALS, "step"),
+    **{f"fail-{point}": point for point in _SAVE_STEPS},
+}  # where each fault strikes
 
 
 def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
@@ -49,19 +56,25 @@ def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
     if marker.exists():
         return None
-    verb = {"hang": "froze", "step": "killed", "commit": "killed", "writing": "killed"}.get(fault, "failed")
+    verb = {"hang": "froze", "step": "killed", "commit": "killed", "writing": "killed"}
+    verb = verb.get(fault, "signalled" if fault in _SIGNALS else "failed")
     marker.write_text(f"{verb} rank {rank} at {fault} {step}\n")
     return fault
 
 
 def maybe_kill(phase: str, step: int, rank: int) -> None:
-    """SIGKILL or freeze at `phase` ("step", "commit", "writing") when HLAT_FAULT asks."""
+    """SIGKILL, freeze or signal at `phase` ("step", "commit", "writing") when HLAT_FAULT asks."""
     fault = _strikes(phase, step, rank, raising=False)
     if fault is None:
         return
     if fault == "hang":
         while True:
             time.sleep(3600)
+    if fault in _SIGNALS:
+        spec = os.environ["HLAT_FAULT"].split(":")
+        for _ in range(int(spec[3]) if len(spec) > 3 else 1):
+            os.kill(os.getpid(), _SIGNALS[fault])
+        return
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -18,32 +18,90 @@ import torch
 
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
-from hlat.config.load import RUN_CONFIG
+from hlat.config.data_paths import source_entries
+from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.run import RunConfig
 from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
+from hlat.toml_value import toml_value
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE
 from hlat.train.train_module import TrainModule
 
 RESUME_MODES = ("auto", "require", "fresh")
+# What a checkpoint pins: the model (its fields but these two: the RoPE tables are computed, not
+# saved, and the weights are initialised already) and, when it holds training state, the settings
+# of the data order. The others (optim.lr, train.steps, the layout...) may change on resume.
+FREE_MODEL_FIELDS = ("max_seq_len", "init_std")
+DATA_PINS = (
+    "data.source", "data.weights", "data.text_field", "data.split", "data.hf_config", "data.tokenizer",
+    "data.seq_len", "data.max_doc_chars", "data.bos", "data.virtual_shards", "train.seed",
+)  # fmt: skip
+PATHS = ("data.source", "data.tokenizer")  # comma-separated paths: see _differs
+
+
+def check_run_dir(cfg: RunConfig, resume: str) -> None:
+    """Every rank, before anything is built: a run directory whose newest checkpoint this config
+    cannot resume (another model shape, other data settings) is refused at once, naming each
+    differing field with its saved and new values, rather than minutes later by a tensor shape."""
+    checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", None).checkpoints()
+    if resume == "fresh" or not checkpoints or not (cfg.run_dir / RUN_CONFIG).is_file():
+        return
+    saved = read_run_config(cfg.run_dir)
+    keys = [f"model.{name}" for name in vars(cfg.model) if name not in FREE_MODEL_FIELDS]
+    keys += list(DATA_PINS) if holds_training_state(checkpoints[-1]) else []
+    changed = [key for key in keys if _differs(key, _value(saved, key), _value(cfg, key))]
+    if changed:
+        values = "; ".join(
+            f"{key} = {toml_value(_value(saved, key))}, now {toml_value(_value(cfg, key))}" for key in changed
+        )
+        raise ResumeError(
+            f"{cfg.run_dir} holds a run this configuration cannot resume ({checkpoints[-1].name}): {values}; "
+            "resume it with the saved values, or start over with --fresh (deletes its checkpoints) or "
+            "another --train.run_dir"
+        )
+
+
+def _value(cfg: RunConfig, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _differs(key: str, saved: Any, now: Any) -> bool:
+    if key not in PATHS:
+        return saved != now
+    old, new = source_entries(saved), source_entries(now)
+    return len(old) != len(new) or not all(_same_path(a, b) for a, b in zip(old, new))
+
+
+def _same_path(saved: str, now: str) -> bool:
+    """Also when written another way; and a saved path that no longer exists is taken as data
+    that moved: the checkpoint's own data fingerprints decide then, when the loader resumes."""
+    if saved == now:
+        return True
+    if not saved or not now or saved.startswith("hf:") or now.startswith("hf:"):
+        return False
+    path = Path(saved).expanduser()
+    return not path.exists() or path.resolve() == Path(now).expanduser().resolve()
 
 
 def prepare_run_dir(cfg: RunConfig, resume: str) -> None:
-    """Global rank 0, before anything is built: --fresh deletes what an earlier run wrote there."""
+    """Global rank 0, once everything is built (a start that fails must leave the directory as it
+    was): --fresh deletes what an earlier run wrote there."""
     if resume == "fresh":
         for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
             path = cfg.run_dir / name
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
     """Global rank 0, once the run has started or resumed: the resolved config and the tokenizer,
     which evaluation and export read from the run directory. Not before: a refused resume (other
-    data settings) must leave the files of the run it refused as they were."""
+    data settings) must leave the files of the run it refused as they were, and a failed start
+    creates no directory."""
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(cfg.run_dir / tokenizer.FILE_NAME)
     (cfg.run_dir / RUN_CONFIG).write_text(cfg.to_toml())
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
+from hlat.checkpoint.restore import holds_training_state
 from hlat.config.data import default_cache_dir
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
@@ -51,11 +53,12 @@ from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
 from hlat.train.cost import cost_fields, node_count
 from hlat.train.gemm_ceiling import model_shapes
+from hlat.train.interrupt import Interrupted, Interrupts
 from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.train.profiling import StepProfiler
-from hlat.train.resume import RESUME_MODES, Progress, RunState, prepare_run_dir, record_run
+from hlat.train.resume import RESUME_MODES, Progress, RunState, check_run_dir, prepare_run_dir, record_run
 from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput, TrainModule
 from hlat.train.window import Window
@@ -87,6 +90,7 @@ class Trainer:
         problems = cfg.layout_problems(world_from_env()[0])  # a config loaded without the world size
         if problems:
             raise ConfigError(problems)
+        check_run_dir(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
         self.cfg, self.resume = cfg, resume
         self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
@@ -95,8 +99,6 @@ class Trainer:
             check_float8(self.device, self.layout.tp)
         self.out = out if self.layout.is_main else (lambda _: None)
         self.run_dir = cfg.run_dir
-        if self.layout.is_main:
-            prepare_run_dir(cfg, resume)
 
         torch.manual_seed(cfg.train.seed)
         self._build_data()
@@ -159,6 +161,8 @@ class Trainer:
         for warning in (self.peak.warning, slow_bf16_warning(self.device, cfg.precision.mode)):
             if warning:
                 self.out(warning)
+        if self.layout.is_main:  # only now: a start that fails leaves the run directory as it was
+            prepare_run_dir(cfg, resume)
         self._set_progress(self.state.start(resume, self.out))
         if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
             record_run(cfg, self.tokenizer)
@@ -170,6 +174,7 @@ class Trainer:
         self.losses: list[float] = []  # this invocation's per-step losses, as logged
         self.window: Window  # the steps since the last logging step; from the start of fit
         self._rolled_back = False  # by a callback, in the window being judged
+        self.stopping = False  # on an interrupt, after this step (hlat.train.interrupt)
 
     def _builtin_callbacks(self, tasks: InTrainingTasks | None, slow_ranks: SlowRanks) -> list[Callback]:
         """In the order their hooks run: a window is judged before it is logged, a step's
@@ -262,7 +267,8 @@ class Trainer:
             getattr(callback, hook)(self, *args)
 
     def checkpoint_due(self) -> bool:
-        return self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.train.steps
+        """Every checkpoint.every steps, at the last, and when the run stops on an interrupt."""
+        return self.stopping or self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.train.steps
 
     def progress(self) -> Progress:
         return Progress(self.step, self.tokens, self.module.skipped_steps, self.train_s)
@@ -302,29 +308,57 @@ class Trainer:
             f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}"
         )
         final_loss, self._first_step = None, self.step
+        interrupts = Interrupts(cfg.train.interrupt_save_s, self.layout)
         try:
-            self.emit("on_start")
-            self.window = Window(time.perf_counter(), MemoryMeter(self.device))
-            self.module.train()
-            while self.step < total:
-                self.emit("on_step_start")
-                output = self._train_step(self.window)
-                # A checkpoint closes the window too: only steps judged good are ever saved.
-                if self.step % cfg.train.log_every == 0 or self.step == total or self.checkpoint_due():
-                    losses, skipped = self._read_window()
-                    if self._rolled_back:
-                        continue
-                    self.losses += losses
-                    final_loss = self._log_window(losses, skipped, output)
-                self.emit("on_step_end")
-            summary = TrainSummary(self.run_dir, self.step, self.tokens, final_loss, self.losses)
-            self.emit("on_end", summary)
+            with interrupts:
+                self.emit("on_start")
+                self.window = Window(time.perf_counter(), MemoryMeter(self.device))
+                self.module.train()
+                while self.step < total:
+                    self.emit("on_step_start")
+                    output = self._train_step(self.window)
+                    self.stopping = interrupts.stop_agreed()  # the same on every rank
+                    # A checkpoint closes the window too: only steps judged good are ever saved.
+                    if self.step % cfg.train.log_every == 0 or self.step == total or self.checkpoint_due():
+                        losses, skipped = self._read_window()
+                        if self._rolled_back:
+                            continue
+                        self.losses += losses
+                        final_loss = self._log_window(losses, skipped, output)
+                    self.emit("on_step_end")  # when stopping, Checkpointing saves this step and waits for it
+                    if self.stopping and self.step < total:
+                        interrupts.disarm()
+                        raise Interrupted(
+                            f"interrupted ({interrupts.name}): saved step {self.step}; "
+                            f"run the same command to resume from step {self.step}",
+                            interrupts.signum,
+                        )
+                summary = TrainSummary(self.run_dir, self.step, self.tokens, final_loss, self.losses)
+                self.emit("on_end", summary)
+        except KeyboardInterrupt as error:
+            stopped = error if isinstance(error, Interrupted) else self._unsaved(interrupts)
+            self.emit("on_failure", stopped)
+            raise stopped from None
         except BaseException as error:
             self.emit("on_failure", error)
             raise
         finally:
             self.loader.close()
         return summary
+
+    def _unsaved(self, interrupts: Interrupts) -> Interrupted:
+        """A stop without a checkpoint of its own: where a resume starts (rank 0's view)."""
+        newest = [path for path in self.checkpoints.checkpoints() if holds_training_state(path)]
+        resume = (
+            f"run the same command to resume from step {int(newest[-1].name.removeprefix('step_'))} ({newest[-1]})"
+            if newest
+            else "no checkpoint exists: the same command starts over"
+        )
+        why = f": {interrupts.aborted}" if interrupts.aborted else ""
+        return Interrupted(
+            f"interrupted ({interrupts.name}{why}) in step {self.step + 1}, nothing saved; {resume}",
+            interrupts.signum or signal.SIGINT,
+        )
 
     def _train_step(self, window: Window) -> StepOutput:
         """One optimizer step (its LR and pre-clip grad norm on device). No host sync."""

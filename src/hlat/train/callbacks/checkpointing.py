@@ -15,13 +15,15 @@ if TYPE_CHECKING:
 
 class Checkpointing(Callback):
     """A save (collective) on the steps `trainer.checkpoint_due()` names; under checkpoint.async_save
-    the previous one is committed first, and the last one when the run ends."""
+    the previous one is committed first, and the last one when the run ends or stops on an interrupt."""
 
     def on_step_end(self, trainer: Trainer) -> None:
         if trainer.checkpoint_due():
             with watch(trainer.layout, "checkpoint save", trainer.step):
                 self._report(trainer, trainer.checkpoints.wait())  # the previous background save, committed by now
                 self._report(trainer, trainer.save())
+                if trainer.stopping:
+                    self._report(trainer, trainer.checkpoints.wait())
 
     def on_end(self, trainer: Trainer, summary: TrainSummary) -> None:
         self._report(trainer, trainer.checkpoints.wait())
