@@ -89,8 +89,8 @@ def test_the_local_rank_picks_the_index(monkeypatch):
 
 
 def test_a_type_without_a_row_gets_the_conservative_record(monkeypatch):
-    record = device_record("simdev")
-    assert record == device_record("simdev") and "simdev" not in RECORDS
+    record = device_record("unregistered")
+    assert record == device_record("unregistered") and "unregistered" not in RECORDS
     assert (record.compile_backend, record.fused_adamw, record.flex_attention, record.pin_memory) == (
         None,
         False,
@@ -99,8 +99,8 @@ def test_a_type_without_a_row_gets_the_conservative_record(monkeypatch):
     )
     assert record.dist_backend is None and record.process_group_backend is None
     # A backend registered for the type later is found: torch's own map is read when asked.
-    monkeypatch.setitem(dist.Backend.default_device_backend_map, "simdev", "simgloo")
-    assert device_record("simdev").process_group_backend == "cpu:gloo,simdev:simgloo"
+    monkeypatch.setitem(dist.Backend.default_device_backend_map, "unregistered", "unregisteredccl")
+    assert device_record("unregistered").process_group_backend == "cpu:gloo,unregistered:unregisteredccl"
     # A backend that declares the type without being its default (registered after another) too.
     monkeypatch.setitem(dist.Backend.backend_capability, "simccl", ["othersim"])
     assert device_record("othersim").dist_backend == "simccl"

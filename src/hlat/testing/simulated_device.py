@@ -250,6 +250,51 @@ def _empty_strided(
     return SimTensor(torch.empty_strided(size, stride, dtype=dtype), _index_of(device))
 
 
+def _factories() -> list[Any]:
+    """Operators that make a tensor from nothing but sizes and a device, with a composite kernel
+    (arange, zeros, randn, ...). Composite, they would build an empty simdev tensor and resize it in
+    an out= call, which a wrapper's fixed sizes cannot follow; registered, they build on the host."""
+    found = []
+    for full in torch._C._dispatch_get_all_op_names():
+        name, _, overload = full.removeprefix("aten::").partition(".")
+        if not full.startswith("aten::") or "sparse" in name:
+            continue
+        op = getattr(getattr(torch.ops.aten, name, None), overload or "default", None)
+        arguments = op._schema.arguments if op is not None else []
+        if (
+            any(a.name == "device" for a in arguments)
+            and not any("Tensor" in str(a.type) for a in arguments)
+            and torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeExplicitAutograd")
+        ):
+            found.append(op)
+    return found
+
+
+def _factory(op: Any) -> Callable[..., Any]:
+    seeded = _with_generator(op)
+
+    def kernel(*args: Any, **kwargs: Any) -> SimTensor:
+        index = _index_of(kwargs.get("device"))
+        kwargs = {**kwargs, "device": torch.device("cpu")}
+        if seeded is not op:
+            return SimTensor(seeded(*args, generator=_generator, **kwargs), index)
+        if _takes_generator(op) and kwargs.get("generator") is None:
+            kwargs["generator"] = _generator
+        return SimTensor(op(*args, **kwargs), index)
+
+    return kernel
+
+
+def _with_generator(op: Any) -> Any:
+    """randn -> randn.generator, randint.low -> randint.low_generator: the overload that takes the
+    simulated device's generator, for a random factory without one (else `op`)."""
+    if _takes_generator(op):
+        return op
+    packet = getattr(torch.ops.aten, op._schema.name.split("::")[-1])
+    name = "generator" if op._overloadname == "default" else f"{op._overloadname}_generator"
+    return getattr(packet, name) if name in packet.overloads() else op
+
+
 def _copy_from(source: torch.Tensor, destination: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     """Reached without the Python key (torch.tensor(..., device=...) builds that way)."""
     target = destination.host if isinstance(destination, SimTensor) else destination
@@ -575,6 +620,8 @@ def register() -> None:
     factories.impl("empty_strided", _empty_strided, "PrivateUse1")
     factories.impl("_copy_from", _copy_from, "PrivateUse1")
     factories.impl("scaled_dot_product_attention", _attention, "AutogradPrivateUse1")
+    for op in _factories():
+        factories.impl(op, _factory(op), "PrivateUse1")
     for name in _cpu_kernels_with_decompositions():
         factories.impl(name, _unreachable, "PrivateUse1")
     everything = torch.library.Library("_", "IMPL")
