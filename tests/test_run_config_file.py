@@ -57,9 +57,25 @@ family = "qwen3"
 tokenizer = "RUN/tokenizer.json"
 bos = true
 seq_len = 256
+val_source = "holdout"
+
+[optim]
+lr = 0.0001
+
+[schedule]
+name = "cosine"
+warmup_steps = 10
+decay_steps = 1000
+
+[train]
+steps = 1000
+global_batch = 64
 
 [checkpoint]
 init_from = "RUN"
+
+[eval]
+every = 100
 """
 
 

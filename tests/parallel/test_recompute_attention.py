@@ -39,7 +39,7 @@ def loss_and_grads(path: str, mode: str, policy: str = "none", every_other_mm: b
     model = cast_parameters(Llama(CFG), mode)
     ac.apply_activation_checkpoint(model, policy, every_other_mm, compiled)
     if compiled:  # the policy then runs while AOTAutograd traces the block (aot_eager: no inductor needed)
-        compile_blocks(model, backend="aot_eager")
+        compile_blocks(model, "cpu", backend="aot_eager")
     tokens = torch.randint(0, CFG.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
     with autocast(mode, torch.device("cpu")):
         loss = token_loss_sum(model(tokens[:, :-1], attn_mask=_mask(path)), tokens[:, 1:])
