@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
+from hlat.testing.simulated_autocast import register_autocast
+
 TYPE = "simdev"
 BACKEND = "simgloo"
 DEVICE_COUNT = 8  # enough for one process per rank in a few-rank test, all on "device" 0..7
@@ -42,17 +44,6 @@ TOTAL_MEMORY = 16 * 1024**3
 _TRANSFERS = {"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "lift_fresh", "set_"}
 # Advanced indexing takes host index tensors on CUDA too (they are copied over).
 _HOST_INDICES = {"index", "index_put", "index_put_", "_index_put_impl_"}
-# torch's AutocastCPU lists (aten/src/ATen/autocast_mode.cpp), the subset a decoder reaches: the
-# simulated device casts exactly as the CPU does, so `mixed` gives the CPU's numbers.
-_LOWER = {
-    "mm", "bmm", "addmm", "addbmm", "baddbmm", "_addmm_activation", "linear", "matmul", "linalg_vecdot",
-    "scaled_dot_product_attention", "conv1d", "conv2d", "conv3d", "_convolution", "prelu",
-}  # fmt: skip
-_FP32 = {
-    "mse_loss", "nll_loss", "nll_loss2d", "cross_entropy_loss", "l1_loss", "huber_loss", "smooth_l1_loss",
-    "kl_div", "binary_cross_entropy", "binary_cross_entropy_with_logits", "prod", "cdist", "trace",
-}  # fmt: skip
-_PROMOTE = {"stack", "cat", "index_copy"}
 _FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
 
 
@@ -348,68 +339,6 @@ def _index_of(device: torch.device | None) -> int:
     return device.index if device is not None and device.index is not None else current_device()
 
 
-def _autocast(op: Any, policy: str) -> Callable[..., Any]:
-    """The AutocastPrivateUse1 kernel of `op`: the CPU's cast for `policy`, then the keys below."""
-
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        tree = (args, kwargs)
-        if policy == "lower":
-            low = torch.get_autocast_dtype(TYPE)
-            tree = _cast(tree, lambda t: t.dtype in (torch.float32, torch.float16, torch.bfloat16), low)
-        elif policy == "fp32":
-            tree = _cast(tree, lambda t: t.dtype in (torch.float16, torch.bfloat16), torch.float32)
-        else:
-            floats = [t.dtype for t in _tensors(tree) if t.is_floating_point()]
-            if floats:
-                widest = functools.reduce(torch.promote_types, floats)
-                tree = _cast(tree, lambda t: t.dtype != widest, widest)
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)):
-            return op(*tree[0], **tree[1])
-
-    return kernel
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    tree_map(lambda v: found.append(v) if isinstance(v, torch.Tensor) else v, tree)
-    return found
-
-
-def _cast(tree: Any, eligible: Callable[[torch.Tensor], bool], dtype: torch.dtype) -> Any:
-    def cast(value: Any) -> Any:
-        if (
-            isinstance(value, torch.Tensor)
-            and value.device.type == TYPE
-            and value.is_floating_point()
-            and eligible(value)
-        ):
-            return _cached_cast(value, dtype)
-        return value
-
-    return tree_map(cast, tree)
-
-
-_casts: dict[int, tuple[tuple[int, torch.dtype, bool], torch.Tensor]] = {}
-
-
-def _cached_cast(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Autocast's weight cache: a leaf that requires grad (a parameter) is cast once, and all its uses
-    share that one cast node, so their gradients are summed in `dtype` before the cast back, as on
-    the CPU. torch clears its cache when the autocast region ends, which a Python backend cannot
-    see: this one keys on the tensor's version and grad mode, which gives the same values."""
-    if not (value.requires_grad and value.is_leaf and value._base is None and torch.is_autocast_cache_enabled()):
-        return value.to(dtype)
-    key = (value._version, dtype, torch.is_grad_enabled())
-    hit = _casts.get(id(value))
-    if hit is not None and hit[0] == key:
-        return hit[1]
-    if hit is None:
-        weakref.finalize(value, _casts.pop, id(value), None)
-    cast = value.to(dtype)
-    _casts[id(value)] = (key, cast)
-    return cast
-
-
 class Event:
     """Every operator has finished when it returns: an event is always complete."""
 
@@ -557,13 +486,8 @@ class DeviceModule:
     def max_memory_allocated(device: Any = None) -> int:
         return _memory.peak()
 
-    @staticmethod
-    def memory_reserved(device: Any = None) -> int:
-        return _memory.allocated()
-
-    @staticmethod
-    def max_memory_reserved(device: Any = None) -> int:
-        return _memory.peak()
+    memory_reserved = memory_allocated  # no caching allocator: what is held is what is reserved
+    max_memory_reserved = max_memory_allocated
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
@@ -624,15 +548,6 @@ def register() -> None:
         factories.impl(op, _factory(op), "PrivateUse1")
     for name in _cpu_kernels_with_decompositions():
         factories.impl(name, _unreachable, "PrivateUse1")
-    everything = torch.library.Library("_", "IMPL")
-    everything.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    autocast = torch.library.Library("aten", "IMPL")
-    for policy, names in (("lower", _LOWER), ("fp32", _FP32), ("promote", _PROMOTE)):
-        for name in names:
-            packet = getattr(torch.ops.aten, name)
-            for overload in packet.overloads():
-                op = getattr(packet, overload)
-                autocast.impl(op, _autocast(op, policy), "AutocastPrivateUse1")
-    _libraries.extend((factories, everything, autocast))
+    _libraries.extend((factories, *register_autocast(TYPE)))
     if dist.is_available():
         dist.Backend.register_backend(BACKEND, _gloo, devices=[TYPE])
