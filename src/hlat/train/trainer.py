@@ -59,6 +59,7 @@ from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.train.profiling import StepProfiler
 from hlat.train.resume import RESUME_MODES, Progress, RunState, check_run_dir, prepare_run_dir, record_run
+from hlat.train.run_lock import RunDirLock
 from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput, TrainModule
 from hlat.train.window import Window
@@ -90,6 +91,20 @@ class Trainer:
         problems = cfg.layout_problems(world_from_env()[0])  # a config loaded without the world size
         if problems:
             raise ConfigError(problems)
+        # one trainer per run directory, from before the first read of it to the end of fit()
+        self._lock = RunDirLock.acquire(cfg.run_dir) if world_from_env()[1] == 0 else None
+        try:
+            self._build(cfg, resume, out, callbacks)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let another trainer use the run directory (fit does it as it returns or raises)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def _build(self, cfg: RunConfig, resume: str, out: Callable[[str], None], callbacks: list[Callback] | None) -> None:
         check_run_dir(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
         self.cfg, self.resume = cfg, resume
@@ -299,6 +314,7 @@ class Trainer:
     def fit(self) -> TrainSummary:
         cfg, total = self.cfg, self.cfg.train.steps
         if self.step >= total:
+            self.release()
             self.out(
                 f"run already complete at step {self.step:,} in {self.run_dir}; raise --train.steps or pass --fresh"
             )
@@ -344,6 +360,7 @@ class Trainer:
             raise
         finally:
             self.loader.close()
+            self.release()
         return summary
 
     def _unsaved(self, interrupts: Interrupts) -> Interrupted:
