@@ -6,6 +6,12 @@ destination, synced, renamed over it, and the directory synced: a crash at any m
 old file or the new one. The temporary name is `.<name>.<random>`, so a caller can sweep what a
 killed writer left with a glob.
 
+No write follows a symbolic link planted where hlat writes: a file is created under a fresh
+temporary name (O_EXCL, which never follows a link) and renamed over its destination, which is
+refused if it is a link (SymlinkRefused); an appended file (metrics.jsonl) is opened with
+O_NOFOLLOW; a directory hlat names itself (checkpoints/, tensorboard/, ...) is refused if it is a
+link (`make_dir`). The directories a user names (a run directory, an output directory) may be links.
+
 A manifest is JSON written atomically. Its files are described by `file_entry` as
 {"bytes": size, "sha256": hex} and checked by `file_problem`; an entry without "bytes" (a token
 shard manifest records only digests) is checked by digest alone.
@@ -17,6 +23,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,9 +42,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     as torch.save or pyarrow want); once the body returns it is synced and renamed to `path`. If
     the body raises, the temporary file is removed and `path` is untouched. A symbolic link at
     `path` is refused: renaming over it would silently cut the link."""
-    path = Path(path)
-    if path.is_symlink():
-        raise SymlinkRefused(f"refusing to replace the symbolic link {path}; remove it or choose another path")
+    path = refuse_symlink(path)
     temporary = _create_beside(path)
     try:
         yield temporary
@@ -51,6 +56,43 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def refuse_symlink(path: str | os.PathLike[str]) -> Path:
+    """`path`, unless it is a symbolic link (SymlinkRefused: hlat never writes through one)."""
+    path = Path(path)
+    if path.is_symlink():
+        raise SymlinkRefused(f"refusing to write through the symbolic link {path}; remove it or choose another path")
+    return path
+
+
+def make_dir(path: str | os.PathLike[str]) -> Path:
+    """Directory `path` (and its parents), created if missing; refused if `path` is a symbolic
+    link (its parents may be: a user's run directory on another disk)."""
+    path = refuse_symlink(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def append_text(path: str | os.PathLike[str], text: str) -> None:
+    """Append `text` to `path` (created if missing) in one write, never through a symbolic link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        if Path(path).is_symlink():
+            raise SymlinkRefused(f"refusing to write through the symbolic link {path}; remove it") from err
+        raise
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def copy_atomic(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Replace `path` with a copy of `source` atomically (see atomic_path); `source` may be
+    `path` itself (the copy is made beside it, then renamed)."""
+    with atomic_path(path) as temporary:
+        shutil.copyfile(source, temporary)
 
 
 def _create_beside(path: Path) -> Path:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from hlat.atomic_files import copy_atomic, write_atomic
 from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
 from hlat.checkpoint.errors import refusal
 from hlat.checkpoint.manager import CheckpointManager
@@ -245,10 +245,10 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     weights = _hlat_weights(source, cfg, progress)  # everything is checked before anything is written
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(tok_file, run_dir / tok_name)
+    copy_atomic(tok_file, run_dir / tok_name)
     if (source / TOKENIZER_CONFIG).is_file() and tokenizer is None:
-        shutil.copyfile(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
-    (run_dir / RUN_CONFIG).write_text(_run_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
+        copy_atomic(source / TOKENIZER_CONFIG, run_dir / TOKENIZER_CONFIG)
+    write_atomic(run_dir / RUN_CONFIG, _run_config_toml(source, run_dir, cfg, run_dir / tok_name, bos))
     stats = CheckpointManager(run_dir / "checkpoints", keep_last=None).save(
         IMPORT_STEP,
         {"model": weights},

@@ -51,7 +51,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from hlat import atomic_files
-from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, write_manifest
+from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, make_dir, write_manifest
 from hlat.checkpoint import safe_dcp
 from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.safe_metadata import read_metadata
@@ -161,9 +161,11 @@ class CheckpointManager:
         with _on_every_rank(f"to create {tmp}"):
             if rank == 0:
                 maybe_fail("mkdir", step, rank)
+                make_dir(self.directory)
                 for stale in self.directory.glob(".tmp-step_*"):  # saves killed before their commit
-                    shutil.rmtree(stale, ignore_errors=True)
-                (tmp / DCP_DIR).mkdir(parents=True)
+                    _remove(stale)
+                tmp.mkdir()  # a new directory: a link planted at its name was removed above
+                (tmp / DCP_DIR).mkdir()
         with _on_every_rank(f"to write its files in {tmp}"):
             maybe_fail("write", step, rank)
             if rank_state is not None:
@@ -238,8 +240,8 @@ class CheckpointManager:
         files = dict(sorted(files.items()))
         manifest = {"format": FORMAT_VERSION, "step": step, "world": _world(), "time": time.time(), "files": files}
         write_manifest(tmp / MANIFEST, manifest)
-        if final.exists():  # a re-save of the same step replaces it
-            shutil.rmtree(final)
+        if final.exists() or final.is_symlink():  # a re-save of the same step replaces it
+            _remove(final)
         os.replace(tmp, final)
         fsync_dir(self.directory)
         self._prune()
@@ -422,6 +424,14 @@ def _gather_hashes(
         dist.all_gather_object(gathered, (files, failure), group=group)
     _raise_any([f for _, f in gathered])
     return {name: entry for part, _ in gathered for name, entry in part.items()}
+
+
+def _remove(path: Path) -> None:
+    """Delete a directory of hlat's; a symbolic link in its place is removed itself, never followed."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path)
 
 
 def _save_synced(obj: Any, file: Path) -> None:

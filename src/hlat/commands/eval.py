@@ -84,6 +84,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
+    from hlat.atomic_files import refuse_symlink
     from hlat.checkpoint.loading import LoadedModel, is_run_dir, load_model
     from hlat.device.resolve import resolve_device
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, resolve_tasks
@@ -110,7 +111,7 @@ def _evaluate(args: argparse.Namespace) -> int:
         allow_unsafe_code=args.allow_unsafe_code,
     )
     path = Path(args.checkpoint).expanduser()
-    out_dir = args.output or path / "eval"
+    out_dir = args.output or refuse_symlink(path / "eval")  # a folder it names itself: never through a link
 
     def make_lm(loaded: LoadedModel) -> LanguageModel:
         return LanguageModel(

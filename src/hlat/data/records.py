@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from hlat.atomic_files import atomic_path
+from hlat.atomic_files import atomic_path, write_atomic
 from hlat.data.sources import BadDocument, decode_windows
 from hlat.digests import short_sha256
 from hlat.errors import DataError
@@ -281,7 +281,7 @@ def convert_to_arrow(path: Path, kind: str, field: str, skip: bool, cache_dir: P
                 batch, size, written = [], 0, True
         if batch or not written:
             writer.write_batch(pa.record_batch([pa.array(batch, pa.large_string())], schema=schema))
-    skipped_file.write_text(str(len(bad)))
+    write_atomic(skipped_file, str(len(bad)))
     if bad:
         log.warning("%s: skipped %d bad rows (data.bad_documents=skip), e.g. %s", path, len(bad), "; ".join(bad[:3]))
     return out, len(bad)

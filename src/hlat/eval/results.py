@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hlat.atomic_files import atomic_path, write_atomic
 from hlat.eval.harness import TaskResult
 
 Baselines = dict[str, dict[str, dict[str, float]]]  # model -> task -> metric -> value
@@ -26,8 +27,8 @@ def write_results(
     """results.json, results.md and, with log_samples, samples_<task>.jsonl; returns the JSON."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    path.write_text(json.dumps(data, indent=1))
-    (out_dir / "results.md").write_text(markdown_table(data, baselines) + "\n")
+    write_atomic(path, json.dumps(data, indent=1))
+    write_atomic(out_dir / "results.md", markdown_table(data, baselines) + "\n")
     if log_samples:
         write_samples(out_dir, results)
     return path
@@ -37,7 +38,10 @@ def write_samples(out_dir: Path, results: Sequence[TaskResult]) -> None:
     """samples_<task>.jsonl: one record per evaluated example, in document order."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for r in results:
-        with open(out_dir / f"samples_{r.task}.jsonl", "w", encoding="utf-8") as handle:
+        with (
+            atomic_path(out_dir / f"samples_{r.task}.jsonl") as temporary,
+            open(temporary, "w", encoding="utf-8") as handle,
+        ):
             for i, sample in enumerate(r.samples):
                 handle.write(json.dumps({"doc": i, **sample}, default=str) + "\n")
 

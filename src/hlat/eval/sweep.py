@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hlat.atomic_files import atomic_path, write_atomic
 from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.loading import LoadedModel, load_hlat_checkpoint, run_checkpoints, run_tokenizer
 from hlat.config.load import read_run_config
@@ -71,7 +72,7 @@ def write_sweep(rows: list[dict[str, Any]], out_dir: Path, title: str) -> tuple[
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SWEEP_JSON).write_text(json.dumps(rows, indent=1))
+    write_atomic(out_dir / SWEEP_JSON, json.dumps(rows, indent=1))
     series: dict[str, list[tuple[float, float, float]]] = {}
     for row in rows:
         x = row["tokens"] if row["tokens"] is not None else row["step"]
@@ -92,6 +93,7 @@ def write_sweep(rows: list[dict[str, Any]], out_dir: Path, title: str) -> tuple[
     fig.suptitle(title)
     fig.tight_layout()
     png = out_dir / SWEEP_PNG
-    fig.savefig(png, dpi=110)
+    with atomic_path(png) as temporary:
+        fig.savefig(temporary, dpi=110, format="png")
     plt.close(fig)
     return out_dir / SWEEP_JSON, png

@@ -189,10 +189,12 @@ def check_writable(run_dir: Path, rank: int) -> Check:
     probe = run_dir / f".hlat-doctor-{rank}-{os.getpid()}"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as f:
-            f.write(b"hlat doctor\n")
-            f.flush()
-            os.fsync(f.fileno())
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # O_EXCL: never through a link
+        try:
+            os.write(fd, b"hlat doctor\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         probe.unlink()
     except OSError as err:
         return Check(

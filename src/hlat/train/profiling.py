@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from hlat.atomic_files import make_dir
 from hlat.config.profile import ProfileConfig
 from hlat.device.record import device_record
 from hlat.device.runtime import dump_memory_snapshot, record_memory_history
@@ -60,7 +61,7 @@ class StepProfiler:
             return
         profile, self._profile, self._done = self._profile, None, True
         profile.stop()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         stem = f"rank{self.rank}_steps{self._first}-{self._last}"
         paths = [self.dir / f"{stem}.pt.trace.json"]
         profile.export_chrome_trace(str(paths[0]))

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hlat.atomic_files import write_atomic
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
 from hlat.config.data_paths import source_entries
@@ -92,8 +93,9 @@ def prepare_run_dir(cfg: RunConfig, resume: str) -> None:
     was): --fresh deletes what an earlier run wrote there."""
     if resume == "fresh":
         for name in ("checkpoints", "tensorboard", METRICS_FILE, PLOT_FILE):
-            path = cfg.run_dir / name
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            path = cfg.run_dir / name  # a symbolic link is removed, never followed
+            is_tree = path.is_dir() and not path.is_symlink()
+            shutil.rmtree(path, ignore_errors=True) if is_tree else path.unlink(missing_ok=True)
 
 
 def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
@@ -103,7 +105,7 @@ def record_run(cfg: RunConfig, tokenizer: Tokenizer) -> None:
     creates no directory."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(cfg.run_dir / tokenizer.FILE_NAME)
-    (cfg.run_dir / RUN_CONFIG).write_text(cfg.to_toml())
+    write_atomic(cfg.run_dir / RUN_CONFIG, cfg.to_toml())
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hlat.atomic_files import write_atomic
+from hlat.atomic_files import append_text, atomic_path, make_dir, write_atomic
 from hlat.train.sink import Sink
 from hlat.train.wandb_sink import WandbSink
 
@@ -85,8 +85,7 @@ class JsonlSink(Sink):
             )
 
     def log(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        append_text(self.path, json.dumps(record) + "\n")
 
     log_validation = log_tasks = log
 
@@ -105,7 +104,7 @@ class TensorBoardSink(Sink):
         if self.writer is not None:
             self.writer.close()
         # purge_step makes TensorBoard hide the events of steps >= it written before this point.
-        self.writer = SummaryWriter(str(self.directory), purge_step=step + 1)
+        self.writer = SummaryWriter(str(make_dir(self.directory)), purge_step=step + 1)
 
     def log(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
@@ -206,7 +205,8 @@ def plot_loss(run_dir: Path, title: str) -> Path | None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     path = Path(run_dir) / PLOT_FILE
-    fig.savefig(path)
+    with atomic_path(path) as temporary:
+        fig.savefig(temporary, format="png")
     plt.close(fig)
     return path
 

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hlat.atomic_files import make_dir
 from hlat.config.wandb import WandbConfig
 from hlat.train.sink import Sink
 
@@ -28,7 +29,7 @@ class WandbSink(Sink):
 
     def rewind(self, step: int) -> None:
         self.close()
-        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        make_dir(self.dir)
         self.run = self.wandb.init(
             project=self.cfg.project,
             name=self.name if step == 0 else f"{self.name} from step {step}",
