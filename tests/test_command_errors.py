@@ -39,8 +39,8 @@ CASES = {
         "hlat export: --dtype 'float8': choose one of float32, bfloat16, float16",
     ),
     "export extra": (
-        ["export", "{tmp}", "{tmp}/hf", "--overwrite"],
-        "hlat export: unrecognized arguments: --overwrite",
+        ["export", "{tmp}", "{tmp}/hf", "--force"],
+        "hlat export: unrecognized arguments: --force",
     ),
     "import": (["import", "{tmp}", "{tmp}/run", "--overwrite"], "hlat import: unrecognized arguments: --overwrite"),
     "generate": (

@@ -8,23 +8,33 @@ tensors from a checkpoint of any training layout; only the names change (hlat.mo
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from hlat.atomic_files import atomic_path, copy_atomic, write_atomic
 from hlat.checkpoint.loading import load_model
 from hlat.config.data_paths import find_tokenizer_file
 from hlat.config.load import RUN_CONFIG
 from hlat.errors import UserError
 from hlat.model import model_spec
+from hlat.output_dir import clear_own_files, is_empty
 
+# what an export writes: all that --overwrite removes
+EXPORT_FILES = (
+    "model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json", "config.json",
+    "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+)  # fmt: skip
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32") -> tuple[Path, str]:
+def export_hf(
+    source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32", overwrite: bool = False
+) -> tuple[Path, str]:
     """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint).
-    Returns `out` and the transformers architecture written (e.g. LlamaForCausalLM)."""
+    `out` must be missing or empty; with `overwrite`, an earlier export there is removed first
+    (hlat.output_dir). Returns `out` and the transformers architecture written (e.g. LlamaForCausalLM)."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -33,6 +43,13 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
     mapping = model_spec(loaded.model.cfg).hf
     hf_config = mapping.config_dict(loaded.model.cfg)  # refuses what the family's transformers class cannot hold
     run_dir = Path(source) if (Path(source) / RUN_CONFIG).is_file() else Path(source).parent.parent
+    if not is_empty(out):  # stale shards of an earlier export would be read with the new config
+        if not overwrite:
+            raise UserError(
+                f"{out} is not empty: export into a new or empty directory, or give --overwrite to replace "
+                "an earlier export there"
+            )
+        clear_own_files(out, EXPORT_FILES, "hlat export")
     weights = {k: v.to(DTYPES[dtype]).contiguous() for k, v in mapping.to_hf(loaded.model.state_dict()).items()}
     out.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -45,16 +62,17 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        _save_shard(save_file, shards[0], out / "model.safetensors")
     else:
         weight_map = {}
         for i, shard in enumerate(shards, 1):
             file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / file), metadata={"format": "pt"})
+            _save_shard(save_file, shard, out / file)
             weight_map.update(dict.fromkeys(shard, file))
         total = sum(t.numel() * t.element_size() for t in weights.values())
-        (out / "model.safetensors.index.json").write_text(
-            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+        write_atomic(
+            out / "model.safetensors.index.json",
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1),
         )
     tok = loaded.tokenizer
     config = {
@@ -65,14 +83,15 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
         "eos_token_id": tok.eos_id,
         "bos_token_id": tok.bos_id if loaded.bos else None,
     }
-    (out / "config.json").write_text(json.dumps(config, indent=1))
+    write_atomic(out / "config.json", json.dumps(config, indent=1))
     tok_file = find_tokenizer_file(run_dir)
     if tok_file is not None:
-        shutil.copy(tok_file, out / tok_file.name)
+        copy_atomic(tok_file, out / tok_file.name)
     # Documents end with EOS, and begin with BOS only when the run trained with data.bos: say so,
     # or a LLaMA tokenizer class would add a BOS (and lm-eval conditions empty contexts on its BOS).
     bos = {"bos_token": tok.bos_token} if loaded.bos else {}
-    (out / "tokenizer_config.json").write_text(
+    write_atomic(
+        out / "tokenizer_config.json",
         json.dumps(
             {
                 "tokenizer_class": "PreTrainedTokenizerFast",
@@ -82,6 +101,11 @@ def export_hf(source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: 
                 "model_max_length": loaded.model.cfg.max_seq_len,
             },
             indent=1,
-        )
+        ),
     )
     return out, mapping.architecture
+
+
+def _save_shard(save_file: Callable[..., None], tensors: dict[str, torch.Tensor], path: Path) -> None:
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary), metadata={"format": "pt"})

@@ -17,14 +17,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: hlat export runs/small hf/small && python -c \"import transformers as t; t.AutoModelForCausalLM.from_pretrained('hf/small')\"",
     )
     parser.add_argument("source", type=Path, help="run directory, checkpoints/step_N or archive/step_N")
-    parser.add_argument("out", type=Path, help="output directory (created)")
+    parser.add_argument("out", type=Path, help="output directory: new or empty (created), see --overwrite")
     parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier export in OUT (only the files an export writes; any other file refuses)",
+    )
     parser.add_argument("--shard-gb", type=float, default=5.0, help="largest safetensors file, GiB (default 5)")
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.checkpoint.hf_export import export_hf
 
-    out, architecture = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype)
+    out, architecture = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype, args.overwrite)
     print(f"exported {args.source} to {out} (Hugging Face {architecture})")
     return 0

@@ -18,7 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: hlat prepare --data.source corpus.jsonl.zst --data.tokenizer tokenizer.json --out shards/",
     )
     add_config_args(parser)
-    parser.add_argument("--out", required=True, help="directory for the shards")
+    parser.add_argument("--out", required=True, help="directory for the shards: new, empty, or an earlier prepare's")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in --out, removing an earlier prepare's files there (any other file refuses)",
+    )
     parser.add_argument("--docs-per-shard", type=int, default=100_000, help="documents per shard (default 100000)")
 
 
@@ -47,7 +52,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 
         progress.tokens = 0  # type: ignore[attr-defined]
         manifest = prepare_shards(
-            docs, Path(args.out), args.docs_per_shard, skip_bad=cfg.data.bad_documents == "skip", progress=progress
+            docs,
+            Path(args.out),
+            args.docs_per_shard,
+            skip_bad=cfg.data.bad_documents == "skip",
+            progress=progress,
+            overwrite=args.overwrite,
         )
     tokens = sum(s["num_tokens"] for s in manifest["shards"])
     print(

@@ -24,7 +24,10 @@ from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, Token
 from hlat.data.sources import BadDocument
 from hlat.digests import sha256_file
 from hlat.errors import DataError
+from hlat.output_dir import clear_own_files, is_empty
 
+# what a prepare writes: all that --overwrite removes
+SHARD_FILES = ("manifest.json", "tokens-*.bin", "offsets-*.npy", "tokenizer.json", "tokenizer.model")
 FORMAT = "hlat_shards"
 VERSION = 1
 
@@ -60,11 +63,13 @@ def prepare_shards(
     skip_bad: bool = False,
     progress: Callable[[int, int], object] | None = None,
     batch_docs: int = 2048,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Tokenize every document of ``docs`` into shards under ``out``; resumes a partial run.
+    ``out`` must be missing, empty or hold shards made the same way; ``overwrite`` starts over in
+    one that holds other shards (hlat.output_dir: only prepare's own files are removed).
     ``progress(documents, tokens)`` is called after each batch. Returns the manifest."""
     tok = docs.tokenizer
-    out.mkdir(parents=True, exist_ok=True)
     expected = {
         "format": FORMAT,
         "version": VERSION,
@@ -79,16 +84,25 @@ def prepare_shards(
         "docs_per_shard": docs_per_shard,
     }
     manifest: dict[str, Any] = {**expected, "shards": [], "bad": {}, "complete": False}
-    if (out / "manifest.json").is_file():
+    if (out / "manifest.json").is_file() and not overwrite:
         old = read_manifest(out)
         changed = [k for k in expected if old.get(k) != expected[k]]
         if changed:
             raise DataError(
                 f"{out} holds shards made differently ({', '.join(changed)} differ, e.g. "
                 f"{changed[0]}={old.get(changed[0])!r}, now {expected[changed[0]]!r}); "
-                "refusing to mix them: use a new directory or delete this one"
+                "refusing to mix them: use a new directory, or give --overwrite to replace them"
             )
         manifest = old
+    elif not is_empty(out):  # a tokenizer or data of the user's: never written over unasked
+        if not overwrite:
+            raise DataError(
+                f"{out} is not empty and holds no hlat shards (no manifest.json): prepare into a new or "
+                "empty directory, or give --overwrite to replace what an earlier prepare left there"
+            )
+        clear_own_files(out, SHARD_FILES, "hlat prepare")
+    out.mkdir(parents=True, exist_ok=True)
+    write_manifest(out / "manifest.json", manifest)  # first: a directory holding one is prepare's own
     # A prepare killed mid-shard leaves its temporary file (up to a shard's size) behind: a rerun
     # rewrites that shard, so the leftovers are only garbage.
     for stale in (*out.glob(".tokens-*.bin.*"), *out.glob(".offsets-*.npy.*"), *out.glob(".manifest.json.*")):
