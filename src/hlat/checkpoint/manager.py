@@ -34,6 +34,7 @@ DCP's metadata through the exact allow-list of safe_metadata.py, and DCP's non-t
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
 import re
@@ -49,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from hlat import atomic_files
 from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, make_dir, write_manifest
@@ -111,8 +113,36 @@ def _on_every_rank(what: str, group: dist.ProcessGroup | None = None) -> Iterato
     try:
         yield
     except Exception as err:
-        failure = f"failed {what}: {err!r}"
+        failure = f"failed {what}: {_describe(err)}"
     _agree(failure, group)
+
+
+NO_SPACE = "no space left on device"
+
+
+def _disk_full(err: BaseException) -> bool:
+    """Whether `err` comes from a full disk or quota: an OSError ENOSPC/EDQUOT anywhere in its
+    chain, in DCP's per-rank failures, or torch.save's short-write message ("unexpected pos"),
+    which keeps the OSError only as its context."""
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "unexpected pos" in str(e) or "No space left on device" in str(e):
+            return True
+        todo += [e.__cause__, e.__context__]
+        if isinstance(e, CheckpointException):
+            todo += [failure[0] for failure in e.failures.values()]
+    return False
+
+
+def _describe(err: BaseException) -> str:
+    """One line for a failed save step: a full disk as such, anything else as it was raised."""
+    return NO_SPACE if _disk_full(err) else repr(err)
 
 
 def rank_file(rank: int) -> str:
@@ -152,7 +182,29 @@ class CheckpointManager:
         background: bool = False,
     ) -> SaveStats:
         """Collective: every rank calls it. A background save returns once the state is staged.
-        A failure of any rank raises CheckpointError on every rank (see the module docstring)."""
+        A failure of any rank raises CheckpointError on every rank (see the module docstring); a
+        full disk says so, naming the checkpoint a resume starts from."""
+        try:
+            return self._save(step, sharded, rank_state, shared, background)
+        except CheckpointError as err:
+            if NO_SPACE not in str(err):
+                raise
+            raise CheckpointError(f"{err}; {self._intact()}") from err
+
+    def _intact(self) -> str:
+        """What survives a failed save, and what to do about a full disk."""
+        committed = self.checkpoints()
+        kept = f"{committed[-1]} is intact and a resume starts from it" if committed else "no earlier checkpoint exists"
+        return f"{kept}; free space under {self.directory} (or lower --checkpoint.keep_last) and run again"
+
+    def _save(
+        self,
+        step: int,
+        sharded: dict[str, Any],
+        rank_state: dict[str, Any] | None,
+        shared: dict[str, Any] | None,
+        background: bool,
+    ) -> SaveStats:
         started = time.perf_counter()
         self.wait()
         final = self.directory / f"step_{step:08d}"
@@ -173,8 +225,13 @@ class CheckpointManager:
             if shared is not None:
                 _save_synced(shared, tmp / SHARED_FILE)
         if not background:
-            with _single_process_quiet():
-                dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
+            try:
+                with _single_process_quiet():
+                    dcp.save(sharded, checkpoint_id=str(tmp / DCP_DIR), no_dist=not _distributed())
+            except (Exception, CheckpointException) as err:  # DCP's is a BaseException
+                if not _disk_full(err):
+                    raise
+                raise CheckpointError(f"failed to write its data in {tmp}: {_describe(err)}") from err
             hashes = _gather_hashes(tmp, step, None)
             self._commit_on_rank0(tmp, final, step, hashes, None)
             elapsed = time.perf_counter() - started
@@ -201,8 +258,8 @@ class CheckpointManager:
         try:
             written.result()
             failure = None
-        except Exception as err:
-            failure = f"failed to write its data: {err!r}"
+        except (Exception, CheckpointException) as err:
+            failure = f"failed to write its data: {_describe(err)}"
         hashes = _gather_hashes(tmp, step, self._group, failure)
         self._commit_on_rank0(tmp, stats.path, step, hashes, self._group)
         stats.write_s = time.perf_counter() - started
@@ -226,7 +283,8 @@ class CheckpointManager:
         try:
             pending.done.result()  # ends with the commit agreement: every rank has seen the commit
         except Exception as err:
-            raise CheckpointError(f"background save of {pending.stats.path} failed: {err}") from err
+            full = f"; {self._intact()}" if NO_SPACE in str(err) else ""
+            raise CheckpointError(f"background save of {pending.stats.path} failed: {err}{full}") from err
         return pending.stats
 
     def _commit(self, tmp: Path, final: Path, step: int, hashes: dict[str, dict[str, Any]]) -> None:
