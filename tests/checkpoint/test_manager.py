@@ -7,6 +7,7 @@ import torch
 
 from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.manager import CheckpointManager
+from hlat.checkpoint.restore import rank_state_for
 from manager_runs import FAULTS
 from runs import Scenario
 
@@ -160,3 +161,16 @@ def test_a_failed_save_step_raises_on_every_rank(scenarios):
     for rank in (0, 1):
         error = (out / f"error.rank{rank}.txt").read_text()
         assert "CheckpointError: rank 1: failed to hash its files" in error and "injected fault fail-hash" in error
+
+
+def test_rank_files_the_manifest_does_not_list_are_refused(tmp_path):
+    """A resharded resume reads every saved rank's loader state: only files the manifest lists
+    (and verification checked) count; one copied in is refused, not read unverified."""
+    mgr = CheckpointManager(tmp_path, keep_last=None)
+    path = mgr.save(1, {"model": {"w": torch.zeros(4)}}, {"loader": {"dp_rank": 0, "dp_size": 1}, "rng": None}, {}).path
+    assert rank_state_for(mgr, path, 0, 0, 1, same_layout=False)[0]["dp_rank"] == 0  # the listed file alone
+    torch.save({"loader": {"dp_rank": 1, "dp_size": 1}, "rng": None}, path / "rank_00001.pt")
+    mgr.check(path)  # the manifest's files are all intact: only the listing shows the stranger
+    for same_layout in (False, True):
+        with pytest.raises(CheckpointError, match="holds rank_00001.pt, which its manifest does not list"):
+            rank_state_for(mgr, path, 0, 0, 1, same_layout)

@@ -8,6 +8,7 @@ virtual shards to its own ranks, so no document is skipped or repeated within an
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,11 @@ from hlat.checkpoint.completeness import (
     rename_from_hf,
 )
 from hlat.checkpoint.errors import CheckpointError
-from hlat.checkpoint.manager import CheckpointManager, rank_file
+from hlat.checkpoint.manager import CheckpointManager, rank_file, read_manifest
 from hlat.data import merge_states
 
 HF_PREFIX = "hf:"
+_RANK_FILE = re.compile(r"rank_\d+\.pt")
 
 
 def holds_training_state(path: Path) -> bool:
@@ -41,7 +43,9 @@ def rank_state_for(
     """(loader state, RNG state or None) for this process from checkpoint `path`.
 
     RNG states belong to a process of the saved layout; a resharded run keeps its seeded ones.
+    Only rank files that the manifest lists (and `check` verified) are read.
     """
+    saved_ranks = _listed_ranks(path)
     if same_layout:
         own = manager.load_rank_state(path, rank)
         if own is None:
@@ -49,8 +53,8 @@ def rank_state_for(
         return own["loader"], own["rng"]
     # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state.
     by_dp: dict[int, dict[str, Any]] = {}
-    for file in sorted(Path(path).glob("rank_*.pt")):
-        loader = manager.load_rank_state(path, int(file.stem.removeprefix("rank_")))["loader"]
+    for saved_rank in saved_ranks:
+        loader = manager.load_rank_state(path, saved_rank)["loader"]
         by_dp.setdefault(loader["dp_rank"], loader)
     if not by_dp:
         raise CheckpointError(
@@ -61,6 +65,19 @@ def rank_state_for(
     if saved_dp == dp:  # only tensor/pipeline degrees changed: every rank keeps its position
         return by_dp[dp_rank], None
     return merge_states(list(by_dp.values())), None
+
+
+def _listed_ranks(path: Path) -> list[int]:
+    """The ranks whose files checkpoint `path`'s manifest lists; a rank file it does not list
+    (copied in, or left by another save) is refused rather than read unverified."""
+    listed = {name for name in read_manifest(Path(path))["files"] if _RANK_FILE.fullmatch(name)}
+    unlisted = sorted(file.name for file in Path(path).glob("rank_*.pt") if file.name not in listed)
+    if unlisted:
+        raise CheckpointError(
+            f"{path} holds {', '.join(unlisted)}, which its manifest does not list: not written by this save "
+            "(copied in or tampered with); remove it, or resume from another checkpoint"
+        )
+    return sorted(int(name.removeprefix("rank_").removesuffix(".pt")) for name in listed)
 
 
 def init_weights(spec: str, parts: list[nn.Module]) -> str:
