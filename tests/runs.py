@@ -72,7 +72,7 @@ def _command(nproc: int, target: list[str], restarts: int) -> list[str]:
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", **(extra or {})}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HLAT_TESTING": "1", **(extra or {})}  # HLAT_FAULT works
 
 
 def torchrun(

@@ -1,6 +1,8 @@
 """Fault injection for the failure tests: kill, freeze, fail or slow this process at a chosen point.
-Nothing happens unless HLAT_FAULT is set (HLAT_FAULT_MARKER only qualifies it): every hook below
-returns at once when it is not.
+Nothing happens unless HLAT_TESTING=1 (the test suite sets it) and HLAT_FAULT is set
+(HLAT_FAULT_MARKER only qualifies it): every hook below returns at once otherwise, so a stray
+HLAT_FAULT in a production environment does nothing. A malformed HLAT_FAULT under HLAT_TESTING is
+one line (FaultSpecError, a UserError: exit 2).
 
 HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK, once:
   - "step":   SIGKILL (no cleanup, like a lost node) before optimizer step STEP runs (after
@@ -33,6 +35,8 @@ import signal
 import time
 from pathlib import Path
 
+from hlat.errors import UserError
+
 _SAVE_STEPS = ("mkdir", "write", "hash", "commit")
 _SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
 _POINT = {
@@ -42,16 +46,49 @@ _POINT = {
 }  # where each fault strikes
 
 
+TESTING_ENV = "HLAT_TESTING"
+_KILLS = ("step", "commit", "writing")
+_USAGE = (
+    "FAULT:STEP:RANK with FAULT one of " + ", ".join([*_KILLS, *_POINT]) + " (sigint/sigterm take an optional "
+    ":COUNT), or slow:STEP:RANK:SECONDS"
+)
+
+
+class FaultSpecError(UserError, ValueError):
+    """A malformed HLAT_FAULT."""
+
+
+def fault_spec() -> tuple[str, int, int, float | None] | None:
+    """(fault, step, rank, extra) of HLAT_FAULT, or None when there is none or HLAT_TESTING is not
+    1; `extra` is sigint/sigterm's count or slow's seconds. Malformed: FaultSpecError."""
+    spec = os.environ.get("HLAT_FAULT")
+    if not spec or os.environ.get(TESTING_ENV) != "1":
+        return None
+    parts = spec.split(":")
+    fault = parts[0]
+    lengths = {"slow": (4,), **dict.fromkeys(_SIGNALS, (3, 4))}.get(fault, (3,))
+    try:
+        if fault not in (*_KILLS, *_POINT, "slow") or len(parts) not in lengths:
+            raise ValueError
+        step, rank = int(parts[1]), int(parts[2])
+        extra = None if len(parts) == 3 else (float(parts[3]) if fault == "slow" else int(parts[3]))
+        if step < 0 or rank < 0 or (extra is not None and not extra >= 0):
+            raise ValueError
+    except ValueError:
+        raise FaultSpecError(f"HLAT_FAULT={spec!r}: expected {_USAGE}") from None
+    return fault, step, rank, extra
+
+
 def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     """The fault that strikes here and now, if any, among the raising ones or the others; its
     marker is written first."""
-    spec = os.environ.get("HLAT_FAULT")
-    if not spec:
+    spec = fault_spec()
+    if spec is None:
         return None
-    fault, want_step, want_rank = spec.split(":")[:3]
+    fault, want_step, want_rank, _ = spec
     if fault == "slow" or fault.startswith("fail-") != raising:
         return None
-    if (point, step, rank) != (_POINT.get(fault, fault), int(want_step), int(want_rank)):
+    if (point, step, rank) != (_POINT.get(fault, fault), want_step, want_rank):
         return None
     marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
     if marker.exists():
@@ -71,8 +108,8 @@ def maybe_kill(phase: str, step: int, rank: int) -> None:
         while True:
             time.sleep(3600)
     if fault in _SIGNALS:
-        spec = os.environ["HLAT_FAULT"].split(":")
-        for _ in range(int(spec[3]) if len(spec) > 3 else 1):
+        count = fault_spec()[3]  # type: ignore[index]  (it struck: there is a spec)
+        for _ in range(int(count) if count is not None else 1):
             os.kill(os.getpid(), _SIGNALS[fault])
         return
     os.kill(os.getpid(), signal.SIGKILL)
@@ -86,11 +123,11 @@ def maybe_fail(point: str, step: int, rank: int) -> None:
 
 def maybe_slow(step: int, rank: int) -> None:
     """Burn the CPU time HLAT_FAULT="slow:FROM:RANK:SECONDS" asks for, on that rank from step FROM on."""
-    spec = os.environ.get("HLAT_FAULT", "")
-    if not spec.startswith("slow:"):
+    spec = fault_spec()
+    if spec is None or spec[0] != "slow":
         return
-    _, from_step, want_rank, seconds = spec.split(":")
-    if rank == int(want_rank) and step >= int(from_step):
-        end = time.thread_time() + float(seconds)
+    _, from_step, want_rank, seconds = spec
+    if rank == want_rank and step >= from_step:
+        end = time.thread_time() + float(seconds or 0.0)
         while time.thread_time() < end:
             pass

@@ -42,7 +42,7 @@ from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.precision import compute_dtype, state_bytes_per_param
-from hlat.testing.faults import maybe_kill, maybe_slow
+from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.train.callbacks.base import Callback, load_callback
 from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
 from hlat.train.callbacks.evaluation import Tasks, ValidationLoss
@@ -91,6 +91,7 @@ class Trainer:
         problems = cfg.layout_problems(world_from_env()[0])  # a config loaded without the world size
         if problems:
             raise ConfigError(problems)
+        fault_spec()  # a malformed HLAT_FAULT (tests only) is refused now, not at the step it names
         # one trainer per run directory, from before the first read of it to the end of fit()
         self._lock = RunDirLock.acquire(cfg.run_dir) if world_from_env()[1] == 0 else None
         try:
