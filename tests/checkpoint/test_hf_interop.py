@@ -318,6 +318,37 @@ def test_crafted_pytorch_model_bin_runs_nothing(hf_source, tmp_path, small_corpu
     assert marker.exists()
 
 
+def test_train_in_an_imported_sentencepiece_run(small_corpus, tmp_path):
+    """The run's tokenizer.model is the tokenizer it trains with: saving it into the run directory
+    writes the file over itself (once a SameFileError)."""
+    import sentencepiece as spm
+
+    texts = [line for file in sorted(small_corpus.iterdir()) for line in file.read_text().splitlines() if line.strip()][
+        :5000
+    ]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_prefix=str(tmp_path / "sp"), vocab_size=512, model_type="bpe",
+        byte_fallback=True, character_coverage=0.99, minloglevel=2,
+    )  # fmt: skip
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=8,
+        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    shutil.copyfile(tmp_path / "sp.model", tmp_path / "hf" / "tokenizer.model")
+    run = tmp_path / "imported"
+    assert main(["import", str(tmp_path / "hf"), str(run)]) == 0
+    saved = (run / "tokenizer.model").read_bytes()
+    args = [
+        "--data.source", str(small_corpus), "--data.seq_len", "32", "--train.global_batch", "2",
+        "--train.micro_batch", "2", "--train.steps", "1", "--precision.mode", "fp32", "--eval.every", "0",
+        "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
+        "--train.sample_prompt", "", "--train.run_dir", str(run),
+    ]  # fmt: skip
+    assert main(["train", "--config", str(run / "config.toml"), *args]) == 0
+    assert (run / "tokenizer.model").read_bytes() == saved and (run / "checkpoints" / "step_00000001").is_dir()
+
+
 def test_import_then_continue_training(small_corpus, tmp_path, capsys):
     _hf_llama(tmp_path / "hf", 2)
     run = tmp_path / "imported"
