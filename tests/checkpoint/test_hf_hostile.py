@@ -151,3 +151,15 @@ def test_a_corrupt_safetensors_file_is_one_line_naming_it(tmp_path):
     for message in _refusals(hf, tmp_path):
         assert message.startswith(f"{hf / 'model.safetensors'}: not a readable safetensors file (")
         assert message.endswith("re-download it") and "\n" not in message, message
+
+
+def test_a_shard_index_naming_files_outside_the_directory_is_refused(tmp_path):
+    outside = _hf_dir(tmp_path / "outside")  # a readable model the index points into
+    hf = _hf_dir(tmp_path / "hf")
+    (hf / "model.safetensors").unlink()
+    names = hlat_to_hf(Llama(CFG).state_dict())
+    index = hf / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": dict.fromkeys(names, "../outside/model.safetensors")}))
+    for message in _refusals(hf, tmp_path):
+        assert message == f"{index}: not a shard index with a weight_map (its files must be names in the directory)"
+    assert (outside / "model.safetensors").is_file()
