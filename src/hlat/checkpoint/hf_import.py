@@ -180,7 +180,7 @@ def hlat_weights(
     return weights
 
 
-def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
+def _import_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
     """The weights under hlat's names in fp32 (the training weights' dtype), exactly the tensors
     of the architecture config.json describes (the completeness check --checkpoint.init_from applies)."""
     try:
@@ -276,7 +276,7 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     tok_file, tok = _find_tokenizer(source, tokenizer, cfg)
     tok_name = tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
     bos = hf_adds_bos(tok, source / TOKENIZER_CONFIG if tokenizer is None else tok_file.parent / TOKENIZER_CONFIG)
-    weights = _hlat_weights(source, cfg, progress)  # everything is checked before anything is written
+    weights = _import_weights(source, cfg, progress)  # everything is checked before anything is written
 
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tok_file, run_dir / tok_name)
