@@ -163,3 +163,12 @@ def test_a_shard_index_naming_files_outside_the_directory_is_refused(tmp_path):
     for message in _refusals(hf, tmp_path):
         assert message == f"{index}: not a shard index with a weight_map (its files must be names in the directory)"
     assert (outside / "model.safetensors").is_file()
+
+
+def test_hlat_import_prints_the_refusal_alone_and_exits_2(tmp_path, capsys):
+    from hlat.cli import main
+
+    hf = _hf_dir(tmp_path / "hf", _with(rope_theta=float("nan")))
+    assert main(["import", str(hf), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"{hf / 'config.json'}: rope_theta=nan must be a finite number") and "\n" not in err, err
