@@ -5,7 +5,6 @@ never moved to the device fails here while every CPU test passes."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import sys
@@ -14,21 +13,20 @@ from pathlib import Path
 import pytest
 
 from hlat.config.load import load_config
-from hlat.device import record
 from hlat.testing import simulated_device
 from hlat.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from device.device_runs import foreach_adamw_on_cpu  # noqa: E402
 from runs import tiny_args  # noqa: E402
 
 simulated_device.register()
 
 
 @pytest.fixture
-def cpu_without_fused_adamw(monkeypatch):
-    """The simulated device has no fused AdamW (an unknown type's record): the CPU reference runs the
-    same foreach update, so the two runs' numbers can be compared exactly."""
-    monkeypatch.setitem(record.RECORDS, "cpu", dataclasses.replace(record.RECORDS["cpu"], fused_adamw=False))
+def cpu_without_fused_adamw():
+    with foreach_adamw_on_cpu():
+        yield
 
 
 def _train(corpus: Path, run: Path, device: str, steps: int, *extra: str) -> list[float]:

@@ -37,7 +37,10 @@ from hlat.testing.simulated_autocast import register_autocast
 
 TYPE = "simdev"
 BACKEND = "simgloo"
-DEVICE_COUNT = 8  # enough for one process per rank in a few-rank test, all on "device" 0..7
+# One device per process, as a launch that hands each rank one visible device does: torch's device
+# guard for a Python backend reports one device, so autograd's engine takes none but index 0 (a
+# backward on simdev:1 fails an internal assert). Ranks each use their own simdev:0.
+DEVICE_COUNT = 1
 TOTAL_MEMORY = 16 * 1024**3
 
 # Operators that move data between the host and the device by design.

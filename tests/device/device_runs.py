@@ -1,0 +1,37 @@
+"""Training on the simulated accelerator and on the CPU with the same numerics, for comparison:
+a scenario function (tests/runs.py) and what the single-process device tests share."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+from hlat.device import record
+from hlat.testing import simulated_device
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from runs import ScenarioContext  # noqa: E402
+from train import layout_runs  # noqa: E402
+
+simulated_device.register()  # at import: the scenario worker forms the group on its backend before the call
+
+
+@contextlib.contextmanager
+def foreach_adamw_on_cpu() -> Iterator[None]:
+    """The simulated device has no fused AdamW (an unknown type's record): the CPU runs the same
+    foreach update inside this block, so the two devices' numbers can be compared exactly."""
+    cpu = dataclasses.replace(record.RECORDS["cpu"], fused_adamw=False)
+    with mock.patch.dict(record.RECORDS, cpu=cpu):
+        yield
+
+
+def train(ctx: ScenarioContext, device: str, steps: int, extra: list[str] = ()) -> None:
+    """layout_runs.train on `device` (the simulated one present; each rank on its own simdev:0,
+    simulated_device.DEVICE_COUNT says why), eager, foreach AdamW on either."""
+    simulated_device.register()
+    with simulated_device.present(), foreach_adamw_on_cpu():
+        layout_runs.train(ctx, steps, [*extra, "--train.device", device, "--parallel.compile", "false"])
