@@ -1,7 +1,9 @@
 """hlat's own training loop on a device that is not the CPU (the simulated accelerator): the same
 losses as the CPU's, bit for bit in fp32 eager, and checkpoints that resume exactly on it and
-across it and the CPU. A host tensor left in the step, RNG or memory read from the CPU, or a batch
-never moved to the device fails here while every CPU test passes."""
+across it and the CPU. A host tensor left in the step (a loss summed into a host tensor) or a
+batch never moved to the device fails here while every CPU test passes. This run draws nothing
+from the device's generator: RNG state saved from the CPU's fails the bf16-sr resume of
+test_modes_and_commands_on_device.py, whose steps do."""
 
 from __future__ import annotations
 
