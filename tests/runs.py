@@ -108,6 +108,9 @@ class Scenario:
     call: str  # "FILE:function", FILE relative to tests/
     world: int = 1  # processes it runs on; 1 = a plain process without a process group
     kwargs: dict[str, Any] = field(default_factory=dict)  # JSON values
+    # the device type whose torch.distributed backend the group takes (hlat.device.record), with gloo
+    # beside it for host tensors; a type the call's module registers when imported (a simulated device)
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

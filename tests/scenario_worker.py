@@ -2,7 +2,7 @@
 
 `python -m torch.distributed.run --nproc_per_node N scenario_worker.py OUT`. Each scenario of
 world W runs on ranks 0..W-1 in a fresh gloo group over torchrun's store (its keys prefixed by
-the scenario's index, so groups never read each other's addresses); the environment says world W
+the scenario's index, so groups never read each other's addresses) on its device's backend; the environment says world W
 and this rank, so hlat's own setup (hlat.parallel.mesh.setup) joins that group. World 1 runs
 without a group. A scenario that raises leaves OUT/<name>/error.rank<r>.txt and the next one
 runs; one that finishes leaves OUT/<name>/done.rank<r>.
@@ -25,11 +25,12 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from hlat.device.record import device_record  # noqa: E402
 from hlat.parallel.mesh import collective_timeout  # noqa: E402
 from runs import ARRIVAL_TIMEOUT_S, PLAN, ScenarioContext  # noqa: E402
 
 
-def join_group(index: int, rank: int, world: int) -> None:
+def join_group(index: int, rank: int, world: int, device: str) -> None:
     """Form the scenario's group. Ranks that skipped the scenarios before it arrive minutes early:
     they wait at an arrival barrier bounded by the launch's own deadline (ARRIVAL_TIMEOUT_S), so
     only the group's collectives run under the short collective timeout."""
@@ -45,7 +46,8 @@ def join_group(index: int, rank: int, world: int) -> None:
     )
     store.set(f"arrived/{rank}", "1")
     store.wait([f"arrived/{r}" for r in range(world)])
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=collective_timeout())
+    backend = device_record(device).process_group_backend  # what hlat.parallel.mesh.setup would start
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=collective_timeout())
 
 
 def forget_meshes() -> None:
@@ -83,9 +85,9 @@ def main() -> None:
         os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         started = time.perf_counter()
         try:
+            fn = load(spec["call"])  # first: its module may register the scenario's device
             if world > 1:
-                join_group(index, rank, world)
-            fn = load(spec["call"])
+                join_group(index, rank, world, spec["device"])
             fn(ScenarioContext(out, root, Path(plan["corpus"]), rank, world), **spec["kwargs"])
             if dist.is_initialized():  # (a run of `hlat train` leaves its group itself, after a barrier)
                 dist.barrier()  # nobody reports done while another rank of the scenario still works

@@ -37,6 +37,9 @@ def test_a_host_tensor_of_one_element_or_more_is_refused_beside_a_device_tensor(
     with pytest.raises(RuntimeError, match="same device"):
         weight.sum() + torch.ones(1)  # a reduction of a device value with a host one
     assert (weight * torch.tensor(2.0)).device == SIM  # 0-dim host scalars are fine, as on CUDA
+    total = torch.zeros(())
+    with pytest.raises(RuntimeError, match="same device"):
+        total += weight.sum()  # ... when read, not written into
 
 
 def test_numpy_needs_a_copy_to_the_host():
@@ -52,9 +55,12 @@ def test_own_generator_seeded_by_manual_seed():
     assert torch.equal(on_device, torch.randn(5))  # same seed, same stream as the CPU's
     module = torch.get_device_module(simulated_device.TYPE)
     cpu_state, device_state = torch.get_rng_state(), module.get_rng_state()
-    torch.randn(5, device=SIM)
-    assert torch.equal(torch.get_rng_state(), cpu_state)  # drawing on the device leaves the CPU's alone
-    assert not torch.equal(module.get_rng_state(), device_state)
+    # drawing on the device leaves the CPU's alone, also through operators that take no generator
+    for draw in (lambda t: torch.randn(5, device=SIM), torch.randn_like, lambda t: torch.nn.functional.dropout(t, 0.5)):
+        before = module.get_rng_state()
+        draw(torch.ones(5, device=SIM))
+        assert torch.equal(torch.get_rng_state(), cpu_state), draw
+        assert not torch.equal(module.get_rng_state(), before), draw
     module.set_rng_state(device_state)
     assert torch.equal(module.get_rng_state(), device_state)
 

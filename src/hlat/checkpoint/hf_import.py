@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -32,6 +33,7 @@ from tqdm import tqdm
 from hlat.atomic_files import copy_atomic, write_atomic
 from hlat.checkpoint.completeness import IncompleteWeights, check_complete, drop_tied_copy, model_shapes, rename_from_hf
 from hlat.checkpoint.errors import refusal
+from hlat.checkpoint.hf_config import HF_CONFIG, ImportRefused, hf_model_config, read_hf_config
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.data_paths import TOKENIZER_FILES, find_tokenizer_file
 from hlat.config.load import RUN_CONFIG
@@ -39,17 +41,10 @@ from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer
-from hlat.errors import UserError
 from hlat.model import count_params
-from hlat.model.spec import hf_spec
 
-HF_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 IMPORT_STEP = 0
-
-
-class ImportRefused(UserError, ValueError):
-    """The source cannot become an hlat model as it is; the message names the file or field."""
 
 
 @dataclass
@@ -62,41 +57,52 @@ class ImportSummary:
     tokenizer: Path
 
 
-def hf_model_config(directory: Path) -> ModelConfig:
-    """The hlat architecture of a Hugging Face config.json, or ImportRefused naming the field."""
-    file = Path(directory) / HF_CONFIG
+def _load_bin(file: Path, mmap: bool = False) -> dict[str, torch.Tensor]:
     try:
-        config = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ImportRefused(f"cannot read {file}: {err}") from err
-    try:
-        cfg = hf_spec(config).hf.model_config(config)
-    except ValueError as err:
-        raise ImportRefused(f"{file}: {err}") from err
-    except KeyError as err:
-        raise ImportRefused(f"{file} lacks {err.args[0]!r}, which every LlamaConfig has") from err
-    problems = cfg.validate()
-    if problems:
-        raise ImportRefused(f"{file}: not a shape hlat supports: " + "; ".join(m for _, m in problems))
-    return cfg
-
-
-def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)  # never full unpickling
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)  # never full unpickling
     except pickle.UnpicklingError as err:
         raise ImportRefused(
             f"{file}: refused, {refusal(err)}; use a trusted copy of the model, preferably safetensors"
         ) from err
-    yield from state.items()
+    except (RuntimeError, OSError, EOFError, ValueError) as err:  # not a torch file, a truncated zip
+        raise ImportRefused(f"{file}: cannot read it as a PyTorch weights file ({err}); re-download it") from err
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ImportRefused(f"{file}: not a state dict of tensors; use the model's own weights file")
+    return state
+
+
+def _read_bin(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from _load_bin(file).items()
+
+
+def _safetensors_refused(file: Path, err: Exception) -> ImportRefused:
+    return ImportRefused(f"{file}: not a readable safetensors file ({err}); re-download it")
 
 
 def _read_safetensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(file), framework="pt") as handle:
-        for name in handle.keys():
-            yield name, handle.get_tensor(name)
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+    except (SafetensorError, OSError) as err:
+        raise _safetensors_refused(file, err) from err
+
+
+def _shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The names and shapes of a weights file's tensors, read from its header (safetensors) or
+    its mapped archive (pytorch_model.bin): no tensor is read."""
+    if file.suffix != ".safetensors":
+        # mapped when it is a zip archive (torch.save's format since 1.6): the tensors stay on disk
+        return {name: tuple(t.shape) for name, t in _load_bin(file, mmap=zipfile.is_zipfile(file)).items()}
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+    except (SafetensorError, OSError) as err:
+        raise _safetensors_refused(file, err) from err
 
 
 Reader = Callable[[Path], Iterator[tuple[str, torch.Tensor]]]
@@ -114,7 +120,9 @@ def _weight_files(directory: Path) -> tuple[list[Path], Reader, int | None]:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
                 shards = sorted(set(weight_map.values()))
-            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+                if not all(isinstance(s, str) and s and Path(s).name == s for s in shards):
+                    raise TypeError("its files must be names in the directory")
+            except (ValueError, RecursionError, KeyError, AttributeError, TypeError) as err:
                 raise ImportRefused(f"{index}: not a shard index with a weight_map ({err})") from err
             missing = [s for s in shards if not (directory / s).is_file()]
             if missing:
@@ -143,19 +151,45 @@ def hf_weights(directory: Path, dtype: torch.dtype | None = None, progress: bool
     return out
 
 
-def _hlat_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
+def _tied_copy_tolerated(shapes: dict[str, tuple[int, ...]], cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shapes without a tied model's saved output head of the embedding's shape: whether it is
+    a copy (dropped) or differs (refused) is known only once both are read (drop_tied_copy)."""
+    head, embedding = shapes.get("output.weight"), shapes.get("tok_embeddings.weight")
+    if cfg.tie_embeddings and head is not None and head == embedding:
+        return {k: v for k, v in shapes.items() if k != "output.weight"}
+    return shapes
+
+
+def hlat_weights(
+    directory: Path, cfg: ModelConfig, dtype: torch.dtype | None = None, progress: bool = False, source: str = ""
+) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face directory under hlat's names, cast to `dtype`: exactly the
+    tensors of the model of `cfg`, checked by name and shape from the files' headers before any
+    tensor is read or cast (IncompleteWeights naming them, as from `source`), and again once read."""
+    source = source or str(directory)
+    files, _, _ = _weight_files(Path(directory))
+    found: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        found.update(_shapes(file))
+    expected = model_shapes(cfg)
+    shapes, unknown = rename_from_hf(found, cfg)
+    check_complete(source, expected, _tied_copy_tolerated(shapes, cfg), unknown)
+    weights, unknown = rename_from_hf(hf_weights(directory, dtype, progress), cfg)
+    weights = drop_tied_copy(weights, cfg)
+    check_complete(source, expected, {k: tuple(v.shape) for k, v in weights.items()}, unknown)
+    return weights
+
+
+def _import_weights(directory: Path, cfg: ModelConfig, progress: bool) -> dict[str, torch.Tensor]:
     """The weights under hlat's names in fp32 (the training weights' dtype), exactly the tensors
     of the architecture config.json describes (the completeness check --checkpoint.init_from applies)."""
-    weights, unknown = rename_from_hf(hf_weights(directory, torch.float32, progress), cfg)
-    weights = drop_tied_copy(weights, cfg)
     try:
-        check_complete(str(directory), model_shapes(cfg), {k: tuple(v.shape) for k, v in weights.items()}, unknown)
+        return hlat_weights(directory, cfg, torch.float32, progress)
     except IncompleteWeights as err:
         raise ImportRefused(
             f"{err} (the tensors {HF_CONFIG} describes: check its tie_word_embeddings, "
             "attention_bias, mlp_bias and head_dim)"
         ) from err
-    return weights
 
 
 def _find_tokenizer(
@@ -242,7 +276,7 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     tok_file, tok = _find_tokenizer(source, tokenizer, cfg)
     tok_name = tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
     bos = hf_adds_bos(tok, source / TOKENIZER_CONFIG if tokenizer is None else tok_file.parent / TOKENIZER_CONFIG)
-    weights = _hlat_weights(source, cfg, progress)  # everything is checked before anything is written
+    weights = _import_weights(source, cfg, progress)  # everything is checked before anything is written
 
     run_dir.mkdir(parents=True, exist_ok=True)
     copy_atomic(tok_file, run_dir / tok_name)
@@ -255,7 +289,7 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
         None,
         {"progress": {"step": IMPORT_STEP, "tokens": 0}, "imported_from": str(source)},
     )
-    config = json.loads((source / HF_CONFIG).read_text())
+    config = read_hf_config(source)
     return ImportSummary(
         run_dir,
         stats.path,

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from hlat.checkpoint.errors import CheckpointError
-from hlat.checkpoint.hf_import import hf_weights
+from hlat.checkpoint.hf_import import hf_model_config, hlat_weights
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.config.data import DataConfig
 from hlat.config.data_paths import find_tokenizer_file
@@ -23,9 +23,10 @@ from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
+from hlat.errors import UserError
 from hlat.model import Llama, build_model
+from hlat.model.footprint import memory_problem
 from hlat.model.llama import rope_tables
-from hlat.model.spec import hf_spec
 
 
 @dataclass
@@ -156,9 +157,7 @@ def run_tokenizer(
 
 
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
-    config = json.loads((directory / "config.json").read_text())
-    mapping = hf_spec(config).hf
-    cfg = mapping.model_config(config)
+    cfg = hf_model_config(directory, dtype.itemsize)
     tok_file = Path(tokenizer) if tokenizer else find_tokenizer_file(directory)
     if tok_file is None or not tok_file.is_file():
         raise FileNotFoundError(
@@ -166,8 +165,9 @@ def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) 
             "(a Hugging Face tokenizer.json or a SentencePiece .model)"
         )
     tok = load_tokenizer(tok_file)
+    weights = hlat_weights(directory, cfg, dtype)  # names and shapes checked before any is read
     model = empty_model(cfg, dtype)
-    model.load_state_dict(mapping.to_hlat(hf_weights(directory)), strict=True)
+    model.load_state_dict(weights, strict=True)
     return LoadedModel(
         model.eval(),
         tok,
@@ -191,7 +191,11 @@ def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> in
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Llama:
     """A model of `cfg` with uninitialised weights on the CPU, to be filled from a checkpoint: a 7B model
-    is not randomly initialised only to be overwritten."""
+    is not randomly initialised only to be overwritten. A model this machine cannot hold (an
+    absurd size in a config someone else wrote) is refused before anything is allocated."""
+    too_big = memory_problem(cfg, dtype.itemsize)
+    if too_big:
+        raise UserError(f"[model] {too_big}; check n_layers, d_model, ffn_dim, vocab_size and max_seq_len")
     with torch.device("meta"):
         model = build_model(cfg)
     model = model.to_empty(device="cpu")

@@ -18,10 +18,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from hlat.checkpoint.completeness import (
     check_complete,
     checkpoint_shapes,
-    drop_tied_copy,
     model_config_of,
     model_shapes,
-    rename_from_hf,
 )
 from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.manager import CheckpointManager, rank_file, read_manifest
@@ -88,14 +86,14 @@ def init_weights(spec: str, parts: list[nn.Module]) -> str:
     cfg = model_config_of(parts)
     expected = model_shapes(cfg)
     if spec.startswith(HF_PREFIX):
-        from hlat.checkpoint.hf_import import hf_weights
+        from hlat.checkpoint.hf_import import HF_CONFIG, hf_model_config, hlat_weights
 
         directory = Path(spec.removeprefix(HF_PREFIX)).expanduser()
         if not directory.is_dir():
             raise FileNotFoundError(f"checkpoint.init_from={spec}: no such directory")
-        full, unknown = rename_from_hf(hf_weights(directory), cfg)
-        full = drop_tied_copy(full, cfg)
-        check_complete(f"init_from {spec}", expected, {k: tuple(v.shape) for k, v in full.items()}, unknown)
+        if (directory / HF_CONFIG).exists():  # the model is [model]'s; the file is checked all the same
+            hf_model_config(directory)
+        full = hlat_weights(directory, cfg, source=f"init_from {spec}")
         for part in parts:  # every rank holds the full tensors and keeps its own shard of them
             set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
         return f"Hugging Face weights from {directory}"

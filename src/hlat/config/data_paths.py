@@ -5,7 +5,10 @@ before any work starts; hlat.data opens what they name."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from hlat.errors import DataError
 
 ARROW_SUFFIXES = (".arrow", ".arrows", ".ipc", ".feather")
 JSONL_SUFFIXES = tuple(s + c for s in (".jsonl", ".json", ".ndjson") for c in ("", ".gz", ".zst"))
@@ -23,6 +26,30 @@ TEXT_SUFFIXES = frozenset(
 SKIP_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # Tokenizer.FILE_NAME, SentencePieceTokenizer.FILE_NAME
+
+
+_SPECIAL = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def special_file(path: str | os.PathLike) -> str | None:
+    """None for a regular file (or a link to one), else a one-line refusal naming the path: a FIFO
+    or device would block or read forever. A stat: the file is never opened."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror}; fix or remove it"
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for test, name in _SPECIAL if test(mode)), "not a regular file")
+    return f"{path} is {what}, not a regular file; hlat reads only regular files: remove it or give another path"
+
+
+def _regular(path: Path) -> Path:
+    problem = special_file(path)
+    if problem:
+        raise DataError(problem)
+    return path
 
 
 def find_tokenizer_file(directory: str | os.PathLike) -> Path | None:
@@ -65,7 +92,7 @@ def record_files(root: Path) -> list[Path]:
     found: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        found += [Path(dirpath) / f for f in filenames if not f.startswith(".") and file_kind(Path(f))]
+        found += [_regular(Path(dirpath) / f) for f in filenames if not f.startswith(".") and file_kind(Path(f))]
     return sorted(found)
 
 
@@ -79,11 +106,16 @@ def check_source_path(entry: str) -> str | None:
             f"no such file or directory: {entry}; give a data file or directory, hf:NAME, or "
             "leave empty for the embedded corpus"
         )
-    if path.is_dir() and entry_kind(entry) == "text" and not scan_text_files(path):
-        return (
-            f"no data or text files under {entry}; give a directory of .arrow/.parquet/.jsonl "
-            "or text files, or leave empty for the embedded corpus"
-        )
+    if not path.is_dir():
+        return special_file(path)
+    try:
+        if entry_kind(entry) == "text" and not scan_text_files(path):
+            return (
+                f"no data or text files under {entry}; give a directory of .arrow/.parquet/.jsonl "
+                "or text files, or leave empty for the embedded corpus"
+            )
+    except DataError as e:  # a special file in the directory
+        return str(e)
     return None
 
 
@@ -94,5 +126,6 @@ def scan_text_files(root: Path) -> list[str]:
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
         for fname in filenames:
             if not fname.startswith(".") and Path(fname).suffix.lower() in TEXT_SUFFIXES:
+                _regular(Path(dirpath) / fname)
                 texts.append(os.path.relpath(os.path.join(dirpath, fname), root))
     return sorted(texts)

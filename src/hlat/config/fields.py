@@ -6,7 +6,9 @@ the values and the words cannot drift apart."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
+import math
 import textwrap
 import typing
 from functools import cache
@@ -50,3 +52,26 @@ def field_docs(cls: type) -> dict[str, str]:
         ):
             docs[node.target.id] = " ".join(after.value.value.split())
     return docs
+
+
+def value_problem(value: Any) -> str | None:
+    """Why no field can hold the value, or None: a float that is NaN or infinite (no setting means
+    anything by it: "no limit" is 0 where a field has one), or text that is not Unicode (a lone
+    surrogate, as a non-UTF-8 file name decodes to), which config.toml could not hold."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            bad = next((c for c in text if 0xD800 <= ord(c) <= 0xDFFF), None)
+            if bad is not None:
+                return (
+                    f"{text!r} is not valid Unicode (U+{ord(bad):04X}, e.g. a file name that is not "
+                    "UTF-8): config.toml holds UTF-8 text only; rename it"
+                )
+    return None
+
+
+def value_problems(section: Any) -> list[tuple[str, str]]:
+    """(field, problem) for each of the section's values that value_problem refuses."""
+    found = ((f.name, value_problem(getattr(section, f.name))) for f in dataclasses.fields(section))
+    return [(name, problem) for name, problem in found if problem]

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hlat.config.fields import value_problem
 from hlat.config.run import Check, RunConfig
 from hlat.errors import ConfigError, UserError
 
@@ -55,6 +56,15 @@ def load_config(
             raise ConfigError([("--config", f"{path} is not valid TOML: {err}")]) from err
         cfg.name = path.stem
     file_preset = table.pop("preset", None)  # --preset, from the command line, overrides it
+    if file_preset is not None and not isinstance(file_preset, str):
+        raise ConfigError(
+            [
+                (
+                    "preset",
+                    f"expected a preset name (a string), got {type(file_preset).__name__} {file_preset!r} (from {config_file})",
+                )
+            ]
+        )
     base = preset or file_preset or (None if config_file else DEFAULT_PRESET)
     if base is not None:
         if base not in preset_names():
@@ -148,7 +158,11 @@ def set_field(cfg: RunConfig, key: str, value: Any, source: str, user: bool) -> 
     if fields[field_name].metadata.get("accepts_bool"):  # a choice of words that include true/false
         value = _bool_word(value) if isinstance(value, (bool, str)) else value
     expected = type(getattr(type(section)(), field_name))
-    setattr(section, field_name, _coerce(key, value, expected, source))
+    value = _coerce(key, value, expected, source)
+    problem = value_problem(value)
+    if problem:
+        raise ConfigError([(key, f"{problem} (from {source})")])
+    setattr(section, field_name, value)
     if user:
         cfg.user_set.add(key)
 
@@ -157,6 +171,8 @@ def _apply_table(cfg: RunConfig, table: dict[str, Any], source: str, user: bool)
     for key, value in table.items():
         if key == "name":
             cfg.name = str(value)
+            if problem := value_problem(cfg.name):
+                raise ConfigError([("name", f"{problem} (from {source})")])
         elif isinstance(value, dict):
             for sub, sub_value in value.items():
                 set_field(cfg, f"{key}.{sub}", sub_value, source, user)

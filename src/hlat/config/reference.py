@@ -113,7 +113,9 @@ def reference_page() -> str:
         "(`hlat presets`), a TOML file of `[section]` tables (`--config FILE`) and command-line overrides",
         "(`--section.field VALUE`), applied in that order; `hlat config --explain section.field` prints one",
         "field, with `--preset NAME` its value there. The top-level `name` (the preset or file name by default)",
-        "names the default run directory, `runs/<name>`.",
+        "names the default run directory, `runs/<name>`. No float field takes NaN or an infinity (0 is",
+        '"off" where a field can be off), a file\'s `preset` is a string, and text is any Unicode (a',
+        "lone surrogate, as a non-UTF-8 file name decodes to, is refused: config.toml holds UTF-8).",
         "",
     ]
     for section, cls in sections().items():

@@ -15,6 +15,7 @@ from typing import Any
 from hlat.config.checkpoint import CheckpointConfig
 from hlat.config.data import DataConfig
 from hlat.config.eval import EvalConfig
+from hlat.config.fields import value_problem, value_problems
 from hlat.config.layout import check_data_parallel, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig, ScheduleConfig
@@ -61,8 +62,12 @@ class RunConfig:
         """Raise ConfigError with every problem; with `world`, also the layout's over that many
         processes; `checks` are what only higher layers know (e.g. the task registry's names)."""
         problems = [
-            (f"{name}.{key}", msg) for name, section in self.sections().items() for key, msg in section.validate()
+            (f"{name}.{key}", msg)
+            for name, section in self.sections().items()
+            for key, msg in value_problems(section) + section.validate()
         ]
+        if name_problem := value_problem(self.name):
+            problems.append(("name", name_problem))
         problems += [problem for check in checks for problem in check(self)]
         if self.data.seq_len > self.model.max_seq_len:
             problems.append(

@@ -16,7 +16,9 @@ import gzip
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from hlat.atomic_files import atomic_path, write_atomic
-from hlat.data.sources import BadDocument, decode_windows
+from hlat.data.sources import BadDocument, decode_windows, open_regular
 from hlat.digests import short_sha256
 from hlat.errors import DataError
 
@@ -34,12 +36,16 @@ log = logging.getLogger(__name__)
 _CONVERT_RECIPE = "rows-v1"  # bump when the conversion changes, so old caches are not reused
 _BATCH_ROWS = 8192
 _BATCH_BYTES = 32 << 20
+# A JSONL line is parsed whole, so it is capped: a longer one is a bad document,
+# read past in bounded pieces. Larger documents belong in text or Arrow files, which stream.
+MAX_RECORD_BYTES = 64 << 20
+_SKIP_PIECE = 1 << 20
 
 
 def file_fingerprint(path: Path) -> str:
     """Name, size and the first and last MiB: cheap, and stable when the data is copied."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
         sampled = f"{path.name}\0{size}".encode() + f.read(1 << 20)
         if size > 2 << 20:
             f.seek(size - (1 << 20))
@@ -157,18 +163,47 @@ def text_column(table: pa.Table, field: str, where: str) -> pa.ChunkedArray:
         or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(t))
     ):
         raise DataError(f"{where}: column {field!r} has type {t}, not text; set data.text_field to a string column")
+    for chunk in column.chunks:
+        problem = _offsets_problem(chunk)
+        if problem:
+            raise DataError(f"{where}: column {field!r} is corrupt ({problem}); re-create or re-download it")
     return column
+
+
+def _offsets_problem(chunk: pa.Array) -> str | None:
+    """Why reading the chunk's rows could touch memory outside its buffers, or None. The buffer
+    sizes (Array.validate) and every offset (non-decreasing, within the data) are checked: that is
+    what reading needs, at 8 bytes a row, where validate(full=True) would also scan every byte of
+    a mapped corpus for UTF-8 (checked per document when it is read)."""
+    try:
+        chunk.validate()
+        buffers = chunk.buffers()
+        if len(buffers) != 3 or buffers[1] is None:  # string views: references checked in full
+            chunk.validate(full=True)
+            return None
+        wide = pa.types.is_large_string(chunk.type) or pa.types.is_large_binary(chunk.type)
+        offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ]
+    except pa.ArrowException as e:
+        return str(e)
+    data = 0 if buffers[2] is None else buffers[2].size
+    if len(offsets) and (offsets[0] < 0 or offsets[-1] > data or bool(np.any(offsets[1:] < offsets[:-1]))):
+        return f"its offsets leave the {data}-byte data buffer or decrease"
+    return None
 
 
 def read_arrow(path: Path) -> pa.Table:
     """An Arrow IPC file or stream, memory-mapped (zero copy for uncompressed buffers)."""
     try:
-        source = pa.memory_map(str(path))
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # before mapping it: never a FIFO or device
             is_file_format = f.read(6) == b"ARROW1"
+        source = pa.memory_map(str(path))
         reader = ipc.open_file(source) if is_file_format else ipc.open_stream(source)
-        return reader.read_all()
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        table = reader.read_all()
+        table.validate()  # buffer sizes against the metadata; text offsets: text_column
+        return table
+    except (pa.ArrowInvalid, pa.ArrowIOError, pa.ArrowMemoryError, OSError) as e:
         raise DataError(
             f"cannot read {path} as Arrow IPC (file or stream): it is corrupt or "
             f"truncated ({e}); re-create or re-download it"
@@ -178,33 +213,62 @@ def read_arrow(path: Path) -> pa.Table:
 # ---- conversion of Parquet and JSONL into a mapped Arrow file ------------------------------------
 
 
-def _open_compressed(path: Path) -> IO[bytes]:
+@contextmanager
+def _open_compressed(path: Path) -> Iterator[IO[bytes]]:
     name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rb")
-    if name.endswith(".zst"):
-        import zstandard
+    with open_regular(path) as raw:
+        if name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f
+        elif name.endswith(".zst"):
+            import zstandard
 
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
-    return open(path, "rb")
+            with io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw)) as f:
+                yield f
+        else:
+            yield raw
+
+
+def _capped_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """The file's lines, each None when longer than MAX_RECORD_BYTES (the rest of it is read in
+    pieces and dropped, so no more than the cap is ever held)."""
+    while line := f.readline(MAX_RECORD_BYTES + 1):
+        if len(line) <= MAX_RECORD_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        yield None  # with bad_documents=error the reader stops here, else the rest is skipped
+        while (piece := f.readline(_SKIP_PIECE)) and not piece.endswith(b"\n"):
+            pass
 
 
 def _jsonl_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[str]:
     line_no = 0
     try:
         with _open_compressed(path) as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
+            for line_no, line in enumerate(_capped_lines(f), 1):
+                if line is not None and not line.strip():
                     continue
                 try:
+                    if line is None:
+                        raise BadDocument(f"longer than {MAX_RECORD_BYTES >> 20} MiB (the JSONL line cap)")
                     obj = json.loads(line)
                     if not isinstance(obj, dict) or field not in obj:
                         raise BadDocument(f"no field {field!r} (set data.text_field)")
                     text = obj[field]
                     if not isinstance(text, str):
                         raise BadDocument(f"field {field!r} is {type(text).__name__}, not a string")
-                except (ValueError, BadDocument) as e:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
-                    why = "not UTF-8" if isinstance(e, UnicodeDecodeError) else str(e)
+                except (
+                    ValueError,
+                    BadDocument,
+                    RecursionError,
+                ) as e:  # JSONDecodeError/UnicodeDecodeError: ValueErrors
+                    why = (
+                        "not UTF-8"
+                        if isinstance(e, UnicodeDecodeError)
+                        else "JSON nested too deeply to parse"
+                        if isinstance(e, RecursionError)
+                        else str(e)
+                    )
                     msg = f"{path}, line {line_no}: {why}"
                     if not skip:
                         raise BadDocument(f"{msg}; fix the data or set data.bad_documents=skip") from None

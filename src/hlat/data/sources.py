@@ -13,13 +13,14 @@ from __future__ import annotations
 import bisect
 import codecs
 import os
+import stat
 import sys
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
-from hlat.config.data_paths import SKIP_DIRS, TEXT_SUFFIXES, scan_text_files
+from hlat.config.data_paths import SKIP_DIRS, TEXT_SUFFIXES, scan_text_files, special_file
 from hlat.digests import short_sha256
 from hlat.errors import DataError
 
@@ -27,6 +28,17 @@ from hlat.errors import DataError
 class BadDocument(DataError):
     """A document that cannot be read (bad UTF-8, no text field, ...). The message names the file
     and the row. The loader raises it, or counts and logs a skip when data.bad_documents=skip."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``open(path, "rb")`` of a regular file only, else DataError naming it: opened without
+    blocking (O_NONBLOCK: a FIFO swapped in after a check cannot hang the open) and checked on the
+    open descriptor, so a FIFO or device is never read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(special_file(path) or f"{path} is not a regular file; give a regular file")
+    return os.fdopen(fd, "rb")
 
 
 @runtime_checkable
@@ -85,7 +97,8 @@ class _Files:
         return len(self.relpaths)
 
     def __getitem__(self, i: int) -> str:
-        data = self.path(i).read_bytes()
+        with open_regular(self.path(i)) as f:
+            data = f.read()
         if not self._strict:
             return data.decode("utf-8", errors="replace")
         try:
@@ -100,7 +113,7 @@ class _Files:
     def text_windows(self, i: int, window: int) -> Iterator[str]:
         """The document's text, read and decoded ``window`` bytes at a time: ``"".join`` of it is
         ``self[i]``, and no more than a window is held (a huge file streams)."""
-        with open(self.path(i), "rb") as f:
+        with open_regular(self.path(i)) as f:
             yield from decode_windows(
                 iter(lambda: f.read(window), b""), self._strict, lambda e, at: self._bad(i, e, at)
             )
@@ -159,6 +172,8 @@ class TextFiles(_Files):
 
     def __init__(self, path: str | os.PathLike):
         p = Path(path).expanduser()
+        if p.exists() and not p.is_dir() and (problem := special_file(p)):
+            raise DataError(problem)
         if p.is_file():
             super().__init__(p.parent, [p.name], kind="textfile")
             self.name = f"text file {p}"

@@ -144,7 +144,10 @@ class LanguageModel:
         contexts = [self.bos + c if c else c for c in self.tokenizer.encode_batch([r.context for r in requests])]
         order = sorted(range(len(requests)), key=lambda i: -len(contexts[i]))
         out: list[str] = [""] * len(requests)
-        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        # only where a request samples: a backend without generator objects (a PrivateUse1 backend
+        # registered from Python) still decodes greedily
+        sampling = any(r.temperature > 0 for r in requests)
+        generator = torch.Generator(device=self.device).manual_seed(self.seed) if sampling else None
         bar = tqdm(total=len(requests), desc="generate", disable=not self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
@@ -162,7 +165,7 @@ class LanguageModel:
         self,
         reqs: list[GenerateRequest],
         contexts: list[list[int]],
-        generator: torch.Generator,
+        generator: torch.Generator | None,
         on_token: Stream | None,
     ) -> list[str]:
         """Prefill the left-padded prompts once, then one position per generated token (KV cache)."""
@@ -229,7 +232,9 @@ def _padded_causal_mask(valid: torch.Tensor) -> torch.Tensor:
     return (causal & valid[:, None, None, :]) | eye
 
 
-def _pick(logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _pick(
+    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
     """Greedy where the temperature is 0; elsewhere sampled from the nucleus: the most probable
     tokens up to and including the one that takes their total to top_p (always at least one)."""
     greedy = logits.argmax(-1)

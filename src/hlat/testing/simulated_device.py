@@ -4,10 +4,12 @@ Registered from Python through the PrivateUse1 mechanism (the one TorchNeuron us
 under the device type `simdev`. A tensor on it is a wrapper subclass holding a host tensor; each
 operator runs on the host data and its results are wrapped again, so numerics are the CPU's bit for
 bit. What makes it catch device bugs is what it refuses and keeps apart, as a real accelerator does:
-- an operator mixing a simdev tensor with a CPU tensor of one element or more raises, as CUDA does
-  (a batch left on the host, a loss reduced on a host tensor);
-- it has its own random generator, seeded by `torch.manual_seed` like any device, and its own
-  memory statistics: RNG state or memory read from the CPU is wrong here;
+- an operator mixing a simdev tensor with a CPU tensor of one element or more, or writing into a
+  CPU tensor of any size, raises, as CUDA does (a batch left on the host, a loss reduced on a
+  host tensor);
+- it has its own random generator, seeded by `torch.manual_seed` like any device, which every
+  random operator on it draws from (randn_like and dropout too), and its own memory statistics:
+  RNG state or memory read from the CPU is wrong here;
 - `.numpy()` and `.tolist()` need an explicit copy to the host;
 - autocast takes `device_type="simdev"` and applies the CPU's cast lists (so `mixed` matches).
 A torch.distributed backend, `simgloo`, covers both devices: collectives reach it with host data
@@ -37,7 +39,10 @@ from hlat.testing.simulated_autocast import register_autocast
 
 TYPE = "simdev"
 BACKEND = "simgloo"
-DEVICE_COUNT = 8  # enough for one process per rank in a few-rank test, all on "device" 0..7
+# One device per process, as a launch that hands each rank one visible device does: torch's device
+# guard for a Python backend reports one device, so autograd's engine takes none but index 0 (a
+# backward on simdev:1 fails an internal assert). Ranks each use their own simdev:0.
+DEVICE_COUNT = 1
 TOTAL_MEMORY = 16 * 1024**3
 
 # Operators that move data between the host and the device by design.
@@ -151,7 +156,8 @@ class SimTensor(torch.Tensor):
         host_args, host_kwargs = tree_map(_unwrap, args), tree_map(_unwrap, kwargs)
         if _takes_generator(func) and host_kwargs.get("generator") is None:
             host_kwargs["generator"] = _generator
-        out = func(*host_args, **host_kwargs)
+        with _device_generator() if _seeded_without_generator(func) else contextlib.nullcontext():
+            out = func(*host_args, **host_kwargs)
         if name == "record_stream":
             return None  # one synchronous queue: nothing to keep alive for another stream
         if func.namespace == "c10d":  # in-place collectives: the caller's tensors hold the result
@@ -185,17 +191,23 @@ def _device_index(args: tuple, kwargs: dict) -> int:
 
 
 def _check_same_device(func: Any, args: tuple, kwargs: dict) -> None:
-    """CUDA's rule: device tensors may meet CPU tensors only as 0-dim scalars."""
+    """CUDA's rule: device tensors may meet CPU tensors only as 0-dim scalars that are read; one
+    that is written (a host accumulator `total += device_loss`) is refused like any other."""
     found: set[str] = set()
+    written = _written(func)
 
-    def visit(value: Any) -> Any:
+    def visit(value: Any, write: bool = False) -> Any:
         if isinstance(value, SimTensor):
             found.add(str(value.device))
-        elif isinstance(value, torch.Tensor) and value.dim() > 0:
+        elif isinstance(value, torch.Tensor) and (value.dim() > 0 or write):
             found.add(str(value.device))
         return value
 
-    tree_map(visit, (args, kwargs))
+    arguments = func._schema.arguments
+    for i, value in enumerate(args):
+        tree_map(functools.partial(visit, write=i < len(arguments) and arguments[i].name in written), value)
+    for key, value in kwargs.items():
+        tree_map(functools.partial(visit, write=key in written), value)
     if len(found) > 1:
         first, second = sorted(found)[:2]
         raise RuntimeError(
@@ -207,6 +219,31 @@ def _check_same_device(func: Any, args: tuple, kwargs: dict) -> None:
 @functools.cache
 def _takes_generator(func: Any) -> bool:
     return any(argument.name == "generator" for argument in func._schema.arguments)
+
+
+@functools.cache
+def _written(func: Any) -> frozenset[str]:
+    """The arguments `func` writes (self of an in-place op, out=)."""
+    return frozenset(a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
+@functools.cache
+def _seeded_without_generator(func: Any) -> bool:
+    """A random operator that takes no generator (randn_like, native_dropout): on the host data it
+    would draw from the CPU's default generator."""
+    return torch.Tag.nondeterministic_seeded in func.tags and not _takes_generator(func)
+
+
+@contextlib.contextmanager
+def _device_generator() -> Iterator[None]:
+    """The CPU's default generator holds the device generator's state for one operator's call."""
+    host = torch.get_rng_state()
+    torch.set_rng_state(_generator.get_state())
+    try:
+        yield
+    finally:
+        _generator.set_state(torch.get_rng_state())
+        torch.set_rng_state(host)
 
 
 def _rewrap_collective(out: Any, args: tuple) -> Any:
