@@ -55,6 +55,15 @@ def load_config(
             raise ConfigError([("--config", f"{path} is not valid TOML: {err}")]) from err
         cfg.name = path.stem
     file_preset = table.pop("preset", None)  # --preset, from the command line, overrides it
+    if file_preset is not None and not isinstance(file_preset, str):
+        raise ConfigError(
+            [
+                (
+                    "preset",
+                    f"expected a preset name (a string), got {type(file_preset).__name__} {file_preset!r} (from {config_file})",
+                )
+            ]
+        )
     base = preset or file_preset or (None if config_file else DEFAULT_PRESET)
     if base is not None:
         if base not in preset_names():
@@ -109,7 +118,8 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
-            raise ConfigError([(arg, "expected an override like --section.field VALUE (e.g. --optim.lr 1e-4)")])
+            shown = arg if arg.strip() else repr(arg)  # an empty argument, e.g. from an unset shell variable
+            raise ConfigError([(shown, "expected an override like --section.field VALUE (e.g. --optim.lr 1e-4)")])
         if "=" in arg:
             key, value = arg[2:].split("=", 1)
             i += 1

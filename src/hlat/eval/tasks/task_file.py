@@ -146,8 +146,9 @@ def load_task_file(path: Path) -> Task:
         raise TaskFileError(f"{path}: cannot be read as a UTF-8 text file ({err})") from err
     if len(data) > MAX_BYTES:
         raise TaskFileError(f"{path}: over {MAX_BYTES >> 20} MiB; a task file holds keys, not data ({FIX})")
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # refuses control characters right away
         root = loader.get_single_node()
         if not isinstance(root, yaml.MappingNode):
             raise TaskFileError(f"{path}: expected a mapping of lm-eval task keys (task:, dataset_path:, ...)")
@@ -160,7 +161,8 @@ def load_task_file(path: Path) -> Task:
     except yaml.YAMLError as err:
         raise TaskFileError(f"{path}: not valid YAML for hlat ({_one_line(err)}); {FIX}") from err
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     unknown = [k for k in config if k not in KEYS]
     if unknown:
         key = min(unknown, key=lambda k: lines.get(str(k), 0))
