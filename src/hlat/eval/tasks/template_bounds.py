@@ -10,7 +10,6 @@ may spend MAX_WORK units (characters built, STEP_COST per loop iteration or call
 from __future__ import annotations
 
 import re
-import string
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 from jinja2 import Undefined, pass_environment, pass_eval_context
 from jinja2 import filters as jinja_filters
+from jinja2.sandbox import SandboxedFormatter
 
 MAX_SIZE = 8_000_000  # characters (or items) of any value a template builds, its output included
 MAX_WORK = 32_000_000  # per render: characters built plus STEP_COST per loop iteration or call
@@ -155,21 +155,13 @@ def printf(template: str, args: Any) -> None:
     expect(total, "a % format")
 
 
-class CountedFormatter(string.Formatter):
-    """str.format: each field's spec width checked, the result's size counted as it is built;
-    attribute and item lookups go through the sandbox."""
+class CountedFormatter(SandboxedFormatter):
+    """str.format in the sandbox (attribute and item lookups checked), with each field's spec
+    width checked and the result's size counted as it is built."""
 
     def __init__(self, env: Any) -> None:
-        self.env, self.total = env, 0
-
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
-        from _string import formatter_field_name_split
-
-        first, rest = formatter_field_name_split(field_name)
-        obj = self.get_value(first, args, kwargs)
-        for is_attr, i in rest:
-            obj = self.env.getattr(obj, i) if is_attr else self.env.getitem(obj, i)
-        return obj, first
+        super().__init__(env)
+        self.total = 0
 
     def format_field(self, value: Any, format_spec: str) -> Any:
         for number in re.findall(r"\d+", format_spec):
