@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from deps import under_ci
 from hlat.eval import TASKS, sandbox
 from hlat.eval import sandbox_isolation as isolation
 from hlat.eval import sandbox_wire as wire
-from hlat.eval.sandbox import Program, SandboxLimits, UnsafeCodeRefused, run_program, run_programs
+from hlat.eval.sandbox import Program, SandboxError, SandboxLimits, UnsafeCodeRefused, run_program, run_programs
 
 LIMITS = SandboxLimits(timeout_s=3.0, memory_mb=512)
 ROOMY = SandboxLimits(timeout_s=30.0, memory_mb=512)  # for programs that end by themselves
@@ -68,6 +69,28 @@ def hostile_programs(secret: Path, outside: Path, port: int, victim: int, test_p
         ),
         "child_left_running": Program(
             "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" + ADD, "assert f(1) == 3\n"
+        ),
+        # the scratch space is a 64 MiB tmpfs: the writer gets ENOSPC, the host's disk nothing
+        "fills_the_disk": Program(
+            "def f():\n    for i in range(40):\n        with open(f'big{i}.bin', 'wb') as out:\n"
+            "            out.write(bytes((16 << 20) - 1))\n    return True\n",
+            "assert f()\n",
+        ),
+        "many_files": Program(
+            "def f():\n    for i in range(10**5):\n        open(f'f{i}', 'w').close()\n    return True\n",
+            "assert f()\n",
+        ),
+        # 4 x 400 MiB in processes of 512 MiB each would be 1.6 GiB: no fork (threads share one limit)
+        "memory_across_processes": Program(
+            "import os\nkids = 0\nfor _ in range(4):\n    if os.fork() == 0:\n"
+            "        x = bytearray(400 << 20)\n        os._exit(0)\n    kids += 1\n"
+            "def f():\n    return kids\n",
+            "assert f() == 4\n",
+        ),
+        # map(), filter() and zip() take StopIteration from the function for "no more items"
+        "stop_iteration": Program(
+            "def f(x):\n    raise StopIteration\n",
+            "assert all(map(lambda x: f(x) == x + 1, [1, 2]))\nassert not list(filter(lambda x: not f(x), [1]))\n",
         ),
         "signals_others": Program(
             "import os, signal\n"
@@ -128,6 +151,7 @@ def outcome(tmp_path_factory):
             "victim_alive": victim.poll() is None,
             "signalled": list(received),
             "survivors": _sandbox_processes(),
+            "scratch_left": list(Path(tempfile.gettempdir()).glob("hlat-sandbox-*/scratch/big*")),
         }
     finally:
         signal.signal(signal.SIGUSR1, before)
@@ -206,6 +230,10 @@ def test_mbpp_shaped_tests_see_the_solutions_functions_and_imports() -> None:
         "infinite_loop",
         "ignores_sigterm",
         "child_left_running",
+        "fills_the_disk",
+        "many_files",
+        "memory_across_processes",
+        "stop_iteration",
         "signals_others",
     ],
 )
@@ -223,6 +251,11 @@ def test_hostile_programs_are_contained(outcome) -> None:
     )
     assert not outcome["connected"] and "OSError" in results["network"].detail
     assert "MemoryError" in results["memory_bomb"].detail
+    assert "No space left on device" in results["fills_the_disk"].detail
+    assert "No space left on device" in results["many_files"].detail
+    assert "BlockingIOError" in results["memory_across_processes"].detail  # EAGAIN: over RLIMIT_NPROC
+    assert "SolutionError: f raised StopIteration" in results["stop_iteration"].detail
+    assert outcome["scratch_left"] == [], "the solution's files reached the host"
     for name in HANGING:
         assert results[name].status == "timeout", name
     # the hanging ones, side by side, are killed at the 3 s timeout
@@ -435,3 +468,40 @@ def test_hlat_eval_refuses_code_tasks_before_loading_a_model(monkeypatch, capsys
     monkeypatch.delenv(isolation.UNSAFE_ENV, raising=False)
     assert main(["eval", "--checkpoint", "/nonexistent", "--tasks", "humaneval"]) == 2
     assert "--allow-unsafe-code" in capsys.readouterr().err
+
+
+def test_solution_exceptions_reach_the_test_as_their_type() -> None:
+    """A test may catch the solution's ValueError as such; only StopIteration arrives as
+    SolutionError (test_hostile_program_fails: stop_iteration)."""
+    program = Program(
+        "def f(x):\n    raise ValueError('no')\n",
+        "try:\n    f(1)\nexcept ValueError as err:\n    assert 'no' in str(err)\nelse:\n    raise AssertionError\n",
+    )
+    assert run_program(program, ROOMY).passed
+
+
+def test_without_namespaces_the_scratch_quota_is_polled(monkeypatch) -> None:
+    """No tmpfs there: the harness measures the scratch directory and stops a program past it."""
+    monkeypatch.setattr(sandbox, "isolation_mode", lambda: isolation.NONE)
+    writer = Program(
+        "import time\ndef f():\n    for i in range(64):\n        with open(f'big{i}.bin', 'wb') as out:\n"
+        "            out.write(bytes(1 << 20))\n        time.sleep(0.05)\n    return True\n",
+        "assert f()\n",
+    )
+    result = run_program(writer, SandboxLimits(timeout_s=30.0, memory_mb=512, scratch_mb=4), allow_unsafe=True)
+    assert result.status == "failed" and "wrote more than 4 MiB of files" in result.detail, result
+
+
+@pytest.mark.parametrize("broken", ["test process", "solution process"])
+def test_a_broken_harness_raises_instead_of_failing_programs(monkeypatch, broken: str) -> None:
+    program = Program(ADD, "assert f(1) == 2\n")
+    if broken == "test process":  # e.g. a file it cannot read
+        monkeypatch.setattr(sandbox, "JUDGE", "/nonexistent/sandbox_judge.py")
+        mode = isolation.NONE
+    else:  # a mount that fails while the solution process confines itself
+        _require_namespaces()
+        readable, links = isolation.readable_paths()
+        monkeypatch.setattr(isolation, "readable_paths", lambda: (readable + ["/nonexistent-hlat"], links))
+        mode = isolation.NAMESPACES
+    with pytest.raises(SandboxError, match=f"the {broken}"):
+        sandbox._run(program, ROOMY, mode)

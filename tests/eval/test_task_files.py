@@ -304,3 +304,172 @@ def test_a_python_yaml_tag_runs_nothing(tmp_path, monkeypatch) -> None:
     with pytest.raises(TaskFileError, match="python/object/apply:os.system"):
         load_task_file(path)
     assert not (tmp_path / "MARKER").exists()
+
+
+def _render(template: str, doc: dict) -> int:
+    from hlat.eval.tasks.templates import render
+
+    return len(render(template, "t.yaml:6: doc_to_text")(doc))
+
+
+HUGE = {"big": "x" * 1_000_000, "lines": "a\n" * 500_000}  # fields of a (large) example
+BOUNDED = [  # each would take gigabytes or hours unbounded; every width-taking filter is here
+    ("{{ big|center(10**9) }}", "center width 1,000,000,000 is over"),
+    ("{{ lines|indent(100) }}", "an indent would build more than"),
+    ("{{ lines|indent(big) }}", "an indent would build more than"),
+    ("{{ '%999999999s'|format(big) }}", "a % format width 999,999,999 is over"),
+    ("{{ '%*s'|format(10**9, big) }}", "a '*' width or precision"),
+    ("{{ ('%(a)s' * 1000)|format(a=big) }}", "a % format would build more than"),
+    ("{{ '%999999999d' % 1 }}", "a % format width"),
+    ("{{ big|replace('', big) }}", "a replace would build more than"),
+    ("{{ big|replace('x', big, 9) }}", "a replace would build more than"),
+    ("{{ ([big] * 1000)|join }}", "a repetition would build more than"),
+    ("{{ [big, big, big, big, big]|join(big) }}", "a join would build more than"),
+    ("{{ big|wordwrap(1, wrapstring=big) }}", "a wordwrap would build more than"),
+    ("{{ [1]|batch(10**9, 0)|list }}", "batch size"),
+    ("{{ [1]|slice(10**9)|list }}", "slice count"),
+    ("{{ [[1]]|tojson(indent=10**9) }}", "a tojson indent would build"),
+    ("{{ lipsum(10**6) }}", "lipsum would build more than"),
+    ("{{ ['x']|map('center', 10**9)|join }}", "center width"),
+    # str methods, however they are reached
+    ("{{ 'x'.center(10**9) }}", "str.center width"),
+    ("{{ ('x'|attr('rjust'))(10**9) }}", "str.rjust width"),
+    ("{{ '1'.zfill(10**9) }}", "str.zfill width"),
+    ("{{ lines.expandtabs(10**4) }}", "str.expandtabs would build"),
+    ("{{ big.replace('', big) }}", "a replace would build"),
+    ("{{ big.join(big) }}", "a join would build"),
+    ("{{ '{:>999999999}'.format(1) }}", "a format width 999,999,999"),
+    ("{{ '{:>{}}'.format(1, 10**9) }}", "a format width 1,000,000,000"),
+    ("{{ ('{0}' * 10**5).format(big) }}", "a format would build"),
+    ("{{ ('{a}' * 10**5).format_map({'a': big}) }}", "a format would build"),
+    # concatenation, output and building
+    (
+        "{% set ns = namespace(s=big) %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "the output would build more than",
+    ),
+    ("{% set ns = namespace(s=big) %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}", "+ of more"),
+    ("{% for i in range(10**5) %}{{ big }}{% endfor %}", "the output would build more than"),
+    ("{% macro m() %}{% for i in range(10**5) %}{{ big }}{% endfor %}{% endmacro %}{{ m()|length }}", "units of work"),
+    ("{{ [[big] * 1000] * 1000 }}", "a repetition would build more than"),
+    ("{{ ((((9 ** 64) ** 64) ** 64) ** 64) ** 64 }}", "a power of more than"),
+    ("{% set ns = namespace(x=3) %}{% for i in range(64) %}{% set ns.x = ns.x * ns.x %}{% endfor %}", "a product"),
+    # time: loops and calls
+    ("{% for i in range(10**5) %}{% for j in range(10**5) %}{% endfor %}{% endfor %}", "units of work"),
+    (
+        "{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}",
+        "units of work|a render of more than",
+    ),
+    ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}", "RecursionError"),
+]
+
+
+@pytest.mark.parametrize("template, refusal", BOUNDED)
+def test_a_template_cannot_exhaust_memory_or_time(template, refusal) -> None:
+    """Each case runs in a child limited to 1 GiB more and 30 s: unbounded, it is killed or times
+    out; bounded, it is refused with one line naming the file and field, within the time limit."""
+    from contained import contained
+    from hlat.eval.tasks import template_bounds
+
+    outcome = contained(_render, template, HUGE, memory_mb=1024, timeout_s=30)
+    assert outcome.kind == "raised", outcome
+    assert outcome.error.startswith("TemplateError: t.yaml:6: doc_to_text: template "), outcome.error
+    assert any(part in outcome.error for part in refusal.split("|")), outcome.error
+    assert "\n" not in outcome.error
+    assert outcome.seconds < template_bounds.MAX_SECONDS + 15, outcome  # slack for a loaded machine
+
+
+def test_bounded_templates_still_render_what_lm_eval_renders() -> None:
+    from hlat.eval.tasks.templates import render
+
+    doc = {"q": "Why?", "choices": ["a", "b"], "n": 3}
+    template = (
+        "{{ q|center(8) }}|{{ choices|join(', ') }}|{{ '%03d'|format(n) }}|{{ '{:>4}'.format(n) }}|"
+        "{{ q|replace('?', '!') }}|{{ ('a\\nb')|indent(2) }}|{{ q ~ '-' ~ n }}|"
+        "{% for c in choices %}{{ loop.index }}{{ c }}{% endfor %}|{{ 'x' * 3 }}|{{ '%s=%d' % (q, n) }}"
+    )
+    assert render(template)(doc) == "  Why?  |a, b|003|   3|Why!|a\n  b|Why?-3|1a2b|xxx|Why?=3"
+
+
+def _load(path: str) -> str:
+    load_task_file(Path(path))
+    return "loaded"
+
+
+def test_yaml_aliases_and_deep_nesting_are_refused_at_once(tmp_path) -> None:
+    """A 'billion laughs' file (ten lines, 10**9 nodes through aliases) and 10**5 nested lists."""
+    from contained import contained
+
+    laughs = tmp_path / "laughs.yaml"
+    levels = "".join(f"l{i + 1}: &l{i + 1} [{', '.join([f'*l{i}'] * 10)}]\n" for i in range(9))
+    laughs.write_text("task: t\nl0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + levels)
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("task: " + "[" * 10**5 + "]" * 10**5 + "\n")
+    for path, refusal in [(laughs, "alias *l0 is not supported"), (deep, "nested deeper than 50 levels")]:
+        outcome = contained(_load, str(path), memory_mb=1024, timeout_s=30)
+        assert outcome.kind == "raised" and outcome.error.startswith(f"TaskFileError: {path}: "), outcome
+        assert refusal in outcome.error and "\n" not in outcome.error, outcome.error
+        assert outcome.seconds < 20, outcome  # unbounded, it is killed at 30 s
+
+
+HEAD = "task: t\ndataset_path: x\noutput_type: generate_until\ntest_split: test\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (HEAD + "doc_to_target: a\nnum_fewshot: two\n", "t.yaml:6: num_fewshot: expected an integer, got str"),
+        (HEAD + "doc_to_target: a\nnum_fewshot: true\n", "t.yaml:6: num_fewshot: expected an integer, got bool"),
+        (HEAD + "doc_to_target: {a: 1}\n", "t.yaml:5: doc_to_target: expected a string or an integer or a list"),
+        (HEAD + "doc_to_target: a\ndoc_to_text: [1]\n", "t.yaml:6: doc_to_text: expected a string, got list"),
+        (HEAD + "doc_to_target: a\ngeneration_kwargs: {max_gen_toks: lots}\n", "max_gen_toks: expected an integer"),
+        (HEAD + "doc_to_target: a\ngeneration_kwargs: {until: 5}\n", "t.yaml:6: generation_kwargs: until"),
+        (HEAD + "doc_to_target: a\nfilter_list: [x]\n", "t.yaml:6: filter_list: each entry is a mapping"),
+        (
+            HEAD + "doc_to_target: a\nfilter_list:\n  - name: f\n    filter:\n      - function: regex\n"
+            "        regex_pattern: '(['\n",
+            "t.yaml:6: filter_list: regex_pattern '([' is not a valid regular expression",
+        ),
+        (
+            HEAD + "doc_to_target: a\nmetric_list:\n  - metric: exact_match\n    regexes_to_ignore: ['*']\n",
+            "t.yaml:6: metric_list: regexes_to_ignore '*' is not a valid regular expression",
+        ),
+        (HEAD + "doc_to_target: a\nfewshot_config: {sampler: [1]}\n", "t.yaml:6: fewshot_config: sampler [1]"),
+        (
+            HEAD.replace("path: x", "path: json") + "doc_to_target: a\ndataset_kwargs: {data_files: {test: 3}}\n",
+            "t.yaml:6: dataset_kwargs: data_files: each split names a file or a list of files",
+        ),
+        (HEAD + "doc_to_target: '{{ a'\n", "Jinja template error in '{{ a'"),
+        ("task: t\n1: x\n", "t.yaml:2: key 1 is not supported"),
+        ("? [task]\n: t\n", "t.yaml:1: a key must be a plain name"),
+    ],
+)
+def test_type_and_regex_errors_name_the_file_and_field(tmp_path, text, message) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    with pytest.raises(TaskFileError) as err:
+        load_task_file(path)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "keys, doc, message",
+    [
+        ({"doc_to_text": '"{{ 1 / q }}"'}, {"q": 0}, "doc_to_text: template '{{ 1 / q }}' failed: ZeroDivisionError"),
+        ({"doc_to_text": '"{{ q + 1 }}"'}, {"q": "a"}, "doc_to_text: template '{{ q + 1 }}' failed: TypeError"),
+        ({"doc_to_target": "gold"}, {"gold": 7}, "doc_to_target: '7' is neither one of the example's 2 choices"),
+        ({"doc_to_choice": '"{{ q }}"'}, {"q": "a saw"}, "doc_to_choice: template '{{ q }}' rendered 'a saw', not"),
+        ({"doc_to_choice": "q"}, {"q": 5}, "doc_to_choice: 'q' gave '5', not a list of choices"),
+    ],
+)
+def test_template_errors_on_an_example_name_the_file_and_field(tmp_path, keys, doc, message) -> None:
+    fields = {"doc_to_text": '"Q"', "doc_to_target": "0", "doc_to_choice": "[a, b]"} | keys
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        "task: t\ndataset_path: x\noutput_type: multiple_choice\ntest_split: test\n"
+        + "".join(f"{key}: {value}\n" for key, value in fields.items())
+    )
+    task = load_task_file(path)
+    with pytest.raises(TemplateError) as err:
+        task.prompt(doc, []), task.doc_to_choice(doc), task.doc_to_target(doc)
+    assert str(err.value).startswith(f"{path}:") and message in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)

@@ -119,7 +119,8 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     while i < len(args):
         arg = args[i]
         if not arg.startswith("--") or "." not in arg.split("=", 1)[0]:
-            raise ConfigError([(arg, "expected an override like --section.field VALUE (e.g. --optim.lr 1e-4)")])
+            shown = arg if arg.strip() else repr(arg)  # an empty argument, e.g. from an unset shell variable
+            raise ConfigError([(shown, "expected an override like --section.field VALUE (e.g. --optim.lr 1e-4)")])
         if "=" in arg:
             key, value = arg[2:].split("=", 1)
             i += 1

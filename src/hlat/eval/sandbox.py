@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,11 +29,17 @@ from hlat.eval import sandbox_isolation as isolation
 HERE = Path(__file__).parent
 SOLUTION = str(HERE / "sandbox_solution.py")
 JUDGE = str(HERE / "sandbox_judge.py")
+MIB = 1 << 20
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
 
 
 class UnsafeCodeRefused(ValueError):
     """Generated code would run without isolation and nobody opted in."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself failed (a file it could not write, a mount it could not make), not the
+    program: raised, so that a broken harness never scores programs as failed."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,10 @@ class SandboxLimits:
     timeout_s: float = 10.0  # wall clock per program (solution and test together)
     memory_mb: int = 1024  # address space of each process
     file_mb: int = 16  # largest file the solution may write
-    processes: int = 16  # processes and threads of the solution's uid (namespaces mode)
+    scratch_mb: int = 64  # all the files it may write together (its scratch directory)
+    # processes and threads of the solution's uid: 1, no fork and no thread, so that memory_mb
+    # holds for the solution as a whole (namespaces mode, where it has a uid of its own)
+    processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,10 @@ def isolation_mode() -> str:
     if not isolation.unshare_available():
         return isolation.NONE
     probe = Program("def f():\n    return 1\n", "assert f() == 1\n")
-    ok = _run(probe, SandboxLimits(timeout_s=30.0), isolation.NAMESPACES).passed
+    try:
+        ok = _run(probe, SandboxLimits(timeout_s=30.0), isolation.NAMESPACES).passed
+    except SandboxError:  # e.g. a tmpfs or bind mount refused here
+        ok = False
     return isolation.NAMESPACES if ok else isolation.NONE
 
 
@@ -118,37 +131,81 @@ def _run(program: Program, limits: SandboxLimits, mode: str) -> ExecResult:
         Path(scratch, "solution.py").write_text(program.solution, encoding="utf-8")
         calls_r, calls_w = os.pipe()
         answers_r, answers_w = os.pipe()
+        setup_r, setup_w = os.pipe()  # S writes "ok" on it once confined, before the solution runs
         solution = judge = None
         try:
-            solution = _start_solution(program, limits, mode, Path(work), calls_r, answers_w)
+            solution = _start_solution(program, limits, mode, Path(work), calls_r, answers_w, setup_w)
             judge = _start_judge(program, limits, Path(work), calls_w, answers_r)
         finally:
-            for fd in (calls_r, calls_w, answers_r, answers_w):
+            for fd in (calls_r, calls_w, answers_r, answers_w, setup_w):
                 os.close(fd)  # only S and T hold the channel: either one ending ends it
             try:
-                status = "timeout"
+                status = "timeout" if judge is not None else "failed"
                 if judge is not None:
-                    judge.wait(timeout=limits.timeout_s)
-                    status = "passed" if judge.returncode == 0 else "failed"
-            except subprocess.TimeoutExpired:
-                pass
+                    status = _wait(judge, limits, scratch if mode == isolation.NONE else None)
             finally:
                 _stop(solution)
                 _stop(judge)
+                confined = _read_all(setup_r) == b"ok"
         detail = _tail(Path(work, "judge.err")) if status != "passed" else ""
         output = _tail(Path(work, "solution.out"))
+        if judge is not None and judge.returncode not in (0, 1) and status == "failed":
+            raise SandboxError(f"the test process ended with status {judge.returncode}: {detail[-500:]}")
+        if not confined and status != "passed":
+            raise SandboxError(f"the solution process could not be set up: {output[-500:]}")
+        if status == "quota":
+            status, detail = "failed", f"the solution wrote more than {limits.scratch_mb} MiB of files"
         if status != "passed" and output:
             detail += f"\n--- solution output ---\n{output}"
         return ExecResult(status == "passed", status, detail[-1500:])
 
 
+def _wait(judge: subprocess.Popen[bytes], limits: SandboxLimits, scratch: Path | None) -> str:
+    """ "passed", "failed", "timeout", or "quota" when `scratch` (given without namespaces, where no
+    tmpfs bounds it) grew past limits.scratch_mb."""
+    deadline = time.monotonic() + limits.timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            judge.wait(timeout=max(0.0, min(left, 0.1) if scratch is not None else left))
+            return "passed" if judge.returncode == 0 else "failed"
+        except subprocess.TimeoutExpired:
+            if left <= 0:
+                return "timeout"
+            if scratch is not None and _usage(scratch) > limits.scratch_mb * MIB:
+                return "quota"
+
+
+def _usage(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass  # removed meanwhile
+    return total
+
+
+def _read_all(fd: int) -> bytes:
+    """What S wrote on the setup pipe (every writer is gone by now), then the pipe closed."""
+    try:
+        os.set_blocking(fd, False)
+        return os.read(fd, 16)
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(fd)
+
+
 def _start_solution(
-    program: Program, limits: SandboxLimits, mode: str, work: Path, calls: int, answers: int
+    program: Program, limits: SandboxLimits, mode: str, work: Path, calls: int, answers: int, setup: int
 ) -> subprocess.Popen[bytes]:
     scratch = work / "scratch"
     config = {
         "calls_fd": calls,
         "answers_fd": answers,
+        "setup_fd": setup,
         "isolation": None,
         "site_packages": isolation.site_packages(),
         "limits": {
@@ -163,10 +220,13 @@ def _start_solution(
         readable, links = isolation.readable_paths()
         uid = isolation.solution_uid()
         (work / "root").mkdir()
-        if uid is not None:
-            os.chown(scratch, uid, uid)
-            os.chown(scratch / "solution.py", uid, uid)
-        config["isolation"] = {"root": str(work / "root"), "readable": readable, "links": links, "uid": uid}
+        config["isolation"] = {
+            "root": str(work / "root"),
+            "readable": readable,
+            "links": links,
+            "uid": uid,
+            "scratch_mb": limits.scratch_mb,
+        }
         command = isolation.unshare_command() + command
     with open(work / "solution.out", "wb") as out:
         return subprocess.Popen(
@@ -180,7 +240,7 @@ def _start_solution(
             stdin=subprocess.PIPE if config["isolation"] else subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            pass_fds=(calls, answers),
+            pass_fds=(calls, answers, setup),
             start_new_session=True,
         )
 

@@ -3,7 +3,8 @@
 Called as root inside fresh mount, network, PID, IPC and UTS namespaces (made by `unshare`, see
 sandbox_isolation.py): builds a new root on a small tmpfs that holds only read-only bind mounts
 of the interpreter, its standard library, site-packages and shared libraries, /dev/null, zero,
-random and urandom, and the scratch directory (read-write, at /sandbox); makes it the root
+random and urandom, and a scratch directory of its own (a tmpfs of a fixed size at /sandbox,
+holding a copy of solution.py: what the solution writes fills it, never the host's disk); makes it the root
 (pivot_root, the old root detached); then drops to an unprivileged uid and gid with no groups,
 no capabilities and no_new_privs.
 """
@@ -52,11 +53,16 @@ def _bind(source: str, target: str, flags: int) -> None:
     _mount(None, target, None, MS_REMOUNT | MS_BIND | flags | kept)
 
 
-def confine(root: str, scratch: str, readable: list[str], links: dict[str, str], uid: int | None) -> None:
+SCRATCH_INODES = 4096  # files and directories the solution may create
+
+
+def confine(
+    root: str, scratch: str, readable: list[str], links: dict[str, str], uid: int | None, scratch_mb: int
+) -> None:
     """Make `root` (an empty directory) the root of this mount namespace, holding `readable`
     read-only at their own paths, `links` (path -> symlink target, e.g. /lib -> usr/lib), the
-    devices and `scratch` at /sandbox; then drop to `uid` (None: stay, e.g. inside a user
-    namespace where the caller is already unprivileged outside)."""
+    devices and a `scratch_mb` tmpfs at /sandbox with `scratch`/solution.py; then drop to `uid`
+    (None: stay, e.g. inside a user namespace where the caller is already unprivileged outside)."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing propagates back to the host
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
     for path in readable:
@@ -65,7 +71,22 @@ def confine(root: str, scratch: str, readable: list[str], links: dict[str, str],
         os.symlink(target, root + path)
     for name in DEVICES:
         _bind(f"/dev/{name}", f"{root}/dev/{name}", MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-    _bind(scratch, root + SCRATCH, MS_NOSUID | MS_NODEV)
+    os.makedirs(root + SCRATCH)
+    owner = "" if uid is None else f",uid={uid},gid={uid}"
+    _mount(
+        "tmpfs",
+        root + SCRATCH,
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={scratch_mb}m,nr_inodes={SCRATCH_INODES},mode=700{owner}",
+    )
+    with (
+        open(os.path.join(scratch, "solution.py"), "rb") as source,
+        open(root + SCRATCH + "/solution.py", "wb") as copy,
+    ):
+        copy.write(source.read())
+    if uid is not None:
+        os.chown(root + SCRATCH + "/solution.py", uid, uid)
     _mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     number = PIVOT_ROOT.get(platform.machine())

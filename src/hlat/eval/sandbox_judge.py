@@ -44,6 +44,9 @@ TEST_MODULES = frozenset(
 )
 
 
+HARNESS_FAILED = 3  # exit status: this process could not set itself up (not a verdict)
+
+
 class SolutionError(Exception):
     """The solution raised, returned something that cannot cross, or stopped answering."""
 
@@ -83,7 +86,10 @@ class Solution:
             return wire.decode(message[1])
         if message[0] == "raise" and len(message) == 3:
             kind = getattr(builtins, str(message[1]), None)
-            error = kind if isinstance(kind, type) and issubclass(kind, Exception) else SolutionError
+            # as the builtin type, so a test may catch it; never StopIteration, which map(), filter()
+            # or zip() would take for "no more items", ending a check early as if it held
+            plain = isinstance(kind, type) and issubclass(kind, Exception) and kind is not StopIteration
+            error = kind if plain else SolutionError
             raise error(f"{name} raised {str(message[1])[:80]}: {str(message[2])[:2000]}")
         raise SolutionError(f"unexpected answer {message[0][:40]!r} from the solution")
 
@@ -106,11 +112,15 @@ def _bindable(name: Any) -> bool:
 
 
 def main() -> None:
-    with open(sys.argv[1], encoding="utf-8") as handle:
-        spec = json.load(handle)
-    memory = spec["memory_mb"] * MIB
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    try:
+        with open(sys.argv[1], encoding="utf-8") as handle:
+            spec = json.load(handle)
+        memory = spec["memory_mb"] * MIB
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError) as err:  # the harness's fault: hlat.eval.sandbox raises SandboxError
+        print(f"the test process could not start: {err}", file=sys.stderr)
+        sys.exit(HARNESS_FAILED)
     solution = Solution(spec["calls_fd"], spec["answers_fd"])
     functions, modules = solution.ready()
     namespace: dict[str, Any] = {"__name__": "__main__"}

@@ -30,20 +30,29 @@ MIB = 1 << 20
 
 def main() -> None:
     config = json.loads(sys.argv[1])
-    calls, answers = config["calls_fd"], config["answers_fd"]
+    calls, answers, setup = config["calls_fd"], config["answers_fd"], config["setup_fd"]
     isolation = config["isolation"]
     if isolation is not None:
         child = os.fork()  # process 1 of the new PID namespace
         if child:
-            _keep(child, (calls, answers))
+            _keep(child, (calls, answers, setup))
         from sandbox_confine import confine
 
-        confine(isolation["root"], os.getcwd(), isolation["readable"], isolation["links"], isolation["uid"])
+        confine(
+            isolation["root"],
+            os.getcwd(),
+            isolation["readable"],
+            isolation["links"],
+            isolation["uid"],
+            isolation["scratch_mb"],
+        )
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
     sys.path += config["site_packages"]  # importable as installed, but no .pth file runs
     _limit(config["limits"])
+    os.write(setup, b"ok")  # set up: what fails from here on is the solution's
+    os.close(setup)
     _serve(calls, answers)
 
 
