@@ -1,7 +1,7 @@
 """Our harness against EleutherAI's lm-evaluation-harness on the same exported model, the same
 local data and the same task YAML files, one per output type: per-example log-likelihoods agree to
-1e-4, accuracies and exact matches exactly, generations character for character and perplexities
-to 1e-4 relative. One simple_evaluate call runs all four tasks (lm-eval indexes only their folder)."""
+4e-5, accuracies and exact matches exactly, generations character for character and perplexities
+to 1e-6 relative. One simple_evaluate call runs all four tasks (lm-eval indexes only their folder)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ from hlat.eval.harness import TaskResult
 from hlat.eval.tasks.task_file import load_task_files
 from task_files import ARC_ROWS, TEXT, write_jsonl
 
+# Measured: multiple-choice log-likelihoods at most 3.8e-6 apart (one fp32 step at |ll| ~ 42; the
+# two sides batch the choices differently), loglikelihood, rolling and perplexities identical.
+LL_ABS = 4e-5  # 10x
+PPL_REL = 1e-6
 DATA = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n{shots}test_split: test\n"
 # few-shot: the first 2 examples of a train split, as lm-eval's first_n sampler takes them
 SHOTS = "    train: {data}\nfewshot_split: train\nnum_fewshot: 2\nfewshot_config:\n  sampler: first_n\n"
@@ -159,7 +163,7 @@ def test_multiple_choice_agrees_with_lm_eval(both, name) -> None:
             assert sample["arguments"][0][0].startswith("Answer each question.\n\nQ: ")
             assert sample["arguments"][0][0].count("Q: ") == 3
         their_lls = [float(r[0][0]) for r in sample["resps"]]
-        assert mine["loglikelihoods"] == pytest.approx(their_lls, abs=1e-4)
+        assert mine["loglikelihoods"] == pytest.approx(their_lls, abs=LL_ABS)
         assert (mine["acc"], mine["acc_norm"]) == (sample["acc"], sample["acc_norm"])
     assert ours.metrics["acc"]["value"] == theirs["results"]["acc,none"]
     assert ours.metrics["acc_norm"]["value"] == theirs["results"]["acc_norm,none"]
@@ -170,19 +174,19 @@ def test_loglikelihood_agrees_with_lm_eval(both) -> None:
     assert len(theirs["samples"]) == len(ours.samples) == len(ARC_ROWS)
     for sample, mine in zip(theirs["samples"], ours.samples):
         ll, greedy = sample["resps"][0][0]
-        assert mine["loglikelihood"] == pytest.approx(float(ll), abs=1e-4)
+        assert mine["loglikelihood"] == pytest.approx(float(ll), abs=LL_ABS)
         assert mine["greedy"] == bool(greedy)
     assert ours.metrics["acc"]["value"] == theirs["results"]["acc,none"]
-    assert ours.metrics["perplexity"]["value"] == pytest.approx(theirs["results"]["perplexity,none"], rel=1e-4)
+    assert ours.metrics["perplexity"]["value"] == pytest.approx(theirs["results"]["perplexity,none"], rel=PPL_REL)
 
 
 def test_loglikelihood_rolling_agrees_with_lm_eval(both) -> None:
     ours, theirs = both["tiny_rolling"]
     assert len(theirs["samples"]) == len(ours.samples) == len(ROLLING_ROWS)
     for sample, mine in zip(theirs["samples"], ours.samples):
-        assert mine["loglikelihood"] == pytest.approx(float(sample["resps"][0][0]), abs=1e-4)
+        assert mine["loglikelihood"] == pytest.approx(float(sample["resps"][0][0]), abs=LL_ABS)
     for metric in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
-        assert ours.metrics[metric]["value"] == pytest.approx(theirs["results"][f"{metric},none"], rel=1e-4)
+        assert ours.metrics[metric]["value"] == pytest.approx(theirs["results"][f"{metric},none"], rel=PPL_REL)
     assert math.isfinite(ours.metrics["bits_per_byte"]["value"])
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from deps import require
+from hf_logits import HF_LOGIT_TOLERANCE
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.model import Llama, count_params
@@ -96,7 +97,7 @@ def test_logits_match_hf(name: str) -> None:
             expected = hf(input_ids=tokens, position_ids=pos).logits
             got = ours(tokens, positions=pos)
             assert got.shape == (2, 48, cfg.vocab_size)
-            assert (got - expected).abs().max().item() <= 1e-4
+            assert (got - expected).abs().max().item() <= HF_LOGIT_TOLERANCE
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

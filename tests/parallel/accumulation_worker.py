@@ -1,16 +1,20 @@
 """Gradient accumulation under the precision and resharding switches (a scenario of
 test_accumulation.py): parity_worker's model and global batches, 4 micro-batches of 2 sequences
 per step on one process, over tp 2 or pp 2, or 2 per rank over dp 2, recording losses, full
-weights and how many FSDP2 all-gathers each step ran.
+weights, the first step's accumulated gradients and how many FSDP2 all-gathers each step ran.
 """
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 
 from hlat.config.layout import Degrees
 from hlat.config.optim import OptimConfig
@@ -19,7 +23,7 @@ from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch, labels_for
 from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
-from hlat.parallel.parallelize import build_parallel_model
+from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.precision import bf16_rounding
 from hlat.train.optimizers import Optimizers
 from hlat.train.step import train_step
@@ -70,6 +74,23 @@ class Run:
         return Degrees(pp=self.pp, dp_shard=self.dp, tp=self.tp)
 
 
+@contextlib.contextmanager
+def recording_grads(model: ParallelModel, into: dict[str, torch.Tensor]) -> Iterator[None]:
+    """Copy the accumulated gradients (full tensors, fp32) into `into` as train_step has them
+    before clipping: what the micro-batches summed to, in the parameters' dtype."""
+    clip = model.clip_grad_norm_
+
+    def record_then_clip(max_norm: float) -> torch.Tensor:
+        for part in model.raw_parts:
+            for name, p in part.named_parameters():
+                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                into[name] = grad.detach().float().clone()
+        return clip(max_norm)
+
+    with mock.patch.object(model, "clip_grad_norm_", record_then_clip):
+        yield
+
+
 def run(spec: Run, layout: Layout, out: Path) -> None:
     """Train the global batches under `spec` and save its losses, gathers and weights as files named by spec.id."""
     par = ParallelConfig(
@@ -88,18 +109,20 @@ def run(spec: Run, layout: Layout, out: Path) -> None:
         model.parts,
         lambda part: build_adamw(part, OptimConfig(lr=1e-3), bf16_rounding(spec.mode), seed=3, compile=False),
     )
-    losses, gathers = [], []
-    for tokens in global_batches():
+    losses, gathers, grads = [], [], {}
+    for step, tokens in enumerate(global_batches()):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
         batches = [Batch(mine[i : i + MICRO], labels_for(mine[i : i + MICRO])) for i in range(0, per_dp, MICRO)]
         before = GATHERS[0]
-        share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
+        with recording_grads(model, grads) if step == 0 else contextlib.nullcontext():
+            share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
         gathers.append(GATHERS[0] - before)
         losses.append(model.reduce_loss(share).item())
     full = get_model_state_dict(model.parts[0], options=StateDictOptions(full_state_dict=True))
     tag = spec.id
     if layout.dp_rank == 0 and layout.coordinate("tp") == 0:  # each pipeline stage saves its own layers
         torch.save({k: v.detach().float().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
+        torch.save(grads, out / f"{tag}.grads.rank{layout.rank}.pt")
     if layout.rank == 0:
         (out / f"{tag}.json").write_text(json.dumps({"losses": losses, "gathers": gathers}))
 

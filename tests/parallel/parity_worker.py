@@ -20,13 +20,12 @@ from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch, labels_for
-from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
-from hlat.train.optimizers import Optimizers
-from hlat.train.step import train_step
+from hlat.train.train_module import TrainModule
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
 VARIANTS = {
@@ -47,6 +46,7 @@ VARIANTS = {
     "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6),
 }
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
+LR = 1e-3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,30 +122,16 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
         precision_mode="fp32",
         compiled=compiled,
     )
-    if sharding == "zero1" and layout.dp > 1:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
-
-        from hlat.optim import decay_groups
-
-        build = lambda part: ZeroRedundancyOptimizer(
-            decay_groups(part, OptimConfig()),
-            optimizer_class=torch.optim.AdamW,
-            process_group=layout.group("dp"),
-            lr=1e-3,
-            betas=(0.9, 0.95),
-            eps=1e-8,
-            foreach=True,
-        )
-    else:
-        build = lambda part: build_adamw(part, OptimConfig(lr=1e-3))
-    optimizers = Optimizers(model.parts, build)
+    # the optimizers as the trainer builds them (ZeRO-1's sharded one included), stepped as it steps them
+    module = TrainModule(model, OptimConfig(lr=LR), PrecisionConfig(mode="fp32"), sharding, seed=0, max_grad_norm=0.0)
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
         batches = [Batch(mine[i : i + micro], labels_for(mine[i : i + micro])) for i in range(0, per_dp, micro)]
-        share, norm = train_step(model, optimizers, batches, grad_clip=1.0)
-        losses.append(model.reduce_loss(share).item())
-        norms.append(norm.item())
+        norms.append(module.step(batches, LR).grad_norm.item())
+        (loss,), skipped = module.read_losses()
+        assert skipped == 0, f"{case.id}: a step was skipped"
+        losses.append(loss)
     full = {}
     for part in model.parts:
         full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))

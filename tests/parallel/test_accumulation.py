@@ -1,6 +1,7 @@
 """Gradient accumulation under FSDP2's precision and resharding switches matches one process.
 
-gloo/CPU, 2 steps of 4 micro-batches (2 per rank over dp 2; tp 2 and pp 2 for the fp32 sums' hooks). mixed under FSDP2 (bf16 gathers,
+gloo/CPU, 2 steps of 4 micro-batches (2 per rank over dp 2; tp 2 and pp 2 for the fp32 sums' hooks,
+compared by the gradients they accumulate). mixed under FSDP2 (bf16 gathers,
 fp32 reduction and accumulation) and bf16-sr with fp32_grad_accum (FSDP2's fp32 accumulation
 against hlat.parallel.grad_accum on one process) reproduce one process; keeping the weights
 gathered between micro-batches (reshard_after_backward false) changes nothing but the gathers.
@@ -47,6 +48,14 @@ def result(scenarios: ScenarioResults, spec: Run) -> tuple[dict, dict[str, torch
     return json.loads((out / f"{spec.id}.json").read_text()), weights
 
 
+def first_grads(scenarios: ScenarioResults, spec: Run) -> dict[str, torch.Tensor]:
+    """The first step's accumulated gradients (accumulation_worker.recording_grads), all stages."""
+    grads: dict[str, torch.Tensor] = {}
+    for file in sorted(scenarios.path(f"accumulation-{spec.degrees.world}").glob(f"{spec.id}.grads.rank*.pt")):
+        grads.update(torch.load(file, weights_only=True))
+    return grads
+
+
 def _id(spec: Run) -> str:
     return spec.id
 
@@ -81,8 +90,21 @@ def test_weights_gathered_once_per_step_without_resharding_after_backward(scenar
 
 @pytest.mark.parametrize("spec", [TP_BF16_SR, PP_BF16_SR], ids=_id)
 def test_fp32_grad_accum_under_tensor_and_pipeline_parallelism(scenarios, spec):
-    """hlat.parallel.grad_accum's hooks on DTensor and pipeline-stage parameters. Stochastic
-    rounding draws other noise there (tensor-parallel shards, stage-local parameter positions), so
-    only the losses are compared: measured within 1.3e-5 relative of one process, as without the switch."""
-    metrics, _ = result(scenarios, spec)
-    assert metrics["losses"] == pytest.approx(result(scenarios, BF16_SR)[0]["losses"], rel=1e-4)
+    """hlat.parallel.grad_accum's hooks on DTensor and pipeline-stage parameters: the first step's
+    accumulated bf16 gradients against one process's (stochastic rounding draws other noise under
+    tp and pp, so later steps' weights are not comparable). Measured: pp 2 identical; tp 2 99.8% of
+    elements identical (its shards sum the fp32 partial products in another order, and where that
+    differs in the last bit the rounding to bf16 may flip); with the accumulator off for the
+    tensor-parallel parameters (bf16 sums of 4 micro-batches) 68% identical, while the losses
+    still agree to 1e-4."""
+    grads, reference = first_grads(scenarios, spec), first_grads(scenarios, BF16_SR)
+    assert grads.keys() == reference.keys() and grads, spec.id
+    if spec.pp > 1:
+        for name, value in reference.items():
+            torch.testing.assert_close(grads[name], value, rtol=0, atol=0, msg=f"{spec.id}: {name}")
+        return
+    same = sum((grads[n] == v).sum().item() for n, v in reference.items())
+    total = sum(v.numel() for v in reference.values())
+    assert same >= 0.99 * total, f"{spec.id}: {same / total:.2%} of gradient elements as on one process"  # 5x the flips
+    for name, value in reference.items():  # a flip is one bf16 step: below 2^-7 of the tensor's largest element
+        assert (grads[name] - value).abs().max() <= 2**-7 * value.abs().max(), f"{spec.id}: {name}"

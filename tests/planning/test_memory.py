@@ -101,7 +101,9 @@ def test_activation_model_matches_a_live_measurement(policy):
     ]  # fmt: skip
     cfg = load_config("tiny", None, overrides)
     measured = block_bytes(cfg.model, mode, every_other, batch=2, seq=64)
-    assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.2)
+    # measured: the plan 0.15% under (none) and 0.50% under (selective), exact for op, op every
+    # other and full; 1% is twice the worst
+    assert activation_bytes_per_layer(cfg, tp=1) == pytest.approx(measured, rel=0.01)
 
 
 def test_fp32_grad_accum_under_ddp_is_refused():

@@ -3,6 +3,7 @@ under torchrun --max-restarts; a NaN gradient; a loss spike. Injected with hlat.
 (HLAT_FAULT) or by patching one step in-process.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.load import load_config
+from hlat.device import record
+from hlat.optim import skips_exactly
 from hlat.train.trainer import Trainer
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args
 
@@ -42,8 +45,31 @@ def quiet(_: str) -> None:
     pass
 
 
-def _optimizer_state(trainer: Trainer) -> list[torch.Tensor]:
-    return [t.clone() for opt in trainer.optimizers.optimizers for state in opt.state.values() for t in state.values()]
+def _optimizer_state(trainer: Trainer) -> dict[str, torch.Tensor]:
+    states = [state for opt in trainer.optimizers.optimizers for state in opt.state.values()]
+    return {f"{i}.{key}": t.clone() for i, state in enumerate(states) for key, t in state.items()}
+
+
+def _nan_at_step_3(trainer: Trainer, monkeypatch) -> list[tuple[list[torch.Tensor], dict[str, torch.Tensor]]]:
+    """Give step 3 a NaN in one gradient entry; return the (weights, optimizer state) before and
+    after it, filled as the run goes."""
+    real = trainer.model.forward_backward
+    snapshots = []
+
+    def forced_nan(batches, n_targets):
+        if len(snapshots) < 2 and trainer.step in (2, 3):  # the state before and after step 3
+            snapshots.append(([p.detach().clone() for p in trainer.model.parameters()], _optimizer_state(trainer)))
+        share = real(batches, n_targets)
+        if trainer.step == 2:  # running step 3
+            next(p for p in trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
+        return share
+
+    monkeypatch.setattr(trainer.model, "forward_backward", forced_nan)
+    return snapshots
+
+
+def _skipped_steps(run) -> list[int]:
+    return [json.loads(line)["skipped_steps"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("mode", ["fp32", "bf16-sr"])
@@ -53,26 +79,37 @@ def test_nonfinite_gradient_step_is_skipped_exactly(small_corpus, tmp_path, monk
     trainer = Trainer(
         cfg(small_corpus, run, "--precision.mode", mode, "--precision.compile_optimizer", "false"), out=quiet
     )
-    real = trainer.model.forward_backward
-    snapshots = []
-
-    def forced_nan(batches, n_targets):
-        if len(snapshots) < 2 and trainer.step in (2, 3):  # the state before and after step 3
-            snapshots.append(([p.detach().clone() for p in trainer.model.parameters()], _optimizer_state(trainer)))
-        share = real(batches, n_targets)
-        if trainer.step == 2:  # running step 3: a NaN in one gradient entry
-            next(p for p in trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float("nan")
-        return share
-
-    monkeypatch.setattr(trainer.model, "forward_backward", forced_nan)
+    snapshots = _nan_at_step_3(trainer, monkeypatch)
     summary = trainer.fit()
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1, 1]
+    assert _skipped_steps(run) == [0, 0, 1, 1, 1, 1]
     (weights_before, state_before), (weights_after, state_after) = snapshots
     assert_same_tensors(dict(enumerate(weights_after)), dict(enumerate(weights_before)))
-    assert_same_tensors(dict(enumerate(state_after)), dict(enumerate(state_before)))
+    assert_same_tensors(state_after, state_before)
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
     assert len(summary.losses) == 6 and all(x == x for x in summary.losses)
+
+
+def test_nonfinite_gradient_step_on_foreach_adamw_steps_on_zeroed_gradients(small_corpus, tmp_path, monkeypatch):
+    """A device without fused AdamW (the CPU's record patched to say so): the skipped step is an
+    AdamW step on all-zero gradients, so the moments decay by beta1 and beta2 and nothing turns NaN."""
+    monkeypatch.setitem(record.RECORDS, "cpu", dataclasses.replace(record.RECORDS["cpu"], fused_adamw=False))
+    run = tmp_path / "foreach"
+    trainer = Trainer(cfg(small_corpus, run, "--train.steps", "4"), out=quiet)
+    assert not any(skips_exactly(opt) for opt in trainer.optimizers.optimizers)  # the fallback is what runs
+    snapshots = _nan_at_step_3(trainer, monkeypatch)
+    summary = trainer.fit()
+    assert _skipped_steps(run) == [0, 0, 1, 1]
+    (_, before), (_, after) = snapshots
+    optim = trainer.cfg.optim
+    for key, value in before.items():
+        kind = key.split(".")[-1]
+        if kind == "step":
+            assert after[key] == value + 1, key
+        else:  # exp_avg lerps towards the zero gradient; exp_avg_sq is multiplied by beta2
+            beta = optim.beta1 if kind == "exp_avg" else optim.beta2
+            torch.testing.assert_close(after[key], beta * value, rtol=1e-6, atol=0, msg=key)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert len(summary.losses) == 4 and all(x == x for x in summary.losses)
 
 
 def _batch_ids(batches) -> list[tuple[int, ...]]:

@@ -1,5 +1,6 @@
-"""The MFU denominator: the CPU peak formula, the GEMM ceiling's cache, the selection order, and
-MFU <= 100% in a real run."""
+"""The MFU denominator: the CPU peak formula, the GEMM ceiling's cache, the selection order,
+MFU <= 100% in a real run, and the logged MFU of a 4-process run equal to docs/training.md's
+tokens/s x FLOPs per token / (peak x world)."""
 
 import json
 
@@ -8,12 +9,19 @@ import torch
 
 import hlat.train.peak as peak_module
 from hlat.accelerators import by_table_name
+from hlat.config.load import read_run_config
+from hlat.model import Llama
 from hlat.train.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
 from hlat.train.gemm_ceiling import CACHE_FILE, gemm_ceiling_tflops, model_shapes
 from hlat.train.peak import resolve_peak, slow_bf16_warning
 from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
+from runs import ScenarioResults
+from test_resume_layouts import SCENARIOS as LAYOUT_SCENARIOS
 from test_trainer import tiny_cfg
+
+TP2XDP2 = "tp2xdp2-straight"  # 4 ranks, train.peak_tflops = 1 (tests/runs.py: tiny_args)
+SCENARIOS = [s for s in LAYOUT_SCENARIOS if s.name == TP2XDP2]
 
 CPU = torch.device("cpu")
 META = torch.device("meta")
@@ -131,3 +139,17 @@ def test_a_tiny_run_reports_mfu_at_most_one_against_its_stated_peak(small_corpus
     records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert len(records) == 2
     assert all(0 < r["mfu"] <= 1 and 0 < r["mfu_of_gemm"] for r in records), records
+
+
+def test_the_logged_mfu_is_tokens_per_s_times_flops_per_token_over_peak_times_world(scenarios: ScenarioResults):
+    run = read_run_config(scenarios.path(TP2XDP2) / "run")
+    cfg, seq_len, world = run.model, run.data.seq_len, SCENARIOS[0].world
+    assert world == 4 and run.train.peak_tflops == 1
+    params = sum(p.numel() for p in Llama(cfg).parameters())
+    # counted here, not by hlat.model.size: 6 x the matmul weights (the input embedding is a lookup)
+    # + 12 L d s for QK^T and AV
+    flops_per_token = 6 * (params - cfg.vocab_size * cfg.d_model) + 12 * cfg.n_layers * cfg.d_model * seq_len
+    records = [r for r in read_metrics(scenarios.path(TP2XDP2) / "run") if "loss" in r]
+    assert len(records) == 4
+    for r in records:
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * flops_per_token / (1e12 * world), rel=1e-9), r
