@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 import hlat.checkpoint.hf_import as hf_import
-from bounded import run_bounded
+from containment import run_bounded
 from hlat.checkpoint.completeness import IncompleteWeights
 from hlat.checkpoint.hf_import import ImportRefused, import_hf
 from hlat.checkpoint.loading import load_model

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from bounded import PEAK_RSS, peak_mib, run_bounded
+from containment import PEAK_RSS, peak_mib, run_bounded
 from hlat.config.data import DataConfig
 from hlat.data import BadDocument, open_entry
 from hlat.errors import DataError

@@ -367,7 +367,7 @@ BOUNDED = [  # each would take gigabytes or hours unbounded; every width-taking 
 def test_a_template_cannot_exhaust_memory_or_time(template, refusal) -> None:
     """Each case runs in a child limited to 1 GiB more and 30 s: unbounded, it is killed or times
     out; bounded, it is refused with one line naming the file and field, within the time limit."""
-    from contained import contained
+    from containment import contained
     from hlat.eval.tasks import template_bounds
 
     outcome = contained(_render, template, HUGE, memory_mb=1024, timeout_s=30)
@@ -397,7 +397,7 @@ def _load(path: str) -> str:
 
 def test_yaml_aliases_and_deep_nesting_are_refused_at_once(tmp_path) -> None:
     """A 'billion laughs' file (ten lines, 10**9 nodes through aliases) and 10**5 nested lists."""
-    from contained import contained
+    from containment import contained
 
     laughs = tmp_path / "laughs.yaml"
     levels = "".join(f"l{i + 1}: &l{i + 1} [{', '.join([f'*l{i}'] * 10)}]\n" for i in range(9))
