@@ -51,10 +51,10 @@ def train(ctx: ScenarioContext, device: str, steps: int, extra: list[str] = ()) 
         layout_runs.train(ctx, steps, [*extra, "--train.device", device, "--parallel.compile", "false"])
 
 
-def train_here(corpus: Path, run: Path, device: str, steps: int, *extra: str) -> list[float]:
+def train_here(corpus: Path, run: Path, device: str, steps: int, *extra: str, resume: str = "auto") -> list[float]:
     """Train the tiny model in this process on `device` (the simulated one present), eager, resuming
-    what `run` holds; every loss metrics.jsonl holds (an earlier run's too)."""
+    what `run` holds (Trainer's `resume` mode); every loss metrics.jsonl holds (an earlier run's too)."""
     args = tiny_args(corpus, run, "--train.steps", str(steps), "--train.device", device, "--parallel.compile", "false")
     with simulated_device.present():
-        Trainer(load_config("tiny", None, [*args, *extra]), resume="auto", out=lambda _: None).fit()
+        Trainer(load_config("tiny", None, [*args, *extra]), resume=resume, out=lambda _: None).fit()
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
