@@ -37,6 +37,13 @@ def test_help_texts_stand_alone():
         [sys.executable, "-m", "hlat", "train", "--help"], capture_output=True, text=True
     ).stdout
     assert "--optim.lr" in train_help and "--resume" in train_help
+    import_help = " ".join(
+        subprocess.run(
+            [sys.executable, "-m", "hlat", "import", "--help"], capture_output=True, text=True
+        ).stdout.split()
+    )
+    (refused,) = [s for s in import_help.split(". ") if "refused" in s]
+    assert "Tied embeddings, RoPE scaling" in import_help and not any(w in refused for w in ("tied", "bias", "scaling"))
 
 
 def test_train_end_to_end_on_the_embedded_corpus(tmp_path):

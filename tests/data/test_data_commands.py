@@ -101,4 +101,6 @@ def test_hlat_train_from_source_kinds(tmp_path, corpus_dir, kind, capsys):
         )
         == 0
     )
-    assert "done: step 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "done: step 2" in out
+    assert "sample (greedy," in out.split("done: step 2")[1], out  # from shards too: their tokens, decoded
