@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import sentencepiece as spm
@@ -23,8 +24,10 @@ def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):
         "--data.tokenizer", str(tmp_path / "t.json"), "--model.vocab_size", "300",
     ]  # fmt: skip
     assert main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "prepared" in out and "uint16" in out and f"--data.source {tmp_path / 'shards'}" in out
+    # progress in a log (not a terminal): a plain line per interval and at the end, no redraws
+    assert "\r" not in err and re.search(r"^prepare: (\d+)/\1 doc \(100%\).*tokens [\d,]+$", err, re.M), err
     assert main(args) == 0  # already complete: nothing to redo
     assert main(["tokenizer", "train", str(tmp_path / "missing"), "--vocab-size", "300", "--out", "x"]) == 2
 
@@ -129,6 +132,7 @@ def test_each_mixture_source_names_its_own_text_field(tmp_path, corpus_dir, caps
     assert main(["train", "--train.steps", "3", *args]) == 0
     out = capsys.readouterr().out
     assert "resuming from" in out and "done: step 3" in out, out
+    assert out.index("checkpoint: loading") < out.index("resuming from")  # the load says it starts
     assert main(["train", "--train.steps", "3", *args, "--data.text_field", "content,text,body"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hlat train: invalid configuration:\n  data.text_field: 'content,text,body' names 3")
