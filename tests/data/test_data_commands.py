@@ -107,6 +107,8 @@ def test_hlat_train_from_source_kinds(tmp_path, corpus_dir, kind, capsys):
     out = capsys.readouterr().out
     assert "done: step 2" in out
     assert "sample (greedy," in out.split("done: step 2")[1], out  # from shards too: their tokens, decoded
+    if kind == "shards":
+        assert "tokenizer: loading the token shards' tokenizer ..." in out, out
 
 
 def test_each_mixture_source_names_its_own_text_field(tmp_path, corpus_dir, capsys):

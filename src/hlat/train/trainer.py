@@ -24,6 +24,7 @@ import torch.distributed as dist
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state
 from hlat.config.data import default_cache_dir
+from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
@@ -226,7 +227,13 @@ class Trainer:
         cfg, lay = self.cfg, self.layout
         if lay.world > 1 and not lay.is_main:
             dist.barrier()  # rank 0 trains or loads the tokenizer first; the others read its cache
-        what = "loading data.tokenizer" if cfg.data.tokenizer else "loading or training a byte-level BPE"
+        what = (
+            "loading data.tokenizer"
+            if cfg.data.tokenizer
+            else "loading the token shards' tokenizer"
+            if entry_kind(source_entries(cfg.data.source)[0]) == "shards"
+            else "loading or training a byte-level BPE"
+        )
         with Heartbeat(f"tokenizer: {what}", self.out):
             self.tokenizer, tokenizer_line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
         if lay.world > 1 and lay.is_main:
