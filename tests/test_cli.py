@@ -1,7 +1,9 @@
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 from hlat.cli import main
 
@@ -37,6 +39,13 @@ def test_help_texts_stand_alone():
         [sys.executable, "-m", "hlat", "train", "--help"], capture_output=True, text=True
     ).stdout
     assert "--optim.lr" in train_help and "--resume" in train_help
+    import_help = " ".join(
+        subprocess.run(
+            [sys.executable, "-m", "hlat", "import", "--help"], capture_output=True, text=True
+        ).stdout.split()
+    )
+    (refused,) = [s for s in import_help.split(". ") if "refused" in s]
+    assert "Tied embeddings, RoPE scaling" in import_help and not any(w in refused for w in ("tied", "bias", "scaling"))
 
 
 def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
@@ -47,14 +56,26 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
         sys.executable, "-m", "hlat", "train", "--train.steps", "4", "--train.log_every", "2",
         "--data.tokenizer_train_chars", "300000", "--train.run_dir", str(run),
     ]  # fmt: skip
+    started = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "tokenizer:" in out.stdout and "standard library" in out.stdout
     assert "done: step 4" in out.stdout
+    # the long start-up phases say what they are doing before they start
+    for phase in (
+        "tokenizer: loading or training a byte-level BPE ...",
+        "data: opening data.source",
+        "model: building",
+    ):
+        assert phase in out.stdout, out.stdout
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in train] == [2, 4]
     assert {"loss", "ppl", "lr", "grad_norm", "param_norm", "tokens_per_s", "tokens", "mfu"} <= set(train[0])
+    # wall time in the records, elapsed time and ETA to train.steps on the lines
+    assert started < train[0]["time"] < train[1]["time"] < time.time()
+    assert 0 < train[0]["elapsed_s"] < train[1]["elapsed_s"] and train[0]["eta_s"] > 0 and train[1]["eta_s"] == 0
+    assert re.search(r"^step +2 \|.*\| elapsed \d+:\d\d \| eta \d+:\d\d$", out.stdout, re.M), out.stdout
     (source_tokens,) = train[-1]["source_tokens"].values()  # one source: its count is every token read
     assert source_tokens == train[-1]["tokens"]
     # the tiny preset validates on its held-out files at the end of the run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import sentencepiece as spm
@@ -23,8 +24,10 @@ def test_tokenizer_train_and_prepare_commands(tmp_path, corpus_dir, capsys):
         "--data.tokenizer", str(tmp_path / "t.json"), "--model.vocab_size", "300",
     ]  # fmt: skip
     assert main(args) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "prepared" in out and "uint16" in out and f"--data.source {tmp_path / 'shards'}" in out
+    # progress in a log (not a terminal): a plain line per interval and at the end, no redraws
+    assert "\r" not in err and re.search(r"^prepare: (\d+)/\1 doc \(100%\).*tokens [\d,]+$", err, re.M), err
     assert main(args) == 0  # already complete: nothing to redo
     assert main(["tokenizer", "train", str(tmp_path / "missing"), "--vocab-size", "300", "--out", "x"]) == 2
 
@@ -101,4 +104,38 @@ def test_hlat_train_from_source_kinds(tmp_path, corpus_dir, kind, capsys):
         )
         == 0
     )
-    assert "done: step 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "done: step 2" in out
+    assert "sample (greedy," in out.split("done: step 2")[1], out  # from shards too: their tokens, decoded
+    if kind == "shards":
+        assert "tokenizer: loading the token shards' tokenizer ..." in out, out
+
+
+def test_each_mixture_source_names_its_own_text_field(tmp_path, corpus_dir, capsys):
+    """--data.text_field content,text: one name per data.source entry, as data.weights; the run
+    resumes with the same settings (the sources' fingerprints are stable), and a count that
+    matches neither one nor the entries is one line, exit 2."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [p.read_text() for p in sorted(corpus_dir.rglob("*.txt"))]
+    pq.write_table(pa.table({"content": texts[::2]}), tmp_path / "a.parquet")
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t, "content": 1}) + "\n" for t in texts[1::2]))
+    args = [
+        "--data.source", f"{tmp_path / 'a.parquet'},{tmp_path / 'b.jsonl'}", "--data.text_field", "content, text",
+        "--model.vocab_size", "320", "--data.seq_len", "32", "--data.cache_dir", str(tmp_path / "c"),
+        "--train.run_dir", str(tmp_path / "run"), "--parallel.compile", "false", "--train.sample_prompt", "",
+        "--model.d_model", "64", "--model.n_layers", "1", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+        "--model.ffn_dim", "128", "--model.max_seq_len", "64", "--train.global_batch", "4", "--train.micro_batch", "4",
+        "--eval.every", "0", "--train.tensorboard", "false", "--train.plot", "false",
+    ]  # fmt: skip
+    assert main(["train", "--train.steps", "2", *args]) == 0
+    capsys.readouterr()
+    assert main(["train", "--train.steps", "3", *args]) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "done: step 3" in out, out
+    assert out.index("checkpoint: loading") < out.index("resuming from")  # the load says it starts
+    assert main(["train", "--train.steps", "3", *args, "--data.text_field", "content,text,body"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlat train: invalid configuration:\n  data.text_field: 'content,text,body' names 3")
+    assert err.count("\n") == 2 and "one per entry" in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -48,6 +49,7 @@ def test_cli_on_hf_dir_and_run_sweep(model, tokenizer_file, tmp_path, capsys) ->
     require("transformers")
     write_jsonl(tmp_path / "data" / "arc_easy" / "test.jsonl", ARC_ROWS)
     hf = save_hf(tmp_path / "hf", model, tokenizer_file)
+    capsys.readouterr()  # transformers' own bars, writing the model
     out = tmp_path / "out"
     assert (
         main(
@@ -69,7 +71,10 @@ def test_cli_on_hf_dir_and_run_sweep(model, tokenizer_file, tmp_path, capsys) ->
     )
     results = json.loads((out / "results.json").read_text())
     assert results["tasks"]["arc_easy"]["n"] == 6 and "mmlu" in results["skipped"]
-    assert "| arc_easy | commonsense | acc |" in capsys.readouterr().out
+    shown = capsys.readouterr()
+    assert "| arc_easy | commonsense | acc |" in shown.out
+    # progress in a log (not a terminal): plain lines, no carriage-return redraws
+    assert "\r" not in shown.err and re.search(r"^loglikelihood: \d+/\d+ request \(100%\)", shown.err, re.M), shown.err
 
     run = save_run(tmp_path / "run", model, tokenizer_file, [10, 20, 30])
     assert (

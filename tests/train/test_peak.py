@@ -12,7 +12,7 @@ from hlat.accelerators import by_table_name
 from hlat.config.load import read_run_config
 from hlat.model import Llama
 from hlat.train.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
-from hlat.train.gemm_ceiling import CACHE_FILE, gemm_ceiling_tflops, model_shapes
+from hlat.train.gemm_ceiling import CACHE_FILE, MAX_AGE_S, gemm_ceiling_tflops, model_shapes
 from hlat.train.peak import resolve_peak, slow_bf16_warning
 from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
@@ -80,6 +80,24 @@ def test_gemm_ceiling_is_measured_once_per_key(tmp_path):
     assert len(calls) == 2 * len(shapes) and len(json.loads((tmp_path / CACHE_FILE).read_text())) == 2
     (tmp_path / CACHE_FILE).write_text("{torn")  # an unreadable cache is measured again, not an error
     assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure)[1] is False
+
+
+def test_gemm_ceiling_is_measured_again_when_a_week_old(tmp_path):
+    """A ceiling measured under load must not stand for ever: an entry past MAX_AGE_S, or one from
+    a cache file written without times, is measured again and replaced."""
+    shapes = model_shapes(64, 128, 32)
+    measured = iter([1.0, 2.0, 3.0, 4.0] * 3)
+    measure = lambda *args: next(measured)  # noqa: E731
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, False)
+    path = tmp_path / CACHE_FILE
+    ((key, entry),) = json.loads(path.read_text()).items()
+    path.write_text(json.dumps({key: {**entry, "measured_at": entry["measured_at"] - MAX_AGE_S + 60}}))
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, True)
+    path.write_text(json.dumps({key: {"tflops": 0.5, "measured_at": entry["measured_at"] - MAX_AGE_S - 1}}))
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, False)
+    assert json.loads(path.read_text())[key]["tflops"] == 4.0
+    path.write_text(json.dumps({key: 0.5}))  # the format without times: stale
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, False)
 
 
 def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypatch):

@@ -16,8 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "safetensors with their index, or pytorch_model.bin; tokenizer.json or tokenizer.model) and write an "
         "hlat run directory: config.toml with the architecture, the tokenizer, and a weights-only checkpoint. "
         "hlat eval, hlat export and --checkpoint.init_from read it; config.toml also holds settings to continue "
-        "pre-training (a short schedule, validation on held-out documents). What hlat cannot represent (another "
-        "RoPE type or activation, Qwen3's sliding window) is refused, naming the config.json field.",
+        "pre-training (a short schedule, validation on held-out documents). Tied embeddings, RoPE scaling (linear, "
+        "llama3), head_dim and attention/MLP biases are imported. What hlat cannot represent (another RoPE type or "
+        "activation, Qwen3's sliding window) is refused, naming the config.json field.",
         epilog="example: hlat import ~/models/llama-2-7b runs/llama-2-7b && hlat eval --checkpoint runs/llama-2-7b --tasks arc_easy",
     )
     parser.add_argument("source", type=Path, help="Hugging Face model directory (save_pretrained's output)")

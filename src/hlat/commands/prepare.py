@@ -30,11 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from pathlib import Path
 
-    from tqdm import tqdm
-
     from hlat.config.data_paths import source_entries
     from hlat.data import OnlineDocuments, build_data_tokenizer, open_entry, prepare_shards
     from hlat.errors import UserError
+    from hlat.progress import progress
 
     cfg = load_run_config(args, overrides)
     entries = source_entries(cfg.data.source)
@@ -43,20 +42,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     tokenizer, line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
     print(line)
     docs = OnlineDocuments(open_entry(entries[0], cfg.data), tokenizer, cfg.data.max_doc_chars)
-    with tqdm(total=len(docs), unit="doc", desc="prepare", dynamic_ncols=True) as bar:
+    with progress(len(docs), "prepare", "doc") as bar:
+        written = [0]  # tokens so far
 
-        def progress(n_docs: int, n_tokens: int) -> None:
+        def advance(n_docs: int, n_tokens: int) -> None:
+            written[0] += n_tokens
+            bar.set_postfix(tokens=f"{written[0]:,}")
             bar.update(n_docs)
-            bar.set_postfix(tokens=f"{progress.tokens + n_tokens:,}")  # type: ignore[attr-defined]
-            progress.tokens += n_tokens  # type: ignore[attr-defined]
 
-        progress.tokens = 0  # type: ignore[attr-defined]
         manifest = prepare_shards(
             docs,
             Path(args.out),
             args.docs_per_shard,
             skip_bad=cfg.data.bad_documents == "skip",
-            progress=progress,
+            progress=advance,
             overwrite=args.overwrite,
         )
     tokens = sum(s["num_tokens"] for s in manifest["shards"])

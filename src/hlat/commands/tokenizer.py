@@ -58,11 +58,10 @@ def in_flags(message: str) -> str:
 def _train(args: argparse.Namespace) -> int:
     import time
 
-    from tqdm import tqdm
-
     from hlat.config.data import DataConfig
     from hlat.data import tokenizer_corpus, train_bpe
     from hlat.errors import ConfigError
+    from hlat.progress import progress
 
     cfg = DataConfig(source=args.source, text_field=args.text_field, bad_documents=args.bad_documents)
     problems = [(field, m) for field, m in cfg.validate() if field == "source"]
@@ -73,7 +72,7 @@ def _train(args: argparse.Namespace) -> int:
         raise ConfigError([("source", f"{args.source} holds token shards, not documents")])
     t0 = time.perf_counter()
     stats: dict = {}
-    with tqdm(total=args.max_chars, unit="char", unit_scale=True, desc="read", dynamic_ncols=True) as bar:
+    with progress(args.max_chars, "read", "char") as bar:
         tok = train_bpe(source, args.vocab_size, args.max_chars, _stats=stats, progress=bar.update)
         bar.total = bar.n
         bar.refresh()

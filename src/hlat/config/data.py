@@ -7,7 +7,7 @@ exist?) is ``path_problems``, which ``DataConfig.validate`` calls.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -33,7 +33,8 @@ class DataConfig:
     weights: str = ""
     """Mixture weights, comma-separated, one per source entry ("" = equal weights)."""
     text_field: str = "text"
-    """The column / JSON field holding each document's text."""
+    """The column / JSON field holding each document's text: one name for every source, or a
+    mixture's names, comma-separated, one per data.source entry (as data.weights)."""
     split: str = "train"
     """The split of a Hugging Face dataset (hf:NAME or a saved DatasetDict)."""
     hf_config: str = ""
@@ -79,6 +80,17 @@ class DataConfig:
             return [1.0] * n
         return [float(w) for w in self.weights.split(",")]
 
+    def text_fields(self) -> list[str]:
+        """data.text_field per data.source entry: one name serves them all."""
+        n = len(source_entries(self.source))
+        if "," not in self.text_field:
+            return [self.text_field] * n
+        return [f.strip() for f in self.text_field.split(",")]
+
+    def for_entry(self, index: int) -> DataConfig:
+        """This config as data.source entry `index` reads it (its own text field)."""
+        return replace(self, text_field=self.text_fields()[index])
+
     def validate(self) -> list[tuple[str, str]]:
         """Problems as (field, message naming the fix); empty when the config is usable."""
         problems: list[tuple[str, str]] = []
@@ -117,6 +129,15 @@ class DataConfig:
                     "weights",
                     f"{self.weights!r}: give {len(entries)} positive numbers, "
                     "comma-separated, one per data.source entry",
+                )
+            )
+        fields = self.text_fields()
+        if len(fields) != len(entries) or not all(fields):
+            problems.append(
+                (
+                    "text_field",
+                    f"{self.text_field!r} names {len(fields)} fields for {len(entries)} data.source entries; give one "
+                    f"name for every source, or {len(entries)} comma-separated, one per entry",
                 )
             )
         return problems + path_problems(self)

@@ -58,7 +58,8 @@ def holdout_split(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
 
 def tokenizer_corpus(cfg: DataConfig) -> DocumentSource | None:
     """What a byte-level BPE is trained on when data.tokenizer is empty: every document source."""
-    sources = [open_entry(e, cfg) for e in source_entries(cfg.source) if entry_kind(e) != "shards"]
+    entries = source_entries(cfg.source)
+    sources = [open_entry(e, cfg.for_entry(i)) for i, e in enumerate(entries) if entry_kind(e) != "shards"]
     return None if not sources else sources[0] if len(sources) == 1 else Concat(sources)
 
 
@@ -105,11 +106,11 @@ def data_bos_id(cfg: DataConfig, tokenizer: Any) -> int | None:
 def open_documents(cfg: DataConfig, tokenizer: Any) -> list[DocumentTokens]:
     """One token-document provider per data.source entry: online, or token shards."""
     out: list[DocumentTokens] = []
-    for entry in source_entries(cfg.source):
+    for i, entry in enumerate(source_entries(cfg.source)):
         if entry_kind(entry) == "shards":
             out.append(ShardDocuments(Path(entry), tokenizer, cfg.bad_documents == "skip"))
         else:
-            out.append(OnlineDocuments(open_entry(entry, cfg), tokenizer, cfg.max_doc_chars))
+            out.append(OnlineDocuments(open_entry(entry, cfg.for_entry(i)), tokenizer, cfg.max_doc_chars))
     return out
 
 
@@ -121,7 +122,9 @@ def _split(cfg: DataConfig, tokenizer: Any) -> tuple[list[DocumentTokens], Docum
             docs[0], val, "held-out split"
         )
     if cfg.val_source:
-        (val,) = open_documents(DataConfig(**{**cfg.__dict__, "source": cfg.val_source}), tokenizer)
+        # a separate validation source reads the first source's text field
+        val_cfg = DataConfig(**{**cfg.__dict__, "source": cfg.val_source, "text_field": cfg.text_fields()[0]})
+        (val,) = open_documents(val_cfg, tokenizer)
         return docs, val
     return docs, None
 

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from hlat.data.tokenizer import Tokenizer
 from hlat.errors import UserError
 from hlat.eval.requests import GenerateRequest, LoglikelihoodRequest, RollingRequest
 from hlat.model import KVCache
 from hlat.precision import autocast
+from hlat.progress import progress
 
 TokenPair = tuple[list[int], list[int]]  # (context ids, continuation ids)
 Stream = Callable[[int, str], None]  # (request index, its text so far) after each generated token
@@ -107,7 +107,7 @@ class LanguageModel:
         # Longest first: a batch that does not fit in memory fails at once, not at the end.
         order = sorted(range(len(pairs)), key=lambda i: -(len(pairs[i][0]) + len(pairs[i][1])))
         results: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
-        bar = tqdm(total=len(pairs), desc=desc, disable=not self.progress, leave=False)
+        bar = progress(len(pairs), desc, "request", enabled=self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             inputs = [(pairs[i][0] + pairs[i][1])[-(self.max_length + 1) :][:-1] for i in batch]
@@ -148,7 +148,7 @@ class LanguageModel:
         # registered from Python) still decodes greedily
         sampling = any(r.temperature > 0 for r in requests)
         generator = torch.Generator(device=self.device).manual_seed(self.seed) if sampling else None
-        bar = tqdm(total=len(requests), desc="generate", disable=not self.progress, leave=False)
+        bar = progress(len(requests), "generate", "request", enabled=self.progress, leave=False)
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
             on_token = None if stream is None else (lambda row, text, batch=batch: stream(batch[row], text))

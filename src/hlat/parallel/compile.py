@@ -11,6 +11,7 @@ error. torch's own switch (TORCH_COMPILE_DISABLE=1, i.e. torch._dynamo.config.di
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,7 @@ from hlat.model.llama import rope_tables
 from hlat.model.spec import model_spec
 from hlat.parallel.activation_checkpoint import checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype
+from hlat.progress import Heartbeat
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,11 @@ def decide_compile(
     tp: int = 1,
     recompute: str = "none",
     every_other_mm: bool = False,
+    out: Callable[[str], None] = lambda _: None,
 ) -> CompileDecision:
     """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
-    `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too."""
+    `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too;
+    `out`: where the probe's start line and heartbeat go (it can take minutes)."""
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
@@ -87,9 +91,10 @@ def decide_compile(
         return CompileDecision(False, f"compile: off (auto: no compile backend for {device.type})")
     start = time.perf_counter()
     try:
-        probe_block(
-            model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm
-        )
+        with Heartbeat(f"compile probe: one transformer block through torch.compile ({backend})", out):
+            probe_block(
+                model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm
+            )
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err

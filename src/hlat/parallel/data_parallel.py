@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 
 import torch
@@ -34,6 +35,15 @@ def mixed_precision_policy(precision: PrecisionConfig) -> MixedPrecisionPolicy:
     )
 
 
+# DDP's per-forward buffer sync is off (the RoPE tables are the same on every rank); torch 2.13 renames
+# the flag and warns on every rank for the old name. Buffers are synced at init either way.
+NO_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
+    else {"broadcast_buffers": False}
+)
+
+
 def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig) -> nn.Module:
     """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place)."""
     if layout.dp == 1:
@@ -47,7 +57,7 @@ def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precisi
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
     # ddp and zero1 both replicate the weights and all-reduce gradients; zero1 shards the optimizer.
-    return DistributedDataParallel(model, process_group=layout.group("dp"), broadcast_buffers=False)
+    return DistributedDataParallel(model, process_group=layout.group("dp"), **NO_BUFFER_SYNC)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,10 @@ import torch.distributed as dist
 
 from hlat.parallel.mesh import Layout
 
+# all_gather_single replaces all_gather_into_tensor, which warns as deprecated from torch 2.13 (on every
+# rank, again after each checkpoint: its save resets the warning filters); older torch has only the latter
+_all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class Verdict:
@@ -101,7 +105,7 @@ class SlowRankReport:
             return {}, []
         mine = torch.tensor([compute_s / steps], dtype=torch.float64)
         every = torch.empty(len(self.hosts), dtype=torch.float64)
-        dist.all_gather_into_tensor(every, mine)
+        _all_gather_tensor(every, mine)
         if not self.is_main:
             return {}, []
         verdict = self.scores.update(every.tolist(), self.stages)

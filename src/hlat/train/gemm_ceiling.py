@@ -1,5 +1,6 @@
 """The achievable matmul rate of this machine: the best GEMM throughput over a few shapes,
-measured once per machine and kept in the hlat cache directory.
+measured once per machine and kept in the hlat cache directory for a week (MAX_AGE_S): a figure
+measured while the machine was loaded is replaced by the next measurement, not kept for ever.
 
 The shapes are the model's own feed-forward matmuls at micro_batch x seq_len rows, as a training
 step runs them (forward, input gradient, weight gradient, with their transposed operands), plus
@@ -14,6 +15,7 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ from hlat.atomic_files import write_atomic
 from hlat.device.runtime import synchronize
 
 CACHE_FILE = "gemm_ceiling.json"
+MAX_AGE_S = 7 * 24 * 3600  # an entry older than this is measured again
 Shape = tuple[int, int, int, bool, bool]  # m, k, n, A transposed, B transposed
 
 
@@ -56,11 +59,12 @@ def gemm_ceiling_tflops(
     )
     path = cache_dir / CACHE_FILE
     cache = _load(path)
-    if key in cache:
-        return float(cache[key]), True
+    entry = cache.get(key)
+    if isinstance(entry, dict) and time.time() - float(entry.get("measured_at", 0)) < MAX_AGE_S:
+        return float(entry["tflops"]), True
     measure = measure or measure_gemm_tflops
     best = max(measure(device, dtype, shape, seconds) for shape in shapes)
-    cache[key] = best
+    cache[key] = {"tflops": best, "measured_at": time.time()}  # an entry without a time (older files) is stale
     _store(path, cache)
     return best, False
 
@@ -83,7 +87,7 @@ def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, shape: Shape, 
     return 2 * m * k * n / best / 1e12
 
 
-def _load(path: Path) -> dict[str, float]:
+def _load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -91,7 +95,7 @@ def _load(path: Path) -> dict[str, float]:
     return data if isinstance(data, dict) else {}
 
 
-def _store(path: Path, cache: dict[str, float]) -> None:
+def _store(path: Path, cache: dict[str, Any]) -> None:
     """Atomic: a concurrent reader sees the old file or the new one, never half of one."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ResumeError
 from hlat.parallel.mesh import Layout
+from hlat.progress import Heartbeat
 from hlat.toml_value import toml_value
 from hlat.train.sinks import METRICS_FILE, PLOT_FILE
 from hlat.train.train_module import TrainModule
@@ -141,13 +142,13 @@ class RunState:
                 f"{f' ({path.name} holds weights only)' if path else ''}; drop --resume to start a new run"
             )
         if path is not None:  # e.g. what hlat import wrote: its weights start this run
-            out(
-                f"initialised from {init_weights(str(path), self.module.model.parts)} (weights only: new optimizer, step 0)"
-            )
+            with Heartbeat(f"checkpoint: loading the weights of {path}", out):
+                source = init_weights(str(path), self.module.model.parts)
+            out(f"initialised from {source} (weights only: new optimizer, step 0)")
         elif self.cfg.checkpoint.init_from:
-            out(
-                f"initialised from {init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)} (new optimizer)"
-            )
+            with Heartbeat(f"checkpoint: loading the weights of {self.cfg.checkpoint.init_from}", out):
+                source = init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)
+            out(f"initialised from {source} (new optimizer)")
         return Progress()
 
     def latest_resumable(self) -> Path | None:
@@ -185,10 +186,11 @@ class RunState:
 
     def restore(self, path: Path, out: Callable[[str], None]) -> Progress:
         """Load everything from checkpoint `path`, whatever layout saved it."""
-        shared = self.checkpoints.load_shared(path)
-        state = self.module.state_dict()
-        self.checkpoints.load_sharded(path, state)
-        self.module.load_state_dict(state)
+        with Heartbeat(f"checkpoint: loading {path}", out):
+            shared = self.checkpoints.load_shared(path)
+            state = self.module.state_dict()
+            self.checkpoints.load_sharded(path, state)
+            self.module.load_state_dict(state)
         same = shared.get("layout") == self.layout_record()
         lay = self.layout
         loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same)

@@ -13,6 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from hlat.atomic_files import append_text, atomic_path, make_dir, write_atomic
+from hlat.progress import duration
 from hlat.train.sink import Sink
 from hlat.train.wandb_sink import WandbSink
 
@@ -108,7 +109,7 @@ class TensorBoardSink(Sink):
 
     def log(self, record: dict[str, Any]) -> None:
         for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)):
+            if key not in ("step", "time") and isinstance(value, (int, float)):  # events carry their own time
                 self.writer.add_scalar(f"train/{key}", value, record["step"])
             elif isinstance(value, dict):
                 for name, sub in value.items():
@@ -151,7 +152,8 @@ class ConsoleSink(Sink):
             f"step {record['step']:>7} | loss {record['loss']:.4f} | ppl {record['ppl']:.1f} | lr {record['lr']:.2e} | "
             f"grad {record['grad_norm']:.3f} | param {record['param_norm']:.1f} | {record['tokens_per_s']:,.0f} tok/s | "
             f"mfu {_percent(record['mfu'])} | {record['tokens']:,} tokens | {record['step_s']:.2f} s/step | "
-            f"data {record['data_frac']:.0%} | mem {record['mem_peak_gib']:.2f} GiB"
+            f"data {record['data_frac']:.0%} | mem {record['mem_peak_gib']:.2f} GiB | "
+            f"elapsed {duration(record['elapsed_s'])} | eta {duration(record['eta_s'])}"
         )
         if "slowest_rank" in record:  # multi-process CPU runs (hlat.parallel.slow_ranks)
             line += f" | slowest rank {record['slowest_rank']} +{record['slowest_lag_s']:.3f} s (score {record['slowest_score']:.0%})"

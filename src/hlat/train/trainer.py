@@ -24,6 +24,7 @@ import torch.distributed as dist
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state
 from hlat.config.data import default_cache_dir
+from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
@@ -42,6 +43,7 @@ from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.precision import compute_dtype, state_bytes_per_param
+from hlat.progress import Heartbeat
 from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.train.callbacks.base import Callback, load_callback
 from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
@@ -131,19 +133,21 @@ class Trainer:
             self.layout.tp,
             cfg.parallel.activation_checkpoint,
             cfg.parallel.recompute_every_other_mm,
+            self.out,
         )
         self.out(compiled.line)
-        model = build_parallel_model(
-            cfg.model,
-            cfg.parallel,
-            self.layout,
-            self.device,
-            cfg.train.seed,
-            self.accum,
-            cfg.precision,
-            compiled.enabled,
-            cfg.precision.float8,
-        )
+        with Heartbeat(f"model: building and initialising {count_params(cfg.model) / 1e6:,.1f}M parameters", self.out):
+            model = build_parallel_model(
+                cfg.model,
+                cfg.parallel,
+                self.layout,
+                self.device,
+                cfg.train.seed,
+                self.accum,
+                cfg.precision,
+                compiled.enabled,
+                cfg.precision.float8,
+            )
         tasks = (
             InTrainingTasks(
                 cfg.eval, cfg.model, self.tokenizer, self.layout, self.device, cfg.precision.mode, cfg.data.bos
@@ -239,19 +243,28 @@ class Trainer:
         cfg, lay = self.cfg, self.layout
         if lay.world > 1 and not lay.is_main:
             dist.barrier()  # rank 0 trains or loads the tokenizer first; the others read its cache
-        self.tokenizer, tokenizer_line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
+        what = (
+            "loading data.tokenizer"
+            if cfg.data.tokenizer
+            else "loading the token shards' tokenizer"
+            if entry_kind(source_entries(cfg.data.source)[0]) == "shards"
+            else "loading or training a byte-level BPE"
+        )
+        with Heartbeat(f"tokenizer: {what}", self.out):
+            self.tokenizer, tokenizer_line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
         if lay.world > 1 and lay.is_main:
             dist.barrier()
         self.out(tokenizer_line)
-        self.loader = build_loader(
-            cfg.data,
-            self.tokenizer,
-            seed=cfg.train.seed,
-            batch_size=cfg.train.micro_batch,
-            dp_rank=lay.dp_rank,
-            dp_size=lay.dp,
-            log_fn=self.out,
-        )
+        with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", self.out):
+            self.loader = build_loader(
+                cfg.data,
+                self.tokenizer,
+                seed=cfg.train.seed,
+                batch_size=cfg.train.micro_batch,
+                dp_rank=lay.dp_rank,
+                dp_size=lay.dp,
+                log_fn=self.out,
+            )
         # Built once: every evaluation sees the same held-out tokens.
         self.val_batches = (
             []
@@ -329,7 +342,8 @@ class Trainer:
         try:
             with interrupts:
                 self.emit("on_start")
-                self.window = Window(time.perf_counter(), MemoryMeter(self.device))
+                self._fit_started = time.perf_counter()
+                self.window = Window(self._fit_started, MemoryMeter(self.device))
                 self.module.train()
                 while self.step < total:
                     self.emit("on_step_start")
@@ -420,6 +434,8 @@ class Trainer:
         with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
             param_norm, source_tokens = self.module.param_norm().item(), self._source_tokens()
         achieved = tokens_per_s * self.flops_per_token
+        steps_here = self.step - self._first_step  # this launch's: a resume's rate, not the first run's
+        per_step = (time.perf_counter() - self._fit_started) / max(steps_here, 1)
         self.emit(
             "on_log",
             {
@@ -442,6 +458,9 @@ class Trainer:
                 **cost_fields(
                     self.cfg.train.price_per_node_hour, node_count(self.layout.world), self.train_s, self.tokens
                 ),
+                "time": time.time(),  # wall clock (Unix seconds) when the record was made
+                "elapsed_s": self.train_s,  # training time over the whole run, resumes included
+                "eta_s": (self.cfg.train.steps - self.step) * per_step,  # to train.steps at this launch's rate
             },
         )
         self.window.restart()
