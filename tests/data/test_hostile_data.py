@@ -124,3 +124,40 @@ def test_gzip_and_plain_lines_at_the_cap_still_read(tmp_path, monkeypatch):
             f.write(line + b"\n" + line)  # the last line without a newline
         src = open_entry(str(tmp_path / name), DataConfig(cache_dir=str(tmp_path / f"cache-{name}")))
         assert [src[i] for i in range(len(src))] == ["x" * 50] * 2
+
+
+def test_a_parquet_row_group_over_the_cap_is_refused_or_skipped_before_decoding(tmp_path, monkeypatch):
+    """The footer's uncompressed size bounds what decoding a row group's text column can take; a
+    group over the cap (here one huge value, the cap lowered) is never decoded."""
+    import pyarrow.parquet as pq
+
+    import hlat.data.records as records
+
+    monkeypatch.setattr(records, "MAX_PARQUET_CHUNK_BYTES", 4096)
+    path = tmp_path / "docs.parquet"
+    with pq.ParquetWriter(path, pa.schema([("text", pa.string())]), compression="zstd") as w:
+        w.write_table(pa.table({"text": ["small one", "small two"]}))
+        w.write_table(pa.table({"text": ["y" * 100_000]}))  # compresses to ~30 bytes on disk
+        w.write_table(pa.table({"text": ["small three"]}))
+    decoded = []
+    real = records._parquet_values
+    monkeypatch.setattr(records, "_parquet_values", lambda pf, f, g: decoded.append(g) or real(pf, f, g))
+    with pytest.raises(DataError, match=r"docs.parquet, rows 2-2 \(row group 1\): column 'text' is 0 MiB"):
+        open_entry(str(path), DataConfig(cache_dir=str(tmp_path / "cache-error")))
+    assert 1 not in decoded
+    src = open_entry(str(path), DataConfig(cache_dir=str(tmp_path / "cache-skip"), bad_documents="skip"))
+    assert [src[i] for i in range(len(src))] == ["small one", "small two", "small three"]
+    assert 1 not in decoded and src.skipped_rows == 1
+
+
+def test_a_parquet_value_over_the_record_cap_is_a_bad_document(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    import hlat.data.records as records
+
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 64)
+    pq.write_table(pa.table({"text": ["short", "z" * 65]}), tmp_path / "docs.parquet")
+    with pytest.raises(DataError, match=r"docs.parquet, row 1: longer than 0 MiB \(the record cap\)"):
+        open_entry(str(tmp_path / "docs.parquet"), DataConfig(cache_dir=str(tmp_path / "c1")))
+    src = open_entry(str(tmp_path / "docs.parquet"), DataConfig(cache_dir=str(tmp_path / "c2"), bad_documents="skip"))
+    assert [src[i] for i in range(len(src))] == ["short"]

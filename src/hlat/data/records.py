@@ -40,6 +40,10 @@ _BATCH_BYTES = 32 << 20
 # read past in bounded pieces. Larger documents belong in text or Arrow files, which stream.
 MAX_RECORD_BYTES = 64 << 20
 _SKIP_PIECE = 1 << 20
+# A Parquet row group's text column is decoded a page at a time, and a page can be as large as
+# the column chunk, which the footer states before anything is decoded: a chunk over this cap
+# (one huge value, or a writer's huge row group) is refused or skipped whole.
+MAX_PARQUET_CHUNK_BYTES = 1 << 30
 
 
 def file_fingerprint(path: Path) -> str:
@@ -284,6 +288,24 @@ def _jsonl_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[
         ) from e
 
 
+def _parquet_chunks(pf, field: str) -> Iterator[tuple[int, int, int]]:
+    """(row group, its rows, the uncompressed bytes of its `field` column), from the footer."""
+    meta = pf.metadata
+    for group in range(meta.num_row_groups):
+        rg = meta.row_group(group)
+        chunk = sum(
+            rg.column(c).total_uncompressed_size
+            for c in range(rg.num_columns)
+            if rg.column(c).path_in_schema.split(".")[0] == field
+        )
+        yield group, rg.num_rows, chunk
+
+
+def _parquet_values(pf, field: str, group: int) -> Iterator[object]:
+    for batch in pf.iter_batches(columns=[field], batch_size=_BATCH_ROWS, row_groups=[group]):
+        yield from batch.column(0).to_pylist()
+
+
 def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterator[str]:
     import pyarrow.parquet as pq
 
@@ -295,13 +317,26 @@ def _parquet_rows(path: Path, field: str, skip: bool, bad: list[str]) -> Iterato
                 "set data.text_field to the column that holds the documents"
             )
         row = 0
-        for batch in pf.iter_batches(columns=[field], batch_size=_BATCH_ROWS):
-            for value in batch.column(0).to_pylist():
+        for group, rows, chunk in _parquet_chunks(pf, field):
+            if chunk > MAX_PARQUET_CHUNK_BYTES:
+                msg = (
+                    f"{path}, rows {row}-{row + rows - 1} (row group {group}): column {field!r} is "
+                    f"{chunk >> 20} MiB uncompressed, over the {MAX_PARQUET_CHUNK_BYTES >> 20} MiB a row group "
+                    "may hold"
+                )
+                if not skip:
+                    raise BadDocument(f"{msg}; rewrite the file with smaller row groups or set data.bad_documents=skip")
+                bad.append(msg)
+                row += rows
+                continue
+            for value in _parquet_values(pf, field, group):
                 if isinstance(value, bytes):
                     try:
                         value = value.decode("utf-8")
                     except UnicodeDecodeError:
                         value = BadDocument("not UTF-8")
+                if isinstance(value, str) and len(value) > MAX_RECORD_BYTES:
+                    value = BadDocument(f"longer than {MAX_RECORD_BYTES >> 20} MiB (the record cap)")
                 if not isinstance(value, str):
                     why = (
                         "null text"
