@@ -24,6 +24,10 @@ HLAT_FAULT="slow:STEP:RANK:SECONDS" makes rank RANK a slow node from optimizer s
 step it burns SECONDS more of CPU time (not wall time, so the delay is the same on a loaded
 machine), inside the step, as compute (hlat.parallel.slow_ranks must name it). It never writes a
 marker: a slow node stays slow.
+
+HLAT_ELASTIC_HOLD="STEP:GROUPS[,STEP:GROUPS...]" makes an elastic group (elastic.enabled) wait
+before optimizer step STEP until GROUPS replica groups are present, so that a test knows which
+groups train which steps (all groups at the first step; a restarted group back before a later one).
 """
 
 from __future__ import annotations
@@ -94,3 +98,12 @@ def maybe_slow(step: int, rank: int) -> None:
         end = time.thread_time() + float(seconds)
         while time.thread_time() < end:
             pass
+
+
+def hold_groups(step: int) -> int:
+    """The replica groups HLAT_ELASTIC_HOLD asks to wait for before optimizer step `step` (0: none)."""
+    for item in filter(None, os.environ.get("HLAT_ELASTIC_HOLD", "").split(",")):
+        want_step, groups = item.split(":")
+        if int(want_step) == step:
+            return int(groups)
+    return 0

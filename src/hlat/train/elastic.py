@@ -15,6 +15,7 @@ from hlat.data.elastic import ElasticData
 from hlat.digests import short_sha256
 from hlat.errors import UserError
 from hlat.parallel.elastic import Replicas
+from hlat.testing.faults import hold_groups
 from hlat.train.resume import Progress
 from hlat.train.train_module import TrainModule
 
@@ -75,6 +76,10 @@ class ElasticGroup:
     def join(self) -> None:
         """Start the step's quorum; a rejoining group takes its peer's state here."""
         self.rank, groups = self.replicas.join()
+        deadline = time.monotonic() + self.cfg.elastic.timeout_s
+        while groups < hold_groups(self.progress().step + 1) and time.monotonic() < deadline:  # tests only
+            time.sleep(0.2)
+            self.rank, groups = self.replicas.join()
         if groups != self.present:
             self.out(
                 f"elastic: {groups} group(s) present at step {self.progress().step + 1:,} "

@@ -1,0 +1,128 @@
+"""Elastic data parallelism on torchft (hlat.train.elastic): replica groups of one process each,
+on gloo on one machine, with the lighthouse in this process. A group killed (SIGKILL) mid-run
+drops out, the survivors go on in the same processes, the group restarted two steps later rejoins
+from a live peer; every (step, share) of the data order is trained exactly once, on the same
+tokens as an uninterrupted run, to the same weights. Not tested: several machines, NCCL, groups
+of more than one process, real node failures (the kill is injected: hlat.testing.faults).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torchft.coordination import LighthouseServer
+
+from hlat.checkpoint.manager import CheckpointManager
+from runs import checkpoint_tensors, tiny_args, wait_for_shared_launch
+
+GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
+ELASTIC = [
+    "--train.global_batch", "6", "--train.micro_batch", "1", "--train.steps", str(STEPS),
+    "--parallel.compile", "false", "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS),
+    "--elastic.timeout_s", "30",
+]  # fmt: skip
+DEADLINE_S = 300  # a bound for hangs, not a budget
+
+
+def lighthouse(min_groups: int) -> LighthouseServer:
+    return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=200, heartbeat_timeout_ms=1500)
+
+
+def start_group(corpus: Path, run: Path, server: LighthouseServer, group: int, min_groups: int, **env: str):
+    args = tiny_args(corpus, run / f"group{group}", *ELASTIC)
+    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
+    args += ["--elastic.min_groups", str(min_groups)]
+    log = open(run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log", "w")
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.Popen([sys.executable, "-m", "hlat", "train", *args], stdout=log, stderr=log, env=environ)
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(run.glob("group*/tokens.*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def wait(proc: subprocess.Popen, run: Path) -> None:
+    code = proc.wait(timeout=DEADLINE_S)
+    assert code == 0, "\n".join(f.read_text()[-3000:] for f in sorted(run.glob("*.log")))
+
+
+def final_weights(run: Path, scratch: Path) -> dict[str, torch.Tensor]:
+    path = CheckpointManager(run / "checkpoints", None).latest()
+    assert path is not None and path.name == f"step_{STEPS:08d}", path
+    return {k: v for k, v in checkpoint_tensors(path, scratch).items() if k.startswith("model.")}
+
+
+def test_group_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_path):
+    wait_for_shared_launch()
+    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
+    straight.mkdir()
+    faulty.mkdir()
+    # the uninterrupted run: one group holding all three shares (the data order does not depend on
+    # how many groups are present), beside the faulty run, at a lighthouse of its own
+    alone, shared = lighthouse(1), lighthouse(2)
+    reference = start_group(small_corpus, straight, alone, 0, 1)
+    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS}"}  # all three at step 1, and again at KILL + 2
+    fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
+    procs = [start_group(small_corpus, faulty, shared, g, 2, **hold, **(fault if g == 1 else {})) for g in range(3)]
+    assert procs[1].wait(timeout=DEADLINE_S) == -9, "group 1 was not killed"
+    deadline = time.monotonic() + DEADLINE_S
+    while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivors trained two steps without it
+        assert time.monotonic() < deadline and all(p.poll() is None for p in (procs[0], procs[2])), "survivors stopped"
+        time.sleep(0.2)
+    restarted = start_group(small_corpus, faulty, shared, 1, 2, **hold)
+    for proc in (procs[0], procs[2], restarted, reference):
+        wait(proc, faulty if proc is not reference else straight)
+    shared.shutdown()
+    alone.shutdown()
+
+    got, want = records(faulty), records(straight)
+    # every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens
+    assert Counter((r["step"], r["share"]) for r in got) == Counter(
+        (s, j) for s in range(1, STEPS + 1) for j in range(GROUPS)
+    )
+    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
+        (r["step"], r["share"], r["digest"]) for r in want
+    )
+    # who trained what: group 1 before its death and after its restart, the survivors throughout in one process
+    by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
+    assert all(by_step[s] == ["0", "1", "2"] for s in (1, 2, *range(KILL + 2, STEPS + 1))), by_step
+    assert all(sorted(set(by_step[s])) == ["0", "2"] for s in (KILL, KILL + 1)), by_step
+    pids = {g: {r["pid"] for r in got if r["group"] == g} for g in "012"}
+    assert pids["0"] == {procs[0].pid} and pids["2"] == {procs[2].pid}
+    assert pids["1"] == {procs[1].pid, restarted.pid}
+    assert "rejoined from group" in (faulty / "group1.1.log").read_text()
+    # the same weights as the uninterrupted run, to the order of summation (fp32, a few ulps of the 1e-2 weights)
+    reference_weights = final_weights(straight / "group0", tmp_path)
+    for g in "012":
+        weights = final_weights(faulty / f"group{g}", tmp_path)
+        assert weights.keys() == reference_weights.keys()
+        for key, value in weights.items():
+            torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_unreachable_lighthouse_is_one_line_error(small_corpus, tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    args = tiny_args(small_corpus, tmp_path / "run", *ELASTIC, "--elastic.lighthouse", f"http://localhost:{port}")
+    done = subprocess.run(
+        [sys.executable, "-m", "hlat", "train", *args, "--elastic.group", "0"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"hlat train: elastic.lighthouse=http://localhost:{port}: no lighthouse answers")
+    )
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
