@@ -17,10 +17,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 from torchft.coordination import LighthouseServer
 
 from hlat.checkpoint.manager import CheckpointManager
+from hlat.errors import UserError
+from hlat.parallel.elastic import import_torchft
 from runs import checkpoint_tensors, tiny_args, wait_for_shared_launch
 
 GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
@@ -32,12 +35,12 @@ ELASTIC = [
 DEADLINE_S = 300  # a bound for hangs, not a budget
 
 
-def lighthouse(min_groups: int) -> LighthouseServer:
+def lighthouse(min_groups: int):
     return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=200, heartbeat_timeout_ms=1500)
 
 
-def start_group(corpus: Path, run: Path, server: LighthouseServer, group: int, min_groups: int, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC)
+def start_group(corpus: Path, run: Path, server, group: int, min_groups: int, *extra: str, **env: str):
+    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
     args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
     args += ["--elastic.min_groups", str(min_groups)]
     log = open(run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log", "w")
@@ -46,7 +49,9 @@ def start_group(corpus: Path, run: Path, server: LighthouseServer, group: int, m
 
 
 def records(run: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(run.glob("group*/tokens.*.jsonl")) for line in f.read_text().splitlines()]
+    return [
+        json.loads(line) for f in sorted(run.glob("group[012]/tokens.*.jsonl")) for line in f.read_text().splitlines()
+    ]
 
 
 def wait(proc: subprocess.Popen, run: Path) -> None:
@@ -60,7 +65,7 @@ def final_weights(run: Path, scratch: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in checkpoint_tensors(path, scratch).items() if k.startswith("model.")}
 
 
-def test_group_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_path):
+def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small_corpus, tmp_path):
     wait_for_shared_launch()
     straight, faulty = tmp_path / "straight", tmp_path / "faulty"
     straight.mkdir()
@@ -78,6 +83,11 @@ def test_group_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_pat
         assert time.monotonic() < deadline and all(p.poll() is None for p in (procs[0], procs[2])), "survivors stopped"
         time.sleep(0.2)
     restarted = start_group(small_corpus, faulty, shared, 1, 2, **hold)
+    # a group with another configuration arrives too: it is refused when it would heal (it may cost a step retried)
+    intruder = start_group(small_corpus, faulty, shared, 3, 2, "--optim.lr", "0.01")
+    assert intruder.wait(timeout=DEADLINE_S) == 2
+    refusal = (faulty / "group3.0.log").read_text().strip().splitlines()[-1]
+    assert refusal.startswith("hlat train: elastic group 3 refused: its configuration or data"), refusal
     for proc in (procs[0], procs[2], restarted, reference):
         wait(proc, faulty if proc is not reference else straight)
     shared.shutdown()
@@ -99,6 +109,7 @@ def test_group_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_pat
     assert pids["0"] == {procs[0].pid} and pids["2"] == {procs[2].pid}
     assert pids["1"] == {procs[1].pid, restarted.pid}
     assert "rejoined from group" in (faulty / "group1.1.log").read_text()
+    assert not (faulty / "group3" / "tokens.3.jsonl").exists()
     # the same weights as the uninterrupted run, to the order of summation (fp32, a few ulps of the 1e-2 weights)
     reference_weights = final_weights(straight / "group0", tmp_path)
     for g in "012":
@@ -126,3 +137,9 @@ def test_unreachable_lighthouse_is_one_line_error(small_corpus, tmp_path):
         .startswith(f"hlat train: elastic.lighthouse=http://localhost:{port}: no lighthouse answers")
     )
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_elastic_without_torchft_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchft", None)  # as if not installed
+    with pytest.raises(UserError, match=r"pip install 'hlat\[elastic\]'"):
+        import_torchft()
