@@ -143,3 +143,21 @@ def test_elastic_without_torchft_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchft", None)  # as if not installed
     with pytest.raises(UserError, match=r"pip install 'hlat\[elastic\]'"):
         import_torchft()
+
+
+def test_doctor_checks_the_lighthouse(tmp_path):
+    from hlat.config.run import RunConfig
+    from hlat.parallel.preflight import check_lighthouse
+
+    cfg = RunConfig()
+    cfg.elastic.enabled, cfg.elastic.group = True, "0"
+    server = lighthouse(1)
+    cfg.elastic.lighthouse = server.address()
+    answered = check_lighthouse(cfg)
+    server.shutdown()
+    assert answered.status == "ok" and "torchft 0.2.0" in answered.figure, answered
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        cfg.elastic.lighthouse = f"http://localhost:{s.getsockname()[1]}"
+    silent = check_lighthouse(cfg)
+    assert silent.failed and "no lighthouse answers" in silent.fix, silent
