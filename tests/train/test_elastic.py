@@ -36,7 +36,7 @@ DEADLINE_S = 300  # a bound for hangs, not a budget
 
 
 def lighthouse(min_groups: int):
-    return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=200, heartbeat_timeout_ms=1500)
+    return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=10_000, heartbeat_timeout_ms=1500)
 
 
 def start_group(corpus: Path, run: Path, server, group: int, min_groups: int, *extra: str, **env: str):

@@ -8,7 +8,7 @@ survivors continue them, and a group that joins is dealt its shares back. Each s
 exchange the positions they advanced (one all-reduce of a few kilobytes); a step that does not
 commit leaves every position where it was.
 
-The record (one JSON line per share per committed step: step, group, process id, share, tokens, digest)
+The record (one JSON line per share per committed step: step, group, process id, wall-clock time, share, tokens, digest)
 says which group trained which batch; over the run every (step, share) appears once.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,15 +90,11 @@ class ElasticData:
             for j, _, _ in self._read:
                 self.loaders.pop(j).close()
             return
-        self.table, pid = self._pending, os.getpid()
+        self.table, pid, now = self._pending, os.getpid(), round(time.time(), 3)
         with self.record.open("a") as f:
             for j, digest, tokens in self._read:
-                f.write(
-                    json.dumps(
-                        {"step": step, "group": group, "pid": pid, "share": j, "tokens": tokens, "digest": digest}
-                    )
-                    + "\n"
-                )
+                record = {"step": step, "group": group, "pid": pid, "time": now, "share": j, "tokens": tokens}
+                f.write(json.dumps({**record, "digest": digest}) + "\n")
 
     @property
     def tokens_emitted(self) -> list[int]:
