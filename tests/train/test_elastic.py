@@ -161,3 +161,21 @@ def test_doctor_checks_the_lighthouse(tmp_path):
         cfg.elastic.lighthouse = f"http://localhost:{s.getsockname()[1]}"
     silent = check_lighthouse(cfg)
     assert silent.failed and "no lighthouse answers" in silent.fix, silent
+
+
+def test_elastic_config_problems_name_the_field():
+    from hlat.config.run import RunConfig
+    from hlat.errors import ConfigError
+
+    cfg = RunConfig()
+    cfg.elastic.enabled, cfg.elastic.max_groups = True, 3
+    cfg.train.global_batch, cfg.train.micro_batch = 8, 1
+    cfg.recovery.nonfinite = "rollback"
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    fields = [field for field, _ in err.value.problems]
+    assert fields == ["elastic.lighthouse", "elastic.group", "train.global_batch", "elastic.enabled"], fields
+    cfg.recovery.nonfinite, cfg.train.global_batch = "skip", 6
+    cfg.elastic.lighthouse, cfg.elastic.group = "http://localhost:29510", "0"
+    cfg.validate()
+    assert [field for field, _ in cfg.layout_problems(2)] == ["elastic.enabled"]  # one process per group for now

@@ -29,6 +29,8 @@ INSTALL = "pip install 'hlat[elastic]'"
 
 
 def import_torchft() -> Any:
+    # torchft's servers log every quorum and commit at INFO; hlat logs membership changes itself
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft
     except ImportError as err:
