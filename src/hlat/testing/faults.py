@@ -27,7 +27,7 @@ marker: a slow node stays slow.
 
 HLAT_ELASTIC_HOLD="STEP:GROUPS[,STEP:GROUPS...]" makes an elastic group (elastic.enabled) wait
 before optimizer step STEP until GROUPS replica groups are present, so that a test knows which
-groups train which steps (all groups at the first step; a restarted group back before a later one).
+groups train which steps (all groups at the first step; a restarted group back before a later one), for at most HOLD_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 _SAVE_STEPS = ("mkdir", "write", "hash", "commit")
+HOLD_TIMEOUT_S = 300.0  # a process started on a loaded machine may take a minute to join
 _SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
 _POINT = {
     "hang": "step",

@@ -15,7 +15,7 @@ from hlat.data.elastic import ElasticData
 from hlat.digests import short_sha256
 from hlat.errors import UserError
 from hlat.parallel.elastic import Replicas
-from hlat.testing.faults import hold_groups
+from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.train.resume import Progress
 from hlat.train.train_module import TrainModule
 
@@ -76,7 +76,7 @@ class ElasticGroup:
     def join(self) -> None:
         """Start the step's quorum; a rejoining group takes its peer's state here."""
         self.rank, groups = self.replicas.join()
-        deadline = time.monotonic() + self.cfg.elastic.timeout_s
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
         while groups < hold_groups(self.progress().step + 1) and time.monotonic() < deadline:  # tests only
             time.sleep(0.2)
             self.rank, groups = self.replicas.join()
