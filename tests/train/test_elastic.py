@@ -30,7 +30,7 @@ GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted 
 ELASTIC = [
     "--train.global_batch", "6", "--train.micro_batch", "1", "--train.steps", str(STEPS),
     "--parallel.compile", "false", "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS),
-    "--elastic.timeout_s", "30",
+    "--elastic.timeout_s", "60",
 ]  # fmt: skip
 DEADLINE_S = 300  # a bound for hangs, not a budget
 
