@@ -27,6 +27,7 @@ import torch
 
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader, merge_states
+from hlat.parallel.elastic import Replicas
 
 
 class ElasticData:
@@ -44,9 +45,9 @@ class ElasticData:
     def owned(self, rank: int, groups: int) -> list[int]:
         return [j for j in range(self.shares) if j % groups == rank]
 
-    def batches(self, rank: int, groups: int, sum_: Callable[[torch.Tensor], torch.Tensor]) -> list[Batch]:
+    def batches(self, rank: int, groups: int, replicas: Replicas) -> list[Batch]:
         """This group's micro-batches of the step, rank `rank` of `groups`, and every share's new
-        position from every group (collective: `sum_` sums a tensor over the groups present)."""
+        position from every group (collective over the groups present)."""
         mine = self.owned(rank, groups)
         for j in [j for j in self.loaders if j not in mine]:
             self.loaders.pop(j).close()
@@ -62,24 +63,26 @@ class ElasticData:
             tokens = np.stack([b.tokens.numpy() for b in read])
             self._read.append((j, hashlib.sha256(tokens.tobytes()).hexdigest()[:16], int(tokens.size)))
             out += read
-        self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, sum_)
+        self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, replicas)
         return out
 
-    def _exchange(
-        self, mine: dict[int, dict[str, Any]], sum_: Callable[[torch.Tensor], torch.Tensor]
-    ) -> list[dict[str, Any] | None]:
+    def _exchange(self, mine: dict[int, dict[str, Any]], replicas: Replicas) -> list[dict[str, Any] | None]:
         """Every share's position: each group gives those it holds, as JSON bytes summed over groups
-        (the others give zeros)."""
+        (the others give zeros). After a failed sum the step cannot commit: the positions stay."""
         blobs = {j: json.dumps(state).encode() for j, state in mine.items()}
         lengths = torch.zeros(self.shares, dtype=torch.int64)
         for j, blob in blobs.items():
             lengths[j] = len(blob)
-        sum_(lengths)
+        replicas.sum_(lengths)
+        if replicas.failed():
+            return self.table
         ends = lengths.cumsum(0).tolist()
         payload = torch.zeros(ends[-1], dtype=torch.uint8)
         for j, blob in blobs.items():
             payload[ends[j] - len(blob) : ends[j]] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
-        data = bytes(sum_(payload).numpy())
+        data = bytes(replicas.sum_(payload).numpy())
+        if replicas.failed():
+            return self.table
         starts = [0, *ends[:-1]]
         return [json.loads(data[a:b]) if b > a else self.table[j] for j, (a, b) in enumerate(zip(starts, ends))]
 

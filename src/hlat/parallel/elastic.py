@@ -123,6 +123,10 @@ class Replicas:
         self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
         return tensor
 
+    def failed(self) -> bool:
+        """A collective of this step failed (a group left mid-step): the step will not commit."""
+        return self.manager.errored() is not None
+
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter], share: torch.Tensor) -> torch.Tensor:
         """Sum every gradient and the loss share over the groups present, in one all-reduce."""
         params = list(params)

@@ -90,7 +90,7 @@ class ElasticGroup:
         self.started = time.perf_counter()
 
     def batches(self) -> list[Batch]:
-        return self.data.batches(self.rank, self.present, self.replicas.sum_)
+        return self.data.batches(self.rank, self.present, self.replicas)
 
     def finish(self, step: int) -> bool:
         """After the commit vote of step `step`: record it, or note the time lost and retry."""
