@@ -82,12 +82,13 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivors trained two steps without it
         assert time.monotonic() < deadline and all(p.poll() is None for p in (procs[0], procs[2])), "survivors stopped"
         time.sleep(0.2)
-    restarted = start_group(small_corpus, faulty, shared, 1, 2, **hold)
-    # a group with another configuration arrives too: it is refused when it would heal (it may cost a step retried)
+    # while the survivors hold before step KILL + 2, a group with another configuration arrives: it is
+    # refused when it would heal from them (the step it joined is retried); then group 1 comes back
     intruder = start_group(small_corpus, faulty, shared, 3, 2, "--optim.lr", "0.01")
     assert intruder.wait(timeout=DEADLINE_S) == 2
     refusal = (faulty / "group3.0.log").read_text().strip().splitlines()[-1]
     assert refusal.startswith("hlat train: elastic group 3 refused: its configuration or data"), refusal
+    restarted = start_group(small_corpus, faulty, shared, 1, 2, **hold)
     for proc in (procs[0], procs[2], restarted, reference):
         wait(proc, faulty if proc is not reference else straight)
     shared.shutdown()
