@@ -13,7 +13,7 @@ full restart from the last checkpoint, on the same CPU model, batch and steps.
 Both sides are what each launch costs on this machine (imports, data, model build included).
 Writes markdown with `--out`.
 
-    python benchmarks/elastic_recovery.py --out benchmarks/elastic_recovery.md
+    python benchmarks/elastic_recovery.py --steps 200 --out benchmarks/elastic_recovery.md
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, help="a directory of text files (default: 60 standard-library modules)")
     parser.add_argument("--groups", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60, help="enough for the killed group to be back before the end")
+    parser.add_argument("--steps", type=int, default=200, help="enough for the killed group to be back before the end")
     parser.add_argument("--kill", type=int, default=9, help="the step before which one process is killed")
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--out", type=Path)
