@@ -38,6 +38,7 @@ COMMANDS = {
     "import": "import_hf",
     "doctor": "doctor",
     "generate": "generate",
+    "lighthouse": "lighthouse",
 }
 # the commands whose unknown `--x` arguments are config overrides; the others refuse them
 TAKES_OVERRIDES = {"train", "config", "params", "plan", "prepare", "doctor"}

@@ -50,6 +50,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         preflight.check_devices(cfg.train.device, rank, local_rank, local_world),
         preflight.check_layout(cfg, world),
     ]
+    if cfg.elastic.enabled:
+        checks.append(preflight.check_lighthouse(cfg))
     if local_rank == 0:  # one per node: the run directory may be node-local or shared
         checks += [preflight.check_writable(cfg.run_dir, rank), preflight.check_disk(cfg, rank)]
     healthy = world == 1

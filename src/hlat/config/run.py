@@ -14,6 +14,7 @@ from typing import Any
 
 from hlat.config.checkpoint import CheckpointConfig
 from hlat.config.data import DataConfig
+from hlat.config.elastic import ElasticConfig
 from hlat.config.eval import EvalConfig
 from hlat.config.fields import value_problem, value_problems
 from hlat.config.layout import check_data_parallel, check_tensor_parallel, resolve_degrees
@@ -45,6 +46,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     name: str = "run"  # preset or config-file name; names the default run directory
     # "section.field" keys a config file or the command line set (a preset's values are not the
     # user's choice: those may adapt to the layout), and what load_config adapted, to be logged.
@@ -76,6 +78,7 @@ class RunConfig:
                     f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit",
                 )
             )
+        problems += self.elastic_problems()
         if self.eval.every and not self.data.val_source:
             problems.append(
                 (
@@ -97,6 +100,33 @@ class RunConfig:
         if problems:
             raise ConfigError(problems)
 
+    def elastic_problems(self) -> list[tuple[str, str]]:
+        """An elastic group is one process for now, and splits the global batch into elastic.max_groups shares."""
+        el, batch, micro = self.elastic, self.train.global_batch, self.train.micro_batch
+        if not el.enabled or el.max_groups < 1 or micro < 1:
+            return []
+        problems = []
+        if batch % (el.max_groups * micro):
+            problems.append(
+                (
+                    "train.global_batch",
+                    f"{batch} sequences do not split into elastic.max_groups={el.max_groups} shares x "
+                    f"train.micro_batch={micro}; use a multiple of {el.max_groups * micro}",
+                )
+            )
+        if (self.parallel.tp, self.parallel.pp) != (1, 1) or self.parallel.dp not in (0, 1):
+            problems.append(
+                ("elastic.enabled", "a replica group is one process for now: set parallel.tp, pp and dp to 1")
+            )
+        if "rollback" in (self.recovery.nonfinite, self.recovery.spike_action if self.recovery.spike_sigmas else ""):
+            problems.append(
+                (
+                    "elastic.enabled",
+                    "rollbacks are not coordinated across groups yet: use recovery actions skip or error",
+                )
+            )
+        return problems
+
     def layout_problems(self, world: int) -> list[tuple[str, str]]:
         """What does not fit the degrees over `world` processes: the degrees themselves, heads and
         widths over tp, layers over pipeline stages, the global batch over dp x micro-batch, enough
@@ -107,6 +137,10 @@ class RunConfig:
             return err.problems
         pp, dp = degrees.pp, degrees.dp
         problems = []
+        if self.elastic.enabled and world > 1:
+            problems.append(
+                ("elastic.enabled", f"a replica group is one process for now, not {world}: launch one per group")
+            )
         checks = [lambda: check_data_parallel(self.parallel.dp_sharding, degrees)]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))

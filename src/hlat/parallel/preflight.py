@@ -10,6 +10,7 @@ import shutil
 import statistics
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ from hlat.device.resolve import resolve_device
 from hlat.device.runtime import device_count, device_name, mem_get_info, synchronize
 from hlat.errors import UserError
 from hlat.model import count_params
+from hlat.parallel.elastic import check_lighthouse as check_lighthouse_answers
+from hlat.parallel.elastic import import_torchft
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout
 from hlat.precision import param_dtype
@@ -77,6 +80,16 @@ def check_layout(cfg: RunConfig, world: int) -> Check:
         return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in problems))
     degrees = resolve_degrees(cfg.parallel, world).describe()
     return Check("layout", None, "ok", f"{degrees} = {world} process{'es' if world > 1 else ''}")
+
+
+def check_lighthouse(cfg: RunConfig) -> Check:
+    """An elastic run: torchft is installed and the lighthouse answers at elastic.lighthouse."""
+    try:
+        import_torchft()
+        check_lighthouse_answers(cfg.elastic.lighthouse, 10.0)
+    except UserError as err:
+        return Check("lighthouse", None, "FAIL", cfg.elastic.lighthouse or "elastic.lighthouse unset", str(err))
+    return Check("lighthouse", None, "ok", f"{cfg.elastic.lighthouse} answers (torchft {metadata.version('torchft')})")
 
 
 def _timed_all_reduce(tensor: torch.Tensor, iters: int) -> list[float]:

@@ -26,6 +26,10 @@ HLAT_FAULT="slow:STEP:RANK:SECONDS" makes rank RANK a slow node from optimizer s
 step it burns SECONDS more of CPU time (not wall time, so the delay is the same on a loaded
 machine), inside the step, as compute (hlat.parallel.slow_ranks must name it). It never writes a
 marker: a slow node stays slow.
+
+HLAT_ELASTIC_HOLD="STEP:GROUPS[,STEP:GROUPS...]" makes an elastic group (elastic.enabled) wait
+before optimizer step STEP until GROUPS replica groups are present, so that a test knows which
+groups train which steps (all groups at the first step; a restarted group back before a later one), for at most HOLD_TIMEOUT_S.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pathlib import Path
 from hlat.errors import UserError
 
 _SAVE_STEPS = ("mkdir", "write", "hash", "commit")
+HOLD_TIMEOUT_S = 300.0  # a process started on a loaded machine may take a minute to join
 _SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
 _POINT = {
     "hang": "step",
@@ -131,3 +136,12 @@ def maybe_slow(step: int, rank: int) -> None:
         end = time.thread_time() + float(seconds or 0.0)
         while time.thread_time() < end:
             pass
+
+
+def hold_groups(step: int) -> int:
+    """The replica groups HLAT_ELASTIC_HOLD asks to wait for before optimizer step `step` (0: none)."""
+    for item in filter(None, os.environ.get("HLAT_ELASTIC_HOLD", "").split(",")):
+        want_step, groups = item.split(":")
+        if int(want_step) == step:
+            return int(groups)
+    return 0

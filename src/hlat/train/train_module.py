@@ -21,6 +21,7 @@ from hlat.config.optim import OptimConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch
 from hlat.optim import adamw_class, build_adamw, decay_groups
+from hlat.parallel.elastic import Replicas
 from hlat.parallel.parallelize import ParallelModel
 from hlat.precision import bf16_rounding
 from hlat.train.optimizers import Optimizers
@@ -70,13 +71,15 @@ class TrainModule:
     def train(self) -> None:
         self.model.train()
 
-    def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
-        """One optimizer step at learning rate `lr`; no host sync."""
+    def step(self, micro_batches: Sequence[Batch], lr: float, replicas: Replicas | None = None) -> StepOutput:
+        """One optimizer step at learning rate `lr`; no host sync. With `replicas` (elastic), a step that
+        does not commit leaves the weights, the optimizer and the losses as they were."""
         self.optimizers.set_lr(lr)
         share, grad_norm = train_step(
-            self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped, self.max_grad_norm
+            self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped, self.max_grad_norm, replicas
         )
-        self._shares.append(share)
+        if replicas is None or replicas.committed:
+            self._shares.append(share)
         return StepOutput(lr, grad_norm)
 
     def read_losses(self) -> tuple[list[float], int]:

@@ -28,6 +28,8 @@ from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
+from hlat.data.elastic import ElasticData
+from hlat.data.packing import PackedLoader
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
@@ -54,6 +56,7 @@ from hlat.train.callbacks.recovery import SpikeRecovery
 from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
 from hlat.train.cost import cost_fields, node_count
+from hlat.train.elastic import ElasticGroup
 from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.interrupt import Interrupted, Interrupts
 from hlat.train.memory import MemoryMeter
@@ -120,7 +123,9 @@ class Trainer:
 
         torch.manual_seed(cfg.train.seed)
         self._build_data()
-        self.accum = cfg.train.global_batch // self.layout.dp // cfg.train.micro_batch
+        # an elastic group reads whole shares of the global batch: as many as the groups present leave it
+        shares = cfg.elastic.max_groups if cfg.elastic.enabled else self.layout.dp
+        self.accum = cfg.train.global_batch // shares // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         compiled = decide_compile(
             cfg.parallel.compile,
@@ -184,6 +189,11 @@ class Trainer:
         if self.layout.is_main:  # only now: a start that fails leaves the run directory as it was
             prepare_run_dir(cfg, resume)
         self._set_progress(self.state.start(resume, self.out))
+        self.elastic = (
+            ElasticGroup(cfg, self.module, self.loader, self.progress, self._set_progress, self.out)
+            if isinstance(self.loader, ElasticData)
+            else None
+        )
         if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
             record_run(cfg, self.tokenizer)
         self.recovery = SpikeRecovery(cfg.recovery, self.module.skipped_steps)
@@ -255,16 +265,32 @@ class Trainer:
         if lay.world > 1 and lay.is_main:
             dist.barrier()
         self.out(tokenizer_line)
+        self.loader: PackedLoader | ElasticData
         with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", self.out):
-            self.loader = build_loader(
-                cfg.data,
-                self.tokenizer,
-                seed=cfg.train.seed,
-                batch_size=cfg.train.micro_batch,
-                dp_rank=lay.dp_rank,
-                dp_size=lay.dp,
-                log_fn=self.out,
-            )
+            if cfg.elastic.enabled:
+                shares, log = cfg.elastic.max_groups, self.out
+
+                def share_loader(share: int) -> PackedLoader:
+                    nonlocal log
+                    loader = build_loader(
+                        cfg.data, self.tokenizer, cfg.train.seed, cfg.train.micro_batch, share, shares, log_fn=log
+                    )
+                    log = None  # the data line once
+                    return loader
+
+                per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
+                record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
+                self.loader = ElasticData(share_loader, shares, per_share, record)
+            else:
+                self.loader = build_loader(
+                    cfg.data,
+                    self.tokenizer,
+                    seed=cfg.train.seed,
+                    batch_size=cfg.train.micro_batch,
+                    dp_rank=lay.dp_rank,
+                    dp_size=lay.dp,
+                    log_fn=self.out,
+                )
         # Built once: every evaluation sees the same held-out tokens.
         self.val_batches = (
             []
@@ -375,6 +401,8 @@ class Trainer:
             raise
         finally:
             self.loader.close()
+            if self.elastic is not None:
+                self.elastic.close()
             self.release()
         return summary
 
@@ -393,17 +421,24 @@ class Trainer:
         )
 
     def _train_step(self, window: Window) -> StepOutput:
-        """One optimizer step (its LR and pre-clip grad norm on device). No host sync."""
+        """One optimizer step (its LR and pre-clip grad norm on device). No host sync (but in an
+        elastic run, whose groups agree on each step on the host)."""
         maybe_kill("step", self.step + 1, self.layout.rank)
-        waited = time.perf_counter()
-        batches = [self._to_device(self.loader.next_batch()) for _ in range(self.accum)]
-        window.data_s += time.perf_counter() - waited
-        lr = self.cfg.optim.lr * lr_multiplier(self.cfg.schedule, self.step)
-        computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
-        with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
-            maybe_slow(self.step + 1, self.layout.rank)
-            output = self.module.step(batches, lr)
-        window.compute_s += time.thread_time() - computing
+        while True:
+            if self.elastic is not None:
+                self.elastic.join()  # a rejoining group takes a peer's step and state here
+            waited = time.perf_counter()
+            read = self.elastic.batches() if self.elastic else [self.loader.next_batch() for _ in range(self.accum)]
+            batches = [self._to_device(b) for b in read]
+            window.data_s += time.perf_counter() - waited
+            lr = self.cfg.optim.lr * lr_multiplier(self.cfg.schedule, self.step)
+            computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
+            with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
+                maybe_slow(self.step + 1, self.layout.rank)
+                output = self.module.step(batches, lr, self.elastic.replicas if self.elastic else None)
+            window.compute_s += time.thread_time() - computing
+            if self.elastic is None or self.elastic.finish(self.step + 1):
+                break
         window.steps += 1
         self.step += 1
         self.tokens += self.tokens_per_step

@@ -1,0 +1,131 @@
+"""The data of an elastic run: the global batch as a fixed number of data shares (the loader's
+data-parallel ranks 0..shares-1), dealt every step to the replica groups present.
+
+A share is one PackedLoader position; whichever group holds it reads its next micro-batches, so
+the data order is the same whatever groups come and go: a group that leaves leaves its shares'
+positions behind (every group holds every share's position as of the last committed step), the
+survivors continue them, and a group that joins is dealt its shares back. Each step the groups
+exchange the positions they advanced (one all-reduce of a few kilobytes); a step that does not
+commit leaves every position where it was.
+
+The record (one JSON line per share per committed step: step, group, process id, wall-clock time, share, tokens, digest)
+says which group trained which batch; over the run every (step, share) appears once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hlat.data.batch import Batch
+from hlat.data.packing import PackedLoader, merge_states
+from hlat.parallel.elastic import Replicas
+
+
+class ElasticData:
+    """`make_loader(share)`: a fresh loader of data-parallel rank `share` of `shares`;
+    `per_share`: the micro-batches each share gives a step."""
+
+    def __init__(self, make_loader: Callable[[int], PackedLoader], shares: int, per_share: int, record: Path):
+        self.make_loader, self.shares, self.per_share, self.record = make_loader, shares, per_share, record
+        first = make_loader(0)
+        self.docs, self.loaders = first.docs, {0: first}  # the shares this group holds, positioned
+        self.table: list[dict[str, Any] | None] = [None] * shares  # positions after the last commit (None: start)
+        self._pending: list[dict[str, Any] | None] = []
+        self._read: list[tuple[int, str, int]] = []  # (share, digest, tokens) of this step's batches
+
+    def owned(self, rank: int, groups: int) -> list[int]:
+        return [j for j in range(self.shares) if j % groups == rank]
+
+    def batches(self, rank: int, groups: int, replicas: Replicas) -> list[Batch]:
+        """This group's micro-batches of the step, rank `rank` of `groups`, and every share's new
+        position from every group (collective over the groups present)."""
+        mine = self.owned(rank, groups)
+        for j in [j for j in self.loaders if j not in mine]:
+            self.loaders.pop(j).close()
+        out: list[Batch] = []
+        self._read = []
+        for j in mine:
+            loader = self.loaders.get(j)
+            if loader is None:
+                loader = self.loaders[j] = self.make_loader(j)
+                if self.table[j] is not None:
+                    loader.load_state_dict(self.table[j])
+            read = [loader.next_batch() for _ in range(self.per_share)]
+            tokens = np.stack([b.tokens.numpy() for b in read])
+            self._read.append((j, hashlib.sha256(tokens.tobytes()).hexdigest()[:16], int(tokens.size)))
+            out += read
+        self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, replicas)
+        return out
+
+    def _exchange(self, mine: dict[int, dict[str, Any]], replicas: Replicas) -> list[dict[str, Any] | None]:
+        """Every share's position: each group gives those it holds, as JSON bytes summed over groups
+        (the others give zeros). After a failed sum the step cannot commit: the positions stay."""
+        blobs = {j: json.dumps(state).encode() for j, state in mine.items()}
+        lengths = torch.zeros(self.shares, dtype=torch.int64)
+        for j, blob in blobs.items():
+            lengths[j] = len(blob)
+        replicas.sum_(lengths)
+        if replicas.failed():
+            return self.table
+        ends = lengths.cumsum(0).tolist()
+        payload = torch.zeros(ends[-1], dtype=torch.uint8)
+        for j, blob in blobs.items():
+            payload[ends[j] - len(blob) : ends[j]] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        data = bytes(replicas.sum_(payload).numpy())
+        if replicas.failed():
+            return self.table
+        starts = [0, *ends[:-1]]
+        return [json.loads(data[a:b]) if b > a else self.table[j] for j, (a, b) in enumerate(zip(starts, ends))]
+
+    def finish(self, committed: bool, step: int, group: str) -> None:
+        """After the step's commit vote: keep the new positions and record the batches, or put back
+        the old positions (the step is retried on the same data)."""
+        if not committed:
+            for j, _, _ in self._read:
+                self.loaders.pop(j).close()
+            return
+        self.table, pid, now = self._pending, os.getpid(), round(time.time(), 3)
+        with self.record.open("a") as f:
+            for j, digest, tokens in self._read:
+                record = {"step": step, "group": group, "pid": pid, "time": now, "share": j, "tokens": tokens}
+                f.write(json.dumps({**record, "digest": digest}) + "\n")
+
+    @property
+    def tokens_emitted(self) -> list[int]:
+        """Tokens of each source emitted by every share (all groups'), as of the last commit."""
+        states = [s for s in self.table if s is not None]
+        return [sum(s["tokens_emitted"][k] for s in states) for k in range(len(self.docs))]
+
+    # ---- what a rejoining group receives, and a checkpoint holds ---------------------------------
+    def table_state(self) -> str:
+        return json.dumps(self.table)
+
+    def load_table_state(self, table: str) -> None:
+        for loader in self.loaders.values():
+            loader.close()
+        self.loaders, self.table = {}, json.loads(table)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every share's position merged (hlat.data.merge_states): any layout resumes from it."""
+        return merge_states([s if s is not None else self._start(j) for j, s in enumerate(self.table)])
+
+    def _start(self, share: int) -> dict[str, Any]:
+        loader = self.make_loader(share)
+        loader.close()
+        return loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.load_table_state(json.dumps([state] * self.shares))
+
+    def close(self) -> None:
+        for loader in self.loaders.values():
+            loader.close()

@@ -1,0 +1,147 @@
+"""Replica groups on torchft: the data-parallel replicate dimension across groups that may leave
+and rejoin between steps (one torchrun job, or one plain process, per group).
+
+Each step starts a quorum at torchft's lighthouse (a group that died is no longer in it); a
+group that comes back heals in that call, from a live peer's state (weights, optimizer, counters,
+data positions) sent over HTTP and loaded with weights_only=True. Gradients and the loss share
+are summed across the groups present in one all-reduce, and the step commits only where every
+group's collectives succeeded (should_commit); a failed step is retried with the next quorum.
+
+torchft is an optional dependency (the `elastic` extra), imported only here and only when
+elastic.enabled is set.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from hlat.config.elastic import ElasticConfig
+from hlat.errors import UserError
+
+INSTALL = "pip install 'hlat[elastic]'"
+
+
+def import_torchft() -> Any:
+    # torchft's servers log every quorum and commit at INFO; hlat logs membership changes itself
+    os.environ.setdefault("RUST_LOG", "warn")
+    try:
+        import torchft
+    except ImportError as err:
+        raise UserError(f"elastic.enabled needs torchft, which is not installed: {INSTALL} ({err})") from None
+    return torchft
+
+
+def check_lighthouse(address: str, timeout_s: float) -> None:
+    """A one-line error when nothing answers at the lighthouse's address."""
+    url = urlparse(address if "://" in address else f"http://{address}")
+    if url.hostname is None or url.port is None:
+        raise UserError(f"elastic.lighthouse={address!r} is not an address; give http://HOST:PORT")
+    try:
+        socket.create_connection((url.hostname, url.port), timeout=timeout_s).close()
+    except OSError as err:
+        raise UserError(
+            f"elastic.lighthouse={address}: no lighthouse answers ({err.strerror or err}); start one with "
+            "`hlat lighthouse` or fix --elastic.lighthouse"
+        ) from None
+
+
+def _group_store() -> tuple[str, int, Any]:
+    """The group's TCPStore that torchft's Manager needs: torchrun's, else one of our own (a plain process)."""
+    if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None
+    store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    return "localhost", store.port, store
+
+
+class Replicas:
+    """This group's place among the replica groups present; every method is a step's collective.
+    `state_dict`/`load_state_dict`: what a live group sends a rejoining one, and how it applies it."""
+
+    def __init__(
+        self,
+        cfg: ElasticConfig,
+        state_dict: Callable[[], dict[str, Any]],
+        load_state_dict: Callable[[dict[str, Any]], None],
+    ):
+        import_torchft()
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        class WeightsOnlyTransport(HTTPTransport):
+            """torchft's HTTP transfer of a live peer's state, loaded with weights_only=True (tensors and
+            plain values only: hlat's state is made of nothing else)."""
+
+            @classmethod
+            def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+                import urllib.request
+
+                from torch.distributed._serialization import _streaming_load
+
+                with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                    return _streaming_load(f, weights_only=True)
+
+        check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+        timeout = timedelta(seconds=cfg.timeout_s)
+        host, port, self._store = _group_store()
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=timeout),
+            load_state_dict=load_state_dict,
+            state_dict=state_dict,
+            min_replica_size=cfg.min_groups,
+            use_async_quorum=False,  # a rejoining group heals before its first forward
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timeout,
+            rank=0,
+            world_size=1,
+            store_addr=host,
+            store_port=port,
+            lighthouse_addr=cfg.lighthouse,
+            replica_id=cfg.group,
+            checkpoint_transport=WeightsOnlyTransport(timeout=timeout, num_chunks=0),
+            init_sync=False,  # every group initialises the same weights from train.seed
+        )
+        self.committed = False
+
+    def join(self) -> tuple[int, int]:
+        """Start the step's quorum (a rejoining group heals here); (this group's rank, groups present)."""
+        self.manager.start_quorum()
+        rank = self.manager.participating_rank()
+        return (0 if rank is None else rank), max(self.manager.num_participants(), 1)
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """In place, over the groups present. On a failure the values are garbage and the step will not commit."""
+        from torch.distributed import ReduceOp
+
+        self.manager.allreduce(tensor, reduce_op=ReduceOp.SUM).wait()
+        return tensor
+
+    def failed(self) -> bool:
+        """A collective of this step failed (a group left mid-step): the step will not commit."""
+        return self.manager.errored() is not None
+
+    def reduce_gradients(self, params: Iterable[torch.nn.Parameter], share: torch.Tensor) -> torch.Tensor:
+        """Sum every gradient and the loss share over the groups present, in one all-reduce."""
+        params = list(params)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [share.reshape(1).to(grads[0].dtype)])
+        self.sum_(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
+        return flat[-1].to(share.dtype)
+
+    def should_commit(self) -> bool:
+        self.committed = self.manager.should_commit()
+        return self.committed
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
