@@ -37,6 +37,7 @@ CHOICES = {  # every fixed-choice field and its values, in the order the message
     "parallel.pp_schedule": ("1f1b", "interleaved-1f1b", "gpipe"),
     "parallel.activation_checkpoint": ("none", "selective", "op", "full"),
     "parallel.compile": ("auto", "true", "false"),
+    "parallel.device_layout": ("auto", "config"),
     "wandb.mode": ("", "online", "offline", "disabled"),
 }
 

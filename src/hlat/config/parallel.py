@@ -37,6 +37,12 @@ class ParallelConfig:
     micro-batch's backward and gather them again for the next (least memory); false = keep them
     gathered until the step's last backward (one gather per step under zero2; costs the unsharded
     weights between micro-batches). Pipeline schedules always keep them (torch's)."""
+    device_layout: Literal["auto", "config"] = "auto"
+    """"auto": on devices whose compiled blocks do not take tensor parallelism (CUDA GPUs:
+    docs/parallelism.md), a model of at most 9B parameters whose tp > 1 came from its preset (not
+    from a config file or the command line) runs tp 1, FSDP2 (or HSDP under dp_shard) over all the
+    ranks, where the memory plan fits the device; the start-up log says so. "config": the layout
+    as configured."""
     pp_schedule: Literal["1f1b", "interleaved-1f1b", "gpipe"] = "1f1b"
     """The pipeline schedule (torch.distributed.pipelining): 1F1B, its interleaved form over
     pp_stages_per_rank virtual stages, or GPipe (all forwards, then all backwards)."""
@@ -72,7 +78,9 @@ class ParallelConfig:
                     "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0",
                 )
             )
-        problems += choice_problems(self, "compile", "dp_sharding", "pp_schedule", "activation_checkpoint")
+        problems += choice_problems(
+            self, "compile", "device_layout", "dp_sharding", "pp_schedule", "activation_checkpoint"
+        )
         if self.recompute_every_other_mm and self.activation_checkpoint != "op":
             problems.append(
                 (

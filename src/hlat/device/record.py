@@ -22,6 +22,9 @@ class DeviceRecord:
     # Compiled blocks under tensor parallelism: no device yet, as torch 2.13 breaks them in backward
     # (hlat.parallel.compile.TP_UNSUPPORTED); a row turns this on once its compiler is shown to work.
     compiled_tp: bool = False
+    # Models of up to 9B parameters run FSDP2/HSDP without tensor parallelism where a preset chose
+    # tp and memory allows (parallel.device_layout): blocks then compile, as torchtitan runs Llama 3 8B.
+    data_parallel_first: bool = False
     fused_adamw: bool = False  # torch's fused AdamW kernel (one kernel, exact `found_inf` skips); else foreach
     flex_attention: bool = False  # FlexAttention's compiled kernel for document masks; else a dense mask
     pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
@@ -55,6 +58,7 @@ RECORDS: dict[str, DeviceRecord] = {
         "cuda",
         compile_backend="inductor",
         fused_adamw=True,
+        data_parallel_first=True,
         flex_attention=True,
         pin_memory=True,
         float8=True,

@@ -30,7 +30,7 @@ from hlat.data.batch import Batch
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
-from hlat.device.runtime import collective_device
+from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
@@ -41,6 +41,7 @@ from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
+from hlat.planning.device_layout import device_layout
 from hlat.precision import compute_dtype, state_bytes_per_param
 from hlat.testing.faults import maybe_kill, maybe_slow
 from hlat.train.callbacks.base import Callback, load_callback
@@ -92,12 +93,17 @@ class Trainer:
             raise ConfigError(problems)
         check_run_dir(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
-        self.cfg, self.resume = cfg, resume
         self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
+        cfg, layout_line = device_layout(
+            cfg, world_from_env()[0], device_record(self.device.type), total_memory(self.device)
+        )
+        self.cfg, self.resume = cfg, resume
         self.layout: Layout = setup(cfg.parallel, self.device)
         if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
         self.out = out if self.layout.is_main else (lambda _: None)
+        if layout_line:
+            self.out(layout_line)
         self.run_dir = cfg.run_dir
 
         torch.manual_seed(cfg.train.seed)
