@@ -52,6 +52,11 @@ class ParallelConfig:
     """The recompute policy (docs/parallelism.md). "selective" = HLAT's core attention + SwiGLU
     recompute; "op" = save matmul and attention outputs, recompute the pointwise rest (GPUs);
     "full" = each block from its input."""
+    recompute_attention: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
+    """With activation_checkpoint "selective": whether backward replays fused attention (SDPA's
+    kernels, FlexAttention) or reads its saved output. "auto" = the device's choice (saved on CUDA
+    GPUs, where the kernel is the block's costliest to replay and its output small; replayed
+    elsewhere, as HLAT did); true/false."""
     recompute_every_other_mm: bool = False
     """With activation_checkpoint "op" only: save every other matmul's output, recompute the rest."""
     compile: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
@@ -79,8 +84,22 @@ class ParallelConfig:
                 )
             )
         problems += choice_problems(
-            self, "compile", "device_layout", "dp_sharding", "pp_schedule", "activation_checkpoint"
+            self,
+            "compile",
+            "device_layout",
+            "dp_sharding",
+            "pp_schedule",
+            "activation_checkpoint",
+            "recompute_attention",
         )
+        if self.recompute_attention != "auto" and self.activation_checkpoint != "selective":
+            problems.append(
+                (
+                    "recompute_attention",
+                    f"applies to activation_checkpoint = 'selective' only, got {self.activation_checkpoint!r}; "
+                    "set --parallel.activation_checkpoint selective or --parallel.recompute_attention auto",
+                )
+            )
         if self.recompute_every_other_mm and self.activation_checkpoint != "op":
             problems.append(
                 (

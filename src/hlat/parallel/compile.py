@@ -21,6 +21,7 @@ from hlat.config.model import ModelConfig
 from hlat.device.record import device_record
 from hlat.device.runtime import collective_device, fork_rng
 from hlat.errors import UserError
+from hlat.model.attention import attention_backend as attention_backend_context
 from hlat.model.attention import document_mask
 from hlat.model.llama import rope_tables
 from hlat.model.spec import model_spec
@@ -58,9 +59,12 @@ def decide_compile(
     tp: int = 1,
     recompute: str = "none",
     every_other_mm: bool = False,
+    recompute_attention: bool = True,
+    attention_backend: str = "auto",
 ) -> CompileDecision:
     """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
-    `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too."""
+    `recompute`/`every_other_mm`/`recompute_attention`: the run's activation-checkpoint policy, and
+    `attention_backend` its SDPA kernel (train.attention_backend), which the probe applies too."""
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
@@ -87,9 +91,18 @@ def decide_compile(
         return CompileDecision(False, f"compile: off (auto: no compile backend for {device.type})")
     start = time.perf_counter()
     try:
-        probe_block(
-            model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm
-        )
+        with attention_backend_context(attention_backend):
+            probe_block(
+                model_cfg,
+                device,
+                precision_mode,
+                micro_batch,
+                seq_len,
+                document_masking,
+                recompute,
+                every_other_mm,
+                recompute_attention,
+            )
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err
@@ -123,12 +136,23 @@ def probe_block(
     document_masking: bool,
     recompute: str = "none",
     every_other_mm: bool = False,
+    recompute_attention: bool = True,
 ) -> None:
     """Compile one block with the run's shapes and recompute policy and run forward and backward.
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
     with fork_rng(device):  # the run's RNG untouched
-        _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
+        _probe(
+            model_cfg,
+            device,
+            precision_mode,
+            micro_batch,
+            seq_len,
+            document_masking,
+            recompute,
+            every_other_mm,
+            recompute_attention,
+        )
 
 
 def _probe(
@@ -140,6 +164,7 @@ def _probe(
     document_masking: bool,
     recompute: str,
     every_other_mm: bool,
+    recompute_attention: bool,
 ) -> None:
     with torch.device("meta"):
         block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
@@ -147,7 +172,7 @@ def _probe(
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)
     compiled = torch.compile(
-        checkpoint_block(block, recompute, every_other_mm, compiled=True),
+        checkpoint_block(block, recompute, every_other_mm, compiled=True, recompute_attention=recompute_attention),
         fullgraph=True,
         backend=device_record(device.type).compile_backend,
     )

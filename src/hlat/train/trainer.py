@@ -35,7 +35,9 @@ from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8
 from hlat.model import count_params, flops_per_token
+from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
+from hlat.parallel.activation_checkpoint import attention_recomputed
 from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup, world_from_env
@@ -101,6 +103,9 @@ class Trainer:
         self.layout: Layout = setup(cfg.parallel, self.device)
         if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
+        attention = attention_backend_problem(cfg.train.attention_backend, self.device)
+        if attention:
+            raise ConfigError([("train.attention_backend", attention)])
         self.out = out if self.layout.is_main else (lambda _: None)
         if layout_line:
             self.out(layout_line)
@@ -121,6 +126,8 @@ class Trainer:
             self.layout.tp,
             cfg.parallel.activation_checkpoint,
             cfg.parallel.recompute_every_other_mm,
+            attention_recomputed(cfg.parallel.recompute_attention, self.device),
+            cfg.train.attention_backend,
         )
         self.out(compiled.line)
         model = build_parallel_model(
@@ -133,6 +140,7 @@ class Trainer:
             cfg.precision,
             compiled.enabled,
             cfg.precision.float8,
+            cfg.train.attention_backend,
         )
         tasks = (
             InTrainingTasks(
