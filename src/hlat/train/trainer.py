@@ -33,7 +33,7 @@ from hlat.device.rounding import stochastic_rounding
 from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
-from hlat.float8 import check_float8
+from hlat.float8 import check_float8, float8_line
 from hlat.model import count_params, flops_per_token
 from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
@@ -101,14 +101,17 @@ class Trainer:
         )
         self.cfg, self.resume = cfg, resume
         self.layout: Layout = setup(cfg.parallel, self.device)
-        if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
+        narrow = float8_line(cfg.model.d_model, cfg.precision.float8_min_d_model) if cfg.precision.float8 else None
+        float8 = cfg.precision.float8 and narrow is None
+        if float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
         attention = attention_backend_problem(cfg.train.attention_backend, self.device)
         if attention:
             raise ConfigError([("train.attention_backend", attention)])
         self.out = out if self.layout.is_main else (lambda _: None)
-        if layout_line:
-            self.out(layout_line)
+        for line in (layout_line, narrow):
+            if line:
+                self.out(line)
         self.run_dir = cfg.run_dir
 
         torch.manual_seed(cfg.train.seed)
@@ -139,7 +142,7 @@ class Trainer:
             self.accum,
             cfg.precision,
             compiled.enabled,
-            cfg.precision.float8,
+            float8,
             cfg.train.attention_backend,
         )
         tasks = (
