@@ -38,6 +38,7 @@ def test_explain_a_section_lists_its_fields(capsys: pytest.CaptureFixture[str]) 
         "compile_optimizer",
         "float8",
         "float8_min_d_model",
+        "bf16_weight_cache",
         "reduce_dtype",
         "fp32_grad_accum",
     ]

@@ -52,6 +52,8 @@ class ParallelModel:
     is_last_stage: bool = True
     reshard_after_backward: bool = True  # FSDP2 between micro-batches (ParallelConfig)
     attention_backend: str = "auto"  # the SDPA kernel forward and backward run (train.attention_backend)
+    # mixed's bf16 weight copies, kept for one step's micro-batches (precision.bf16_weight_cache); None: cast per use
+    bf16_cache: dict[nn.Parameter, torch.Tensor] | None = None
     grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
     tied: TiedEmbeddings | None = None  # tied embeddings under pp > 1: this rank's copy on the first or last stage
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
@@ -67,7 +69,7 @@ class ParallelModel:
         stack = contextlib.ExitStack()
         if self.layout.tp > 1:
             stack.enter_context(loss_parallel())  # vocab-sharded cross-entropy, forward and backward
-        stack.enter_context(autocast(self.precision_mode, device))
+        stack.enter_context(autocast(self.precision_mode, device, self.bf16_cache))
         stack.enter_context(attention_backend(self.attention_backend))
         return stack
 
@@ -78,6 +80,34 @@ class ParallelModel:
         is scaled by dp / n_targets. Summing the returned shares over dp and pp ranks gives the loss.
         """
         device = batches[0].tokens.device
+        try:
+            self._fill_bf16_cache()
+            share = self._forward_backward(batches, n_targets, device)
+        finally:
+            self._clear_bf16_cache()
+        if self.grad_accumulator is not None:
+            self.grad_accumulator.finish()
+        if self.tied is not None:
+            self.tied.sum_gradients()
+        return share
+
+    @torch.no_grad()
+    def _fill_bf16_cache(self) -> None:
+        """Cast every fp32 weight once, before any forward: inside a block the casts would differ
+        between a micro-batch's forward and its recompute, which must run the same ops."""
+        if self.bf16_cache is not None:
+            for param in self.parameters():
+                if param.dtype == torch.float32:
+                    self.bf16_cache[param] = param.detach().to(torch.bfloat16)
+
+    def _clear_bf16_cache(self) -> None:
+        """Drop the step's bf16 weight copies: the optimizer is about to change the weights."""
+        if self.bf16_cache is not None:
+            self.bf16_cache.clear()
+
+    def _forward_backward(
+        self, batches: Sequence[Batch], n_targets: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
         scale = self.layout.dp / n_targets
         if self.schedule is not None:
             share = self._pipeline_step(batches, scale, device)
@@ -90,10 +120,6 @@ class ParallelModel:
                     (loss * scale).backward()
                 total += full_tensor(loss.detach())
             share = total / n_targets
-        if self.grad_accumulator is not None:
-            self.grad_accumulator.finish()
-        if self.tied is not None:
-            self.tied.sum_gradients()
         return share
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -115,6 +141,7 @@ class ParallelModel:
         device = batches[0].tokens.device
         self.train(False)
         try:
+            self._fill_bf16_cache()
             if self.schedule is not None:
                 self._loss_scale[:] = [torch.ones((), device=device)]
                 losses: list[torch.Tensor] = []
@@ -132,6 +159,7 @@ class ParallelModel:
                         total += full_tensor(token_loss_sum(logits, batch.labels))
         finally:
             self.train(True)
+            self._clear_bf16_cache()
         count = global_target_count(batches, self.layout)
         return (self.reduce_loss(total) / count).item()
 
@@ -267,6 +295,7 @@ def build_parallel_model(
         is_last_stage=n_stages - 1 in indices,
         reshard_after_backward=par.reshard_after_backward,
         attention_backend=attention,
+        bf16_cache={} if precision.bf16_weight_cache else None,
         grad_accumulator=accumulator,
     )
     if layout.pp > 1:
