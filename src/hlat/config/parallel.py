@@ -63,6 +63,10 @@ class ParallelConfig:
     """torch.compile each transformer block. "auto" = wherever the device has a compile backend
     (inductor on CPU, CUDA, XPU; TorchNeuron's on Trainium: docs/devices.md), checked by a start-up
     probe that falls back to eager; true/false (TOML or command-line booleans too)."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode for the blocks (inductor only). "max-autotune-no-cudagraphs": inductor
+    benchmarks Triton and library GEMM kernels for each matmul shape and keeps the fastest
+    (minutes more at start-up, no CUDA graphs); "default": its heuristics."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -86,6 +90,7 @@ class ParallelConfig:
         problems += choice_problems(
             self,
             "compile",
+            "compile_mode",
             "device_layout",
             "dp_sharding",
             "pp_schedule",

@@ -275,7 +275,7 @@ def build_parallel_model(
             module, par.activation_checkpoint, par.recompute_every_other_mm, compiled, recompute_attention
         )
         if compiled:
-            compile_blocks(module, device.type)
+            compile_blocks(module, device.type, mode=par.compile_mode)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout, par.dp_sharding, precision)
         module.to_empty(device=device)

@@ -131,6 +131,7 @@ class Trainer:
             cfg.parallel.recompute_every_other_mm,
             attention_recomputed(cfg.parallel.recompute_attention, self.device),
             cfg.train.attention_backend,
+            cfg.parallel.compile_mode,
         )
         self.out(compiled.line)
         model = build_parallel_model(
