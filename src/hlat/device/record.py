@@ -84,3 +84,12 @@ RECORDS: dict[str, DeviceRecord] = {
 def device_record(device_type: str) -> DeviceRecord:
     """The record of `device_type`; the conservative default for a type without a row."""
     return RECORDS.get(device_type) or DeviceRecord(device_type)
+
+
+# hlat.accelerators' planning families (Accelerator.family) and the device type each one runs as.
+_FAMILY_TYPES = {"gpu": "cuda", "trainium": "neuron", "cpu": "cpu"}
+
+
+def family_record(family: str) -> DeviceRecord:
+    """The record of the device type a planning family runs as (`hlat plan --device`'s row)."""
+    return device_record(_FAMILY_TYPES.get(family, family))
