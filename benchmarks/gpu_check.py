@@ -11,7 +11,11 @@ learn, in priority order, each stage in its own process under its own deadline.
 3. throughput: synthetic batches through hlat's parallelized model, optimizer and step (`1b`
    eager and compiled, a 4-layer `hlat-7b` slice, `1b` with document masking, float8, micro-batch
    8): tokens/s, MFU against the table's peak, first-step time, peak memory, first loss;
-4. end_to_end: `hlat train` (tiny) + resume + `hlat generate` through the CLI.
+4. switches: the speed switches on and off (selective recompute replaying or saving fused
+   attention, mixed's bf16 weight cache over 4 micro-batches (2 in the dry run), float8 on the 4-layer `hlat-7b`
+   slice, inductor's autotuned GEMMs on `1b`), each against its "off" row, first losses agreeing;
+   the SDPA backends (train.attention_backend) are timed per shape in env;
+5. end_to_end: `hlat train` (tiny) + resume + `hlat generate` through the CLI.
 
 OUT_DIR (else $OUT, else ./gpu_check_out) receives three files: gpu_check.md (the report),
 gpu_check.jsonl (one row per check, and one per stage) and gpu_check_logs.tar.gz (each stage's
@@ -35,7 +39,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TOTAL_S = 530  # under the 9-minute call, leaving the report and archive their seconds
 # (stage, deadline on the GPU, in the dry run) in priority order; the deadlines sum to TOTAL_S.
-STAGES = [("env", 45, 40), ("parity", 150, 60), ("throughput", 245, 90), ("end_to_end", 90, 60)]
+STAGES = [("env", 45, 40), ("parity", 130, 60), ("throughput", 195, 90), ("switches", 90, 60), ("end_to_end", 70, 60)]
 REPORT, RESULTS, LOGS = "gpu_check.md", "gpu_check.jsonl", "gpu_check_logs.tar.gz"
 
 

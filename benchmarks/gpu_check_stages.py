@@ -3,7 +3,7 @@ file as they come (a stage cut off by its deadline keeps what it measured) and l
 
     python benchmarks/gpu_check_stages.py PLAN TOTAL_S RESULTS_JSONL LOG_DIR WORK_DIR [--cpu-dry-run]
 
-PLAN: stage:seconds,... of env, parity, throughput, end_to_end (benchmarks/gpu_check.py passes it). Each check inside a stage has its own soft deadline
+PLAN: stage:seconds,... of env, parity, throughput, switches, end_to_end (benchmarks/gpu_check.py passes it). Each check inside a stage has its own soft deadline
 (SIGALRM); the stage's hard deadline is the driver's. Sizes: `Sizes.gpu` on the GPU, `Sizes.dry`
 (toy shapes, same code paths) in the CPU dry run, where compiled checks use the aot_eager backend
 (the same capture and recompute, no inductor code generation).
@@ -36,6 +36,9 @@ from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch, make_batch
+from hlat.device.record import device_record
+from hlat.device.resolve import resolve_device
+from hlat.device.runtime import accelerator, capability, synchronize, total_memory
 from hlat.float8 import float8_problem
 from hlat.model import flops_per_token
 from hlat.parallel import parallelize
@@ -60,12 +63,13 @@ class Sizes:
     gemm: int  # the bf16 GEMM's M = N = K
     e2e_steps: int
     check_s: float  # soft deadline of one check
+    accumulation: int  # micro-batches per step of the configs that accumulate (Throughput.accumulated)
 
 
 PARITY_MODEL = ModelConfig(
     vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=688, max_seq_len=256
 )
-GPU = Sizes(PARITY_MODEL, (2, 256), [], 6, 8192, 20, 150.0)
+GPU = Sizes(PARITY_MODEL, (2, 256), [], 6, 8192, 20, 150.0, 4)
 DRY = Sizes(
     replace(PARITY_MODEL, d_model=64, ffn_dim=160, max_seq_len=64),
     (2, 64),
@@ -75,6 +79,7 @@ DRY = Sizes(
     256,
     4,
     60.0,
+    2,
 )  # fmt: skip
 
 
@@ -87,6 +92,11 @@ class Results:
 
     def __init__(self, path: Path, stage: str):
         self.path, self.stage = path, stage
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row written so far, by this stage and the ones before it."""
+        text = self.path.read_text() if self.path.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def add(self, check: str, status: str, **fields: Any) -> None:
         row = {"stage": self.stage, "check": check, "status": status, **fields}
@@ -122,11 +132,6 @@ def _alarm(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ---- env -----------------------------------------------------------------------------------
 
 
@@ -142,16 +147,18 @@ def stage_env(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> No
         return found
 
     def device_row() -> dict[str, Any]:
-        if device.type != "cuda":
-            return {"device": f"cpu ({platform.processor() or platform.machine()}), no table row", "peak_tflops": None}
-        from hlat.accelerators import cuda_accelerator
-
-        name, row = cuda_accelerator(device)
-        props = torch.cuda.get_device_properties(device)
+        found = accelerator(device)
+        if found is None:
+            return {
+                "device": f"{device} ({platform.processor() or platform.machine()}), no table row",
+                "peak_tflops": None,
+            }
+        name, row = found
+        major, minor = capability(device) or (None, None)
         return {
             "device": name,
-            "capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{major}.{minor}",
+            "memory_gib": round((total_memory(device) or 0) / 2**30, 1),
             "table_row": row.name if row else None,
             "peak_tflops": row.bf16_tflops if row else None,
         }
@@ -160,11 +167,11 @@ def stage_env(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> No
         n = sizes.gemm
         a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
         a @ b
-        _sync(device)
+        synchronize(device)
         reps, start = 10, time.perf_counter()
         for _ in range(reps):
             a @ b
-        _sync(device)
+        synchronize(device)
         seconds = (time.perf_counter() - start) / reps
         return {"shape": n, "tflops": round(2 * n**3 / seconds / 1e12, 3)}
 
@@ -173,6 +180,8 @@ def stage_env(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> No
     out.run("bf16_gemm", 60, gemm)
     for preset in ("1b", "hlat-7b"):
         out.run(f"sdpa_kernel_{preset}", 60, partial(_sdpa_kernels, preset, device, dry))
+    for preset in ("1b", "hlat-7b"):  # train.attention_backend's choices, forward and backward
+        out.run(f"sdpa_backends_{preset}", 60, partial(_sdpa_backends, preset, device, dry))
 
 
 def _sdpa_kernels(preset: str, device: torch.device, dry: bool) -> dict[str, Any]:
@@ -181,6 +190,18 @@ def _sdpa_kernels(preset: str, device: torch.device, dry: bool) -> dict[str, Any
 
     from hlat.model.attention import sdpa
 
+    shape, (q, k, v) = _attention_inputs(preset, device, dry)
+    sdpa(q, k, v, None).sum().backward()  # warm-up: lazy initialisation stays out of the trace
+    traced = device_record(device.type).profiler_activity
+    activities = [ProfilerActivity.CPU] + ([getattr(ProfilerActivity, traced)] if traced else [])
+    with profile(activities=activities) as prof:
+        sdpa(q, k, v, None).sum().backward()
+    keys = ("attention", "flash", "fmha", "cudnn", "efficient")
+    names = sorted({e.key[:90] for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
+    return {"shape": shape, "kernels": names}
+
+
+def _attention_inputs(preset: str, device: torch.device, dry: bool) -> tuple[list[int], list[torch.Tensor]]:
     m = load_config(preset).model
     seq = 64 if dry else m.max_seq_len
     dtype = torch.float32 if dry else torch.bfloat16
@@ -188,13 +209,29 @@ def _sdpa_kernels(preset: str, device: torch.device, dry: bool) -> dict[str, Any
     k, v = (
         torch.randn(1, m.n_kv_heads, seq, m.attn_head_dim, device=device, dtype=dtype, requires_grad=True) for _ in "kv"
     )
-    sdpa(q, k, v, None).sum().backward()  # warm-up: lazy initialisation stays out of the trace
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        sdpa(q, k, v, None).sum().backward()
-    keys = ("attention", "flash", "fmha", "cudnn", "efficient")
-    names = sorted({e.key[:90] for e in prof.key_averages() if any(k in e.key.lower() for k in keys)})
-    return {"shape": [1, m.n_heads, m.n_kv_heads, seq, m.attn_head_dim], "kernels": names}
+    return [1, m.n_heads, m.n_kv_heads, seq, m.attn_head_dim], [q, k, v]
+
+
+def _sdpa_backends(preset: str, device: torch.device, dry: bool) -> dict[str, Any]:
+    """Milliseconds of one causal SDPA forward and backward of the preset's attention shape under
+    each backend the device offers (train.attention_backend), or why the backend cannot run it."""
+    from hlat.model.attention import attention_backend, sdpa
+
+    shape, (q, k, v) = _attention_inputs(preset, device, dry)
+    found: dict[str, Any] = {"shape": shape}
+    for name in ("auto", *device_record(device.type).sdpa_backends):
+        try:
+            with attention_backend(name):
+                sdpa(q, k, v, None).sum().backward()  # warm-up
+                synchronize(device)
+                start, reps = time.perf_counter(), 1 if dry else 3
+                for _ in range(reps):
+                    sdpa(q, k, v, None).sum().backward()
+                synchronize(device)
+            found[name] = round((time.perf_counter() - start) / reps * 1e3, 3)
+        except RuntimeError as err:
+            found[name] = f"error: {str(err).strip().splitlines()[0][:120]}"
+    return found
 
 
 # ---- parity ---------------------------------------------------------------------------------
@@ -255,9 +292,7 @@ def _compare(
 def stage_parity(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
     """hlat's step on `device` against the same step on the CPU in fp32 eager: the reference."""
     cfg, (rows, seq) = sizes.parity, sizes.parity_batch
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 for the parity
-        torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")  # fp32 means fp32 for the parity (no TF32), on any device
     plain, documents = _synthetic(cfg.vocab_size, rows, seq, False), _synthetic(cfg.vocab_size, rows, seq, True)
     ref = _loss_and_grads(cfg, CPU, "fp32", plain)
     ref_documents = _loss_and_grads(cfg, CPU, "fp32", documents)  # the CPU's dense mask
@@ -302,25 +337,44 @@ class Throughput:
     compiled: bool
     float8: bool = False
     same_loss_as: str = ""  # a config on the same batch whose first loss this one must match
+    accumulated: bool = False  # Sizes.accumulation micro-batches per step (else the global batch is 4)
 
 
+SEVEN_B_SLICE = ("--model.n_layers", "4", "--parallel.tp", "1", "--parallel.dp_sharding", "ddp")
 THROUGHPUT = [
     Throughput("1b_eager", "1b", (), False),
     Throughput("1b_compiled", "1b", (), True, same_loss_as="1b_eager"),
-    Throughput("7b_4layers_compiled", "hlat-7b", ("--model.n_layers", "4", "--parallel.tp", "1", "--parallel.dp_sharding", "ddp"), True),
+    Throughput("7b_4layers_compiled", "hlat-7b", SEVEN_B_SLICE, True),
     Throughput("1b_documents_compiled", "1b", ("--data.document_masking", "true"), True),
     Throughput("1b_float8_compiled", "1b", (), True, float8=True, same_loss_as="1b_eager"),
     Throughput("1b_micro8_compiled", "1b", ("--train.micro_batch", "8", "--train.global_batch", "8"), True),
 ]  # fmt: skip
+# The speed switches, each against its "off" run (the row named in same_loss_as, of this stage or
+# the throughput stage before it): tokens/s and peak memory of both, and the first losses agree.
+SWITCHES = [
+    Throughput("1b_selective_eager", "1b", ("--parallel.activation_checkpoint", "selective", "--parallel.recompute_attention", "true"), False),
+    Throughput("1b_selective_attention_saved_eager", "1b", ("--parallel.activation_checkpoint", "selective", "--parallel.recompute_attention", "false"), False, same_loss_as="1b_selective_eager"),
+    Throughput("1b_accumulated_eager", "1b", (), False, accumulated=True),
+    Throughput("1b_accumulated_bf16_cache_eager", "1b", ("--precision.bf16_weight_cache", "true"), False, same_loss_as="1b_accumulated_eager", accumulated=True),
+    Throughput("7b_4layers_float8_compiled", "hlat-7b", SEVEN_B_SLICE, True, float8=True, same_loss_as="7b_4layers_compiled"),
+    Throughput("1b_autotune_compiled", "1b", ("--parallel.compile_mode", "max-autotune-no-cudagraphs"), True, same_loss_as="1b_compiled"),
+]  # fmt: skip
 FIRST_LOSS_TOL = {False: 2e-3, True: 2e-2}  # relative; float8 rounds its matmul inputs
 
 
-def stage_throughput(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
+def stage_throughput(
+    out: Results, device: torch.device, sizes: Sizes, dry: bool, specs: list[Throughput] = THROUGHPUT
+) -> None:
     """Synthetic batches through hlat's parallelized model, optimizer and step: no data pipeline,
     no tokenizer, no checkpoint."""
-    first_losses: dict[str, float] = {}
-    for spec in THROUGHPUT:
+    first_losses = {r["check"]: r["first_loss"] for r in out.rows() if "first_loss" in r}  # earlier stages'
+    for spec in specs:
         out.run(spec.name, sizes.check_s * 1.5, partial(_throughput, spec, device, sizes, first_losses))
+
+
+def stage_switches(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
+    """The speed switches on and off (docs/parallelism.md, docs/precision.md), as the throughput stage runs them."""
+    stage_throughput(out, device, sizes, dry, SWITCHES)
 
 
 def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_losses: dict[str, float]) -> dict[str, Any]:
@@ -328,6 +382,8 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
         return {"status": "skip", "error": problem}
     default_batch = ["--train.global_batch", "4"] if "--train.micro_batch" not in spec.overrides else []
     cfg: RunConfig = load_config(spec.preset, overrides=[*spec.overrides, *default_batch, *sizes.throughput])
+    if spec.accumulated:
+        cfg.train.global_batch = cfg.train.micro_batch * sizes.accumulation
     micro, seq = cfg.train.micro_batch, cfg.data.seq_len
     batches = [
         _synthetic(cfg.model.vocab_size, micro, seq, cfg.data.document_masking, seed).to(device)
@@ -335,7 +391,16 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
     ]
     compiled = spec.compiled and not compile_disabled_by_torch()  # TORCH_COMPILE_DISABLE: eager, as hlat runs
     model = build_parallel_model(
-        cfg.model, cfg.parallel, _layout(device), device, 0, len(batches), cfg.precision, compiled, spec.float8
+        cfg.model,
+        cfg.parallel,
+        _layout(device),
+        device,
+        0,
+        len(batches),
+        cfg.precision,
+        compiled,
+        spec.float8,
+        cfg.train.attention_backend,
     )
     module = TrainModule(model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, 0, 0.0)
     meter = MemoryMeter(device)
@@ -343,7 +408,7 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
     for _ in range(sizes.steps):
         start = time.perf_counter()
         module.step(batches, cfg.optim.lr)
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     losses, _ = module.read_losses()
     tokens = len(batches) * micro * seq
@@ -370,12 +435,9 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
 
 
 def _peak_tflops(device: torch.device, mode: str) -> float | None:
-    """The device table's dense peak for the mode's matmul dtype; None off CUDA or for an unknown device."""
-    if device.type != "cuda":
-        return None
-    from hlat.accelerators import cuda_accelerator
-
-    _, row = cuda_accelerator(device)
+    """The device table's dense peak for the mode's matmul dtype; None for a device without a row."""
+    found = accelerator(device)
+    row = found[1] if found else None
     return (
         row.peak_tflops(compute_dtype(mode, device), torch.get_float32_matmul_precision() != "highest") if row else None
     )
@@ -424,11 +486,11 @@ def stage_end_to_end(out: Results, device: torch.device, sizes: Sizes, work: Pat
     out.run("generate", sizes.check_s, partial(cli, *generate))
 
 
-STAGES = {"env": stage_env, "parity": stage_parity, "throughput": stage_throughput}
+STAGES = {"env": stage_env, "parity": stage_parity, "throughput": stage_throughput, "switches": stage_switches}
 
 
 def run_stage(name: str, results: Path, work: Path, dry: bool) -> None:
-    device, sizes = (CPU, DRY) if dry else (torch.device("cuda"), GPU)
+    device, sizes = (CPU, DRY) if dry else (resolve_device("auto", "gpu_check"), GPU)
     if dry and not compile_disabled_by_torch():  # the same capture and recompute, no inductor code generation
         parallelize.compile_blocks = partial(compile_blocks, backend="aot_eager")
     out = Results(results, name)

@@ -37,6 +37,10 @@ CHOICES = {  # every fixed-choice field and its values, in the order the message
     "parallel.pp_schedule": ("1f1b", "interleaved-1f1b", "gpipe"),
     "parallel.activation_checkpoint": ("none", "selective", "op", "full"),
     "parallel.compile": ("auto", "true", "false"),
+    "parallel.device_layout": ("auto", "config"),
+    "parallel.compile_mode": ("default", "max-autotune-no-cudagraphs"),
+    "parallel.recompute_attention": ("auto", "true", "false"),
+    "train.attention_backend": ("auto", "cudnn", "flash", "efficient", "math"),
     "wandb.mode": ("", "online", "offline", "disabled"),
 }
 

@@ -37,6 +37,8 @@ def test_explain_a_section_lists_its_fields(capsys: pytest.CaptureFixture[str]) 
         "mode",
         "compile_optimizer",
         "float8",
+        "float8_min_d_model",
+        "bf16_weight_cache",
         "reduce_dtype",
         "fp32_grad_accum",
     ]

@@ -7,10 +7,11 @@ import torch
 
 from deps import require
 from hlat.config.layout import Degrees
+from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.errors import ConfigError
-from hlat.float8 import check_float8, convert_to_float8
+from hlat.float8 import check_float8, convert_to_float8, float8_line
 from hlat.model import Llama
 from hlat.model.llama import Linear
 from hlat.parallel.mesh import Layout
@@ -86,3 +87,43 @@ def test_refused_without_float8_matmuls(monkeypatch):
         build_parallel_model(
             CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32", float8=True
         )
+
+
+def test_narrow_blocks_keep_the_modes_dtype():
+    assert float8_line(4096, 4096) is None
+    assert float8_line(2048, 0) is None
+    assert float8_line(2048, 4096) == (
+        "float8: off (model.d_model 2048 < precision.float8_min_d_model 4096: narrow blocks gain less than "
+        "float8's casts cost); --precision.float8_min_d_model 0 converts them"
+    )
+
+
+def _trainer_start(*overrides: str) -> list[str]:
+    """The trainer's start-up lines up to building the data (where this stops it)."""
+    import hlat.train.trainer as trainer_module
+
+    lines: list[str] = []
+
+    def stop(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("stop")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module.Trainer, "_build_data", stop)
+        cfg = load_config("tiny", overrides=["--train.device", "cpu", "--precision.float8", "true", *overrides])
+        with pytest.raises(RuntimeError, match="stop"):
+            trainer_module.Trainer(cfg, resume="fresh", out=lines.append)
+    return lines
+
+
+def test_the_trainer_applies_the_width_threshold():
+    assert any(
+        line.startswith("float8: off (model.d_model 256 < precision.float8_min_d_model 4096")
+        for line in _trainer_start()
+    )
+    with pytest.raises(ConfigError, match=r"precision\.float8: .*this run is on cpu"):
+        _trainer_start("--precision.float8_min_d_model", "0")  # converts: refused on the CPU
+
+
+def test_a_negative_threshold_names_the_field():
+    with pytest.raises(ConfigError, match=r"precision\.float8_min_d_model: must be >= 0"):
+        load_config("tiny", overrides=["--precision.float8_min_d_model", "-1"])

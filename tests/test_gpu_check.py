@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
-STAGES = ["env", "parity", "throughput", "end_to_end"]
+STAGES = ["env", "parity", "throughput", "switches", "end_to_end"]
 
 
 def test_cpu_dry_run_reports_every_stage(tmp_path: Path) -> None:
@@ -29,8 +29,14 @@ def test_cpu_dry_run_reports_every_stage(tmp_path: Path) -> None:
     checks = [r for r in rows if r["check"] != "stage"]
     assert {r["stage"] for r in checks} == set(STAGES)
     # on a CPU only float8 cannot run, and says why; every other check passed its tolerance
-    assert {r["check"] for r in checks if r["status"] != "ok"} == {"float8_compiled", "1b_float8_compiled"}
+    float8 = {"float8_compiled", "1b_float8_compiled", "7b_4layers_float8_compiled"}
+    assert {r["check"] for r in checks if r["status"] != "ok"} == float8
     assert all(r["status"] == "skip" and "CUDA" in r["error"] for r in checks if "float8" in r["check"])
+    by_check = {r["check"]: r for r in checks}
+    for switch in ("1b_selective_attention_saved_eager", "1b_accumulated_bf16_cache_eager", "1b_autotune_compiled"):
+        assert by_check[switch]["agrees"], switch  # measured against its "off" row, on the same batch
+    backends = by_check["sdpa_backends_1b"]
+    assert isinstance(backends["auto"], float) and isinstance(backends["math"], float)  # the CPU's backends, timed
     report = (out / "gpu_check.md").read_text()
     assert "CPU DRY RUN" in report and all(f"## {stage}: ok" in report for stage in STAGES)
     with tarfile.open(out / "gpu_check_logs.tar.gz") as archive:

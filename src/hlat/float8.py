@@ -5,7 +5,8 @@ weight stays in its storage dtype (the optimizer and checkpoints see the same pa
 names), and each matmul casts its inputs to float8 with dynamic per-tensor scales (e4m3 forward,
 e5m2 for the output gradient) and runs `torch._scaled_mm`. Only the blocks' linears convert: the
 output head (vocabulary logits, where precision matters most for the loss) and the embeddings stay
-in the mode's compute dtype, as torchao's own recipes do.
+in the mode's compute dtype, as torchao's own recipes do. Blocks narrower than
+precision.float8_min_d_model (4096 by default) do not convert (`float8_line`).
 
 float8 matmuls exist on CUDA devices of capability 8.9 or higher (Ada, Hopper, Blackwell); other
 devices are refused before any model is built. torchao is an optional extra (`hlat[float8]`).
@@ -41,6 +42,17 @@ def float8_problem(device: torch.device, tp: int = 1) -> str | None:
     except ImportError as err:
         return f"needs torchao ({err}); install it with pip install 'hlat[float8]' (or pip install torchao), or set --precision.float8 false"
     return None
+
+
+def float8_line(d_model: int, min_d_model: int) -> str | None:
+    """The start-up line when precision.float8 is on but the blocks are narrower than
+    precision.float8_min_d_model (then nothing converts); None when they convert."""
+    if d_model >= min_d_model:
+        return None
+    return (
+        f"float8: off (model.d_model {d_model} < precision.float8_min_d_model {min_d_model}: "
+        "narrow blocks gain less than float8's casts cost); --precision.float8_min_d_model 0 converts them"
+    )
 
 
 def check_float8(device: torch.device, tp: int = 1) -> None:

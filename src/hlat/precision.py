@@ -84,16 +84,44 @@ class Bf16Weights(TorchFunctionMode):
     FSDP2 compute alike (embedding output and residual stream bf16, norm weights bf16). The cast
     is in the autograd graph: each micro-batch's bf16 gradient reaches the parameter upcast to
     fp32 and accumulates in fp32. A parameter already bf16 (FSDP2's gathered copy) passes as is.
+
+    With a `cache` (precision.bf16_weight_cache) each parameter is cast once while the cache
+    lives (the caller clears it once per step) and every later read, in another micro-batch or a
+    recompute, reuses that copy; gradients still reach the fp32 parameter, upcast.
     """
+
+    def __init__(self, cache: dict[nn.Parameter, torch.Tensor] | None = None) -> None:
+        super().__init__()
+        self.cache = cache
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if getattr(func, "__name__", "") == "__get__":  # attribute reads (shape, dtype) see the parameter
             return func(*args, **(kwargs or {}))
-        return func(*(_bf16_copy(a) for a in args), **(kwargs or {}))
+        return func(*(self._bf16_copy(a) for a in args), **(kwargs or {}))
+
+    def _bf16_copy(self, t: Any) -> Any:
+        if not (isinstance(t, nn.Parameter) and t.dtype == torch.float32):
+            return t
+        if self.cache is None:
+            return t.to(torch.bfloat16)
+        copy = self.cache.get(t)
+        if copy is None:
+            copy = self.cache[t] = t.detach().to(torch.bfloat16)
+        return _CachedCopy.apply(t, copy)
 
 
-def _bf16_copy(t: Any) -> Any:
-    return t.to(torch.bfloat16) if isinstance(t, nn.Parameter) and t.dtype == torch.float32 else t
+class _CachedCopy(torch.autograd.Function):
+    """`copy` (a cached bf16 cast of `param`) in the graph as `param.to(bf16)` would be: the
+    gradient reaches `param` upcast to its dtype, as the cast's own backward delivers it."""
+
+    @staticmethod
+    def forward(ctx: Any, param: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        ctx.dtype = param.dtype
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad.to(ctx.dtype), None
 
 
 def _bf16(t: Any) -> Any:
@@ -158,15 +186,18 @@ def emulated_mixed(device: torch.device) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _mixed(device: torch.device) -> Iterator[None]:
-    with torch.autocast(device_type=device.type, dtype=torch.bfloat16), Bf16Weights():
+def _mixed(device: torch.device, cache: dict[nn.Parameter, torch.Tensor] | None) -> Iterator[None]:
+    with torch.autocast(device_type=device.type, dtype=torch.bfloat16), Bf16Weights(cache):
         yield
 
 
-def autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager:
-    """The context the forward (and backward) passes run in for `mode` on `device`."""
+def autocast(
+    mode: str, device: torch.device, bf16_cache: dict[nn.Parameter, torch.Tensor] | None = None
+) -> contextlib.AbstractContextManager:
+    """The context the forward (and backward) passes run in for `mode` on `device`; `bf16_cache`:
+    under mixed, where the weights' bf16 copies are kept for reuse (Bf16Weights)."""
     if mode == "mixed":
-        return _mixed(device)
+        return _mixed(device, bf16_cache)
     if compute_dtype(mode, device) == torch.bfloat16:
         # For bf16 weights this changes little for matmuls, but keeps softmax and reductions fp32.
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -91,5 +91,6 @@ def test_policies_place_flex_attention_with_the_fused_kernels() -> None:
     """selective recomputes core attention, op saves fused attention's output: FlexAttention included."""
     flex = torch.ops.higher_order.flex_attention
     ctx = SelectiveCheckpointContext(is_recompute=False)
-    assert ac._selective_policy(ctx, flex) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert ac._selective_policy(True, ctx, flex) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert ac._selective_policy(False, ctx, flex) == CheckpointPolicy.MUST_SAVE
     assert ac._op_policy(False, Counter(), ctx, flex) == CheckpointPolicy.MUST_SAVE

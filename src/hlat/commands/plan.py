@@ -115,6 +115,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     price = cfg.train.price_per_node_hour if args.price_per_node_hour is None else args.price_per_node_hour
     own = step_time(cfg, args.world, system)
     print(format_forecast(own, system, args.world, budget, price))
+    from hlat.planning.switches import format_switches
+
+    print(format_switches(cfg, args.world, system))
     if args.search:
         from hlat.planning.layout_search import compare_with_own, format_search, search
 

@@ -37,6 +37,12 @@ class ParallelConfig:
     micro-batch's backward and gather them again for the next (least memory); false = keep them
     gathered until the step's last backward (one gather per step under zero2; costs the unsharded
     weights between micro-batches). Pipeline schedules always keep them (torch's)."""
+    device_layout: Literal["auto", "config"] = "auto"
+    """"auto": on devices whose compiled blocks do not take tensor parallelism (CUDA GPUs:
+    docs/parallelism.md), a model of at most 9B parameters whose tp > 1 came from its preset (not
+    from a config file or the command line) runs tp 1, FSDP2 (or HSDP under dp_shard) over all the
+    ranks, where the memory plan fits the device; the start-up log says so. "config": the layout
+    as configured."""
     pp_schedule: Literal["1f1b", "interleaved-1f1b", "gpipe"] = "1f1b"
     """The pipeline schedule (torch.distributed.pipelining): 1F1B, its interleaved form over
     pp_stages_per_rank virtual stages, or GPipe (all forwards, then all backwards)."""
@@ -46,12 +52,21 @@ class ParallelConfig:
     """The recompute policy (docs/parallelism.md). "selective" = HLAT's core attention + SwiGLU
     recompute; "op" = save matmul and attention outputs, recompute the pointwise rest (GPUs);
     "full" = each block from its input."""
+    recompute_attention: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
+    """With activation_checkpoint "selective": whether backward replays fused attention (SDPA's
+    kernels, FlexAttention) or reads its saved output. "auto" = the device's choice (saved on CUDA
+    GPUs, where the kernel is the block's costliest to replay and its output small; replayed
+    elsewhere, as HLAT did); true/false."""
     recompute_every_other_mm: bool = False
     """With activation_checkpoint "op" only: save every other matmul's output, recompute the rest."""
     compile: Literal["auto", "true", "false"] = field(default="auto", metadata={"accepts_bool": True})
     """torch.compile each transformer block. "auto" = wherever the device has a compile backend
     (inductor on CPU, CUDA, XPU; TorchNeuron's on Trainium: docs/devices.md), checked by a start-up
     probe that falls back to eager; true/false (TOML or command-line booleans too)."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's mode for the blocks (inductor only). "max-autotune-no-cudagraphs": inductor
+    benchmarks Triton and library GEMM kernels for each matmul shape and keeps the fastest
+    (minutes more at start-up, no CUDA graphs); "default": its heuristics."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -72,7 +87,24 @@ class ParallelConfig:
                     "set --parallel.dp_sharding fsdp (or zero2) for HSDP, or --parallel.dp_shard 0",
                 )
             )
-        problems += choice_problems(self, "compile", "dp_sharding", "pp_schedule", "activation_checkpoint")
+        problems += choice_problems(
+            self,
+            "compile",
+            "compile_mode",
+            "device_layout",
+            "dp_sharding",
+            "pp_schedule",
+            "activation_checkpoint",
+            "recompute_attention",
+        )
+        if self.recompute_attention != "auto" and self.activation_checkpoint != "selective":
+            problems.append(
+                (
+                    "recompute_attention",
+                    f"applies to activation_checkpoint = 'selective' only, got {self.activation_checkpoint!r}; "
+                    "set --parallel.activation_checkpoint selective or --parallel.recompute_attention auto",
+                )
+            )
         if self.recompute_every_other_mm and self.activation_checkpoint != "op":
             problems.append(
                 (

@@ -25,6 +25,16 @@ class PrecisionConfig:
     float8: bool = False
     """Run the transformer blocks' linear layers as float8 matmuls (torchao, the `float8` extra;
     CUDA capability >= 8.9 only, refused elsewhere). The output head stays in the mode's dtype."""
+    float8_min_d_model: int = 4096
+    """With float8: convert only models whose blocks are at least this wide (model.d_model); below
+    it the casts and scales cost more than float8 matmuls save (torchao's recipes for Llama 3 8B
+    and up), and the run keeps the mode's dtype, saying so at start-up. 0 = every width."""
+    bf16_weight_cache: bool = False
+    """mixed on one device or DDP: cast each fp32 weight to bf16 once per optimizer step and reuse
+    that copy in every micro-batch and recompute of the step, instead of casting it again at each
+    use (the copies live until the step's last backward, as one micro-batch's already do). Under
+    zero2/fsdp FSDP2 casts as it gathers: --parallel.reshard_after_backward false gathers once per
+    step there."""
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """Mixed under zero2/fsdp: the dtype FSDP2 reduce-scatters gradients in and accumulates them in
     across micro-batches ("bf16" halves that traffic and memory). Single-device and DDP mixed
@@ -35,6 +45,15 @@ class PrecisionConfig:
 
     def validate(self) -> list[tuple[str, str]]:
         problems = choice_problems(self, "mode", "reduce_dtype")
+        if self.float8_min_d_model < 0:
+            problems.append(("float8_min_d_model", f"must be >= 0 (0 = every width), got {self.float8_min_d_model}"))
+        if self.bf16_weight_cache and self.mode != "mixed":
+            problems.append(
+                (
+                    "bf16_weight_cache",
+                    f"caches mixed's bf16 weight copies; precision.mode {self.mode} has none, set it to false",
+                )
+            )
         if self.fp32_grad_accum and self.mode in ("fp32", "mixed"):
             problems.append(
                 (

@@ -149,6 +149,14 @@ class RunConfig:
                 check()
             except ConfigError as err:
                 problems += err.problems
+        if self.precision.bf16_weight_cache and dp > 1 and self.parallel.dp_sharding in ("zero2", "fsdp"):
+            problems.append(
+                (
+                    "precision.bf16_weight_cache",
+                    f"FSDP2 ({self.parallel.dp_sharding}) casts the weights as it gathers them; set it to false "
+                    "(--parallel.reshard_after_backward false gathers once per step)",
+                )
+            )
         stages = pp * self.parallel.pp_stages_per_rank
         if pp > 1 and stages > self.model.n_layers:
             problems.append(

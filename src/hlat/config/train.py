@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from hlat.config.fields import choice_problems
 from hlat.device.names import device_name_problem
 
 
@@ -25,6 +27,12 @@ class TrainConfig:
     MPS, Trainium's neuron, ...), else the CPU; or a device type as torch names it ("cpu", "cuda",
     "neuron", ...), with an index ("cuda:1") or without one (each torchrun process takes its local
     rank's); docs/devices.md."""
+    attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
+    """The SDPA kernel attention runs (torch.nn.attention.sdpa_kernel, forward and backward):
+    "auto" = torch's choice; "cudnn" (cuDNN's fused attention, on Hopper often the fastest),
+    "flash", "efficient" (memory-efficient) or "math" (the reference) only, where the device has
+    it (CUDA: all four; CPU: flash and math; docs/devices.md). FlexAttention (document masking on
+    CUDA) is not SDPA and ignores it."""
     run_dir: str = ""
     """Where the run writes its config, metrics and checkpoints; "" = runs/<preset or config name>."""
     log_every: int = 10
@@ -71,6 +79,7 @@ class TrainConfig:
         device = device_name_problem(self.device)
         if device:
             problems.append(("device", device))
+        problems += choice_problems(self, "attention_backend")
         if self.slow_rank_threshold <= 0:
             problems.append(
                 (

@@ -22,8 +22,16 @@ class DeviceRecord:
     # Compiled blocks under tensor parallelism: no device yet, as torch 2.13 breaks them in backward
     # (hlat.parallel.compile.TP_UNSUPPORTED); a row turns this on once its compiler is shown to work.
     compiled_tp: bool = False
+    # Models of up to 9B parameters run FSDP2/HSDP without tensor parallelism where a preset chose
+    # tp and memory allows (parallel.device_layout): blocks then compile, as torchtitan runs Llama 3 8B.
+    data_parallel_first: bool = False
     fused_adamw: bool = False  # torch's fused AdamW kernel (one kernel, exact `found_inf` skips); else foreach
     flex_attention: bool = False  # FlexAttention's compiled kernel for document masks; else a dense mask
+    # The SDPA backends torch.nn.attention.sdpa_kernel can restrict attention to (train.attention_backend).
+    sdpa_backends: tuple[str, ...] = ()
+    # `selective` recompute replays fused attention in backward; False: its output is saved (on GPUs the
+    # fused kernel's output and log-sum-exp are small, and the kernel is the block's costliest to replay).
+    recompute_fused_attention: bool = True
     pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
     float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
     profiler_activity: str | None = None  # the torch.profiler.ProfilerActivity that traces its kernels
@@ -50,12 +58,15 @@ class DeviceRecord:
 
 RECORDS: dict[str, DeviceRecord] = {
     # torch 2.13's FlexAttention has no backward on the CPU (hlat.model.attention)
-    "cpu": DeviceRecord("cpu", compile_backend="inductor", fused_adamw=True),
+    "cpu": DeviceRecord("cpu", compile_backend="inductor", fused_adamw=True, sdpa_backends=("flash", "math")),
     "cuda": DeviceRecord(
         "cuda",
         compile_backend="inductor",
         fused_adamw=True,
+        data_parallel_first=True,
         flex_attention=True,
+        sdpa_backends=("cudnn", "flash", "efficient", "math"),
+        recompute_fused_attention=False,
         pin_memory=True,
         float8=True,
         profiler_activity="CUDA",
@@ -73,3 +84,12 @@ RECORDS: dict[str, DeviceRecord] = {
 def device_record(device_type: str) -> DeviceRecord:
     """The record of `device_type`; the conservative default for a type without a row."""
     return RECORDS.get(device_type) or DeviceRecord(device_type)
+
+
+# hlat.accelerators' planning families (Accelerator.family) and the device type each one runs as.
+_FAMILY_TYPES = {"gpu": "cuda", "trainium": "neuron", "cpu": "cpu"}
+
+
+def family_record(family: str) -> DeviceRecord:
+    """The record of the device type a planning family runs as (`hlat plan --device`'s row)."""
+    return device_record(_FAMILY_TYPES.get(family, family))

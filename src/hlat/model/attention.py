@@ -11,11 +11,13 @@ by the device the batch lives on (`document_mask`, from the device's record in h
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from hlat.device.record import device_record
@@ -40,6 +42,31 @@ def _compiled_flex() -> Callable[..., torch.Tensor]:
     # Eager flex_attention materialises the scores (a reference implementation); compiled, it is
     # a fused kernel that skips the masked-out blocks. Inside a compiled block this is inlined.
     return torch.compile(flex_attention)
+
+
+# train.attention_backend's choices (but "auto": torch's own pick among the device's kernels)
+SDPA_BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
+def attention_backend_problem(name: str, device: torch.device) -> str | None:
+    """Why SDPA cannot be restricted to backend `name` on `device` (None when it can)."""
+    offered = device_record(device.type).sdpa_backends
+    if name == "auto" or name in offered:
+        return None
+    choices = ", ".join(("auto", *offered))
+    return f"got {name!r}, which {device.type} does not offer; choose one of {choices}"
+
+
+def attention_backend(name: str) -> contextlib.AbstractContextManager:
+    """The context SDPA runs in for train.attention_backend `name`; enter it around forward and
+    backward (the backward kernel is the forward's) and around the first call of a compiled block
+    (the compiler picks the kernel when it traces)."""
+    return contextlib.nullcontext() if name == "auto" else sdpa_kernel([SDPA_BACKENDS[name]])
 
 
 def dense_document_mask(doc_ids: torch.Tensor) -> torch.Tensor:

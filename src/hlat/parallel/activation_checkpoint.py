@@ -2,7 +2,8 @@
 
 "selective" is HLAT's policy: core attention (QK^T, softmax, AV) and the SwiGLU product are
 recomputed, whose activations are large (T^2 per head without a fused kernel, and FFN-wide) but
-cheap to recompute; every other op's output is saved. "op" is the policy GPU stacks use
+cheap to recompute; every other op's output is saved. With `recompute_attention` false (CUDA's
+default, parallel.recompute_attention) a fused attention kernel's output is saved instead. "op" is the policy GPU stacks use
 (torchtitan's op-level SAC): the outputs of the matmuls with a weight and of fused attention are
 saved, and the cheap pointwise rest (norms, RoPE, SiLU, products) is recomputed; with
 `every_other_mm` only every other matmul's output is saved. "full" recomputes each block from its
@@ -21,6 +22,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
+
+from hlat.device.record import device_record
 
 aten = torch.ops.aten
 
@@ -59,7 +62,17 @@ class _NoInPlaceWarning(logging.Filter):
 _NO_IN_PLACE_WARNING = _NoInPlaceWarning()
 
 
-def _selective_policy(ctx: SelectiveCheckpointContext, op, *args, **kwargs) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+def attention_recomputed(setting: str, device: torch.device) -> bool:
+    """parallel.recompute_attention for `selective` on `device`: "auto" is the device's choice
+    (hlat.device.record: fused attention is saved on CUDA GPUs, replayed elsewhere)."""
+    return device_record(device.type).recompute_fused_attention if setting == "auto" else setting == "true"
+
+
+def _selective_policy(
+    recompute_attention: bool, ctx: SelectiveCheckpointContext, op, *args, **kwargs
+) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+    if op in _FUSED_ATTENTION:
+        return CheckpointPolicy.PREFER_RECOMPUTE if recompute_attention else CheckpointPolicy.MUST_SAVE
     if op in _RECOMPUTE:
         return CheckpointPolicy.PREFER_RECOMPUTE
     # The policy also sees higher-order operators (FlexAttention, regions torch compiled), which
@@ -91,10 +104,17 @@ def _op_contexts(every_other_mm: bool):  # type: ignore[no-untyped-def]
     return create_selective_checkpoint_contexts(partial(_op_policy, every_other_mm, Counter()))
 
 
-def checkpoint_block(block: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False) -> nn.Module:
+def checkpoint_block(
+    block: nn.Module,
+    mode: str,
+    every_other_mm: bool = False,
+    compiled: bool = False,
+    recompute_attention: bool = True,
+) -> nn.Module:
     """`block` wrapped for recompute policy `mode` (selective, op, full); unchanged for none.
     `compiled`: the block will be compiled, where the recompute replays the traced graph (which
-    holds the precision casts) and torch accepts only the policy's own contexts."""
+    holds the precision casts) and torch accepts only the policy's own contexts.
+    `recompute_attention`: under selective, replay fused attention (else its output is saved)."""
     if mode == "none":
         return block
     if mode == "full":
@@ -102,7 +122,7 @@ def checkpoint_block(block: nn.Module, mode: str, every_other_mm: bool = False, 
             return checkpoint_wrapper(block, preserve_rng_state=False)
         contexts = partial(tuple, (contextlib.nullcontext(), contextlib.nullcontext()))
     elif mode == "selective":
-        contexts = partial(create_selective_checkpoint_contexts, _selective_policy)
+        contexts = partial(create_selective_checkpoint_contexts, partial(_selective_policy, recompute_attention))
     else:
         contexts = partial(_op_contexts, every_other_mm)
     if compiled:  # the same instance is added once
@@ -129,8 +149,8 @@ def _entered(context, modes):  # type: ignore[no-untyped-def]
 
 
 def apply_activation_checkpoint(
-    model: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False
+    model: nn.Module, mode: str, every_other_mm: bool = False, compiled: bool = False, recompute_attention: bool = True
 ) -> None:
     """Wrap each transformer block of `model` for recompute policy `mode` (none, selective, op, full)."""
     for name, block in list(model.layers.items()):
-        model.layers[name] = checkpoint_block(block, mode, every_other_mm, compiled)
+        model.layers[name] = checkpoint_block(block, mode, every_other_mm, compiled, recompute_attention)

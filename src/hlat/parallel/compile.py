@@ -21,7 +21,8 @@ from torch import nn
 from hlat.config.model import ModelConfig
 from hlat.device.record import device_record
 from hlat.device.runtime import collective_device, fork_rng
-from hlat.errors import UserError
+from hlat.errors import ConfigError, UserError
+from hlat.model.attention import attention_backend as attention_backend_context
 from hlat.model.attention import document_mask
 from hlat.model.llama import rope_tables
 from hlat.model.spec import model_spec
@@ -44,6 +45,8 @@ def compile_disabled_by_torch() -> bool:
 # fullgraph; CPU/gloo): a block's DTensor input receives a plain-tensor gradient, which the
 # sequence-parallel redistribute before it cannot take ("'Tensor' object has no attribute
 # '_local_tensor'"). FSDP2, pipeline stages and both recompute modes compile with fullgraph.
+INDUCTOR = "inductor"  # the one backend parallel.compile_mode applies to
+
 TP_UNSUPPORTED = (
     "tensor-parallel blocks do not compile on this torch (a DTensor input gets a plain gradient in backward)"
 )
@@ -60,11 +63,16 @@ def decide_compile(
     tp: int = 1,
     recompute: str = "none",
     every_other_mm: bool = False,
+    recompute_attention: bool = True,
+    attention_backend: str = "auto",
+    mode: str = "default",
     out: Callable[[str], None] = lambda _: None,
 ) -> CompileDecision:
     """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
-    `recompute`/`every_other_mm`: the run's activation-checkpoint policy, which the probe applies too;
-    `out`: where the probe's start line and heartbeat go (it can take minutes)."""
+    `recompute`/`every_other_mm`/`recompute_attention`: the run's activation-checkpoint policy, and
+    `attention_backend` its SDPA kernel (train.attention_backend), and `mode` torch.compile's
+    (parallel.compile_mode), which the probe applies too; `out`: where the probe's start line and
+    heartbeat go (it can take minutes)."""
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
@@ -89,11 +97,32 @@ def decide_compile(
                 "set --parallel.compile false (or auto)"
             )
         return CompileDecision(False, f"compile: off (auto: no compile backend for {device.type})")
+    if mode != "default" and backend != INDUCTOR:
+        raise ConfigError(
+            [
+                (
+                    "parallel.compile_mode",
+                    f"{mode} is inductor's; {device.type} compiles with {backend}, set --parallel.compile_mode default",
+                )
+            ]
+        )
     start = time.perf_counter()
     try:
-        with Heartbeat(f"compile probe: one transformer block through torch.compile ({backend})", out):
+        with (
+            Heartbeat(f"compile probe: one transformer block through torch.compile ({backend})", out),
+            attention_backend_context(attention_backend),
+        ):
             probe_block(
-                model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm
+                model_cfg,
+                device,
+                precision_mode,
+                micro_batch,
+                seq_len,
+                document_masking,
+                recompute,
+                every_other_mm,
+                recompute_attention,
+                mode,
             )
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
@@ -107,16 +136,23 @@ def decide_compile(
                 "set --parallel.compile false (or auto, which falls back to eager)"
             ) from error
         return CompileDecision(False, f"warning: compile: torch.compile failed ({reason}); running eager")
-    return CompileDecision(True, f"compile: on ({backend}, probe {seconds:.1f} s)")
+    mode_note = f", {mode}" if mode != "default" else ""
+    return CompileDecision(True, f"compile: on ({backend}{mode_note}, probe {seconds:.1f} s)")
 
 
-def compile_blocks(module: nn.Module, device_type: str, backend: str | None = None) -> None:
+def compile_options(backend: str | None, mode: str) -> dict[str, str]:
+    """torch.compile's mode argument for parallel.compile_mode `mode` (inductor's alone: other
+    backends take none, and decide_compile refuses one for them)."""
+    return {"mode": mode} if mode != "default" and backend == INDUCTOR else {}
+
+
+def compile_blocks(module: nn.Module, device_type: str, backend: str | None = None, mode: str = "default") -> None:
     """Compile each transformer block in place; fullgraph, so a graph break is an error, not a slowdown.
     `backend`: torch.compile's; None = `device_type`'s (hlat.device.record; the multi-process tests
-    capture with aot_eager)."""
+    capture with aot_eager). `mode`: parallel.compile_mode."""
     backend = backend or device_record(device_type).compile_backend
     for name, block in list(module.layers.items()):
-        module.layers[name] = torch.compile(block, fullgraph=True, backend=backend)
+        module.layers[name] = torch.compile(block, fullgraph=True, backend=backend, **compile_options(backend, mode))
 
 
 def probe_block(
@@ -128,12 +164,25 @@ def probe_block(
     document_masking: bool,
     recompute: str = "none",
     every_other_mm: bool = False,
+    recompute_attention: bool = True,
+    mode: str = "default",
 ) -> None:
     """Compile one block with the run's shapes and recompute policy and run forward and backward.
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
     with fork_rng(device):  # the run's RNG untouched
-        _probe(model_cfg, device, precision_mode, micro_batch, seq_len, document_masking, recompute, every_other_mm)
+        _probe(
+            model_cfg,
+            device,
+            precision_mode,
+            micro_batch,
+            seq_len,
+            document_masking,
+            recompute,
+            every_other_mm,
+            recompute_attention,
+            mode,
+        )
 
 
 def _probe(
@@ -145,16 +194,20 @@ def _probe(
     document_masking: bool,
     recompute: str,
     every_other_mm: bool,
+    recompute_attention: bool,
+    mode: str,
 ) -> None:
     with torch.device("meta"):
         block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
     block.to_empty(device=device)
     for param in block.parameters():
         nn.init.normal_(param, std=model_cfg.init_std)
+    backend = device_record(device.type).compile_backend
     compiled = torch.compile(
-        checkpoint_block(block, recompute, every_other_mm, compiled=True),
+        checkpoint_block(block, recompute, every_other_mm, compiled=True, recompute_attention=recompute_attention),
         fullgraph=True,
-        backend=device_record(device.type).compile_backend,
+        backend=backend,
+        **compile_options(backend, mode),
     )
     cos, sin = rope_tables(model_cfg, device=device)
     # The block's input as the model makes it: an embedding lookup under the precision mode, whose

@@ -24,9 +24,11 @@ from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import IGNORE_INDEX, Batch
 from hlat.dtensor import full_tensor
+from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
-from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
+from hlat.model.attention import attention_backend, attention_backend_problem
+from hlat.parallel.activation_checkpoint import apply_activation_checkpoint, attention_recomputed
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.data_parallel import apply_data_parallel, no_gradient_sync
 from hlat.parallel.grad_accum import Fp32GradAccumulator
@@ -49,6 +51,9 @@ class ParallelModel:
     is_first_stage: bool = True
     is_last_stage: bool = True
     reshard_after_backward: bool = True  # FSDP2 between micro-batches (ParallelConfig)
+    attention_backend: str = "auto"  # the SDPA kernel forward and backward run (train.attention_backend)
+    # mixed's bf16 weight copies, kept for one step's micro-batches (precision.bf16_weight_cache); None: cast per use
+    bf16_cache: dict[nn.Parameter, torch.Tensor] | None = None
     grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
     tied: TiedEmbeddings | None = None  # tied embeddings under pp > 1: this rank's copy on the first or last stage
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
@@ -64,7 +69,8 @@ class ParallelModel:
         stack = contextlib.ExitStack()
         if self.layout.tp > 1:
             stack.enter_context(loss_parallel())  # vocab-sharded cross-entropy, forward and backward
-        stack.enter_context(autocast(self.precision_mode, device))
+        stack.enter_context(autocast(self.precision_mode, device, self.bf16_cache))
+        stack.enter_context(attention_backend(self.attention_backend))
         return stack
 
     def forward_backward(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
@@ -74,6 +80,34 @@ class ParallelModel:
         is scaled by dp / n_targets. Summing the returned shares over dp and pp ranks gives the loss.
         """
         device = batches[0].tokens.device
+        try:
+            self._fill_bf16_cache()
+            share = self._forward_backward(batches, n_targets, device)
+        finally:
+            self._clear_bf16_cache()
+        if self.grad_accumulator is not None:
+            self.grad_accumulator.finish()
+        if self.tied is not None:
+            self.tied.sum_gradients()
+        return share
+
+    @torch.no_grad()
+    def _fill_bf16_cache(self) -> None:
+        """Cast every fp32 weight once, before any forward: inside a block the casts would differ
+        between a micro-batch's forward and its recompute, which must run the same ops."""
+        if self.bf16_cache is not None:
+            for param in self.parameters():
+                if param.dtype == torch.float32:
+                    self.bf16_cache[param] = param.detach().to(torch.bfloat16)
+
+    def _clear_bf16_cache(self) -> None:
+        """Drop the step's bf16 weight copies: the optimizer is about to change the weights."""
+        if self.bf16_cache is not None:
+            self.bf16_cache.clear()
+
+    def _forward_backward(
+        self, batches: Sequence[Batch], n_targets: torch.Tensor, device: torch.device
+    ) -> torch.Tensor:
         scale = self.layout.dp / n_targets
         if self.schedule is not None:
             share = self._pipeline_step(batches, scale, device)
@@ -86,10 +120,6 @@ class ParallelModel:
                     (loss * scale).backward()
                 total += full_tensor(loss.detach())
             share = total / n_targets
-        if self.grad_accumulator is not None:
-            self.grad_accumulator.finish()
-        if self.tied is not None:
-            self.tied.sum_gradients()
         return share
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -111,6 +141,7 @@ class ParallelModel:
         device = batches[0].tokens.device
         self.train(False)
         try:
+            self._fill_bf16_cache()
             if self.schedule is not None:
                 self._loss_scale[:] = [torch.ones((), device=device)]
                 losses: list[torch.Tensor] = []
@@ -128,6 +159,7 @@ class ParallelModel:
                         total += full_tensor(token_loss_sum(logits, batch.labels))
         finally:
             self.train(True)
+            self._clear_bf16_cache()
         count = global_target_count(batches, self.layout)
         return (self.reduce_loss(total) / count).item()
 
@@ -206,16 +238,22 @@ def build_parallel_model(
     precision_mode: str | PrecisionConfig,
     compiled: bool = False,
     float8: bool = False,
+    attention: str = "auto",
 ) -> ParallelModel:
     """`precision_mode`: the run's precision settings, or a mode name with the others' defaults.
     `compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
-    `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported)."""
+    `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported).
+    `attention`: the SDPA backend (train.attention_backend), refused where the device lacks it."""
     precision = PrecisionConfig(mode=precision_mode) if isinstance(precision_mode, str) else precision_mode
     precision_mode = precision.mode
     check_layout(model_cfg, par, layout)
     check_grad_accum(precision, par.dp_sharding, layout.dp)
     if float8:
         check_float8(device, layout.tp)
+    problem = attention_backend_problem(attention, device)
+    if problem:
+        raise ConfigError([("train.attention_backend", problem)])
+    recompute_attention = attention_recomputed(par.recompute_attention, device)
     with torch.device("meta"):
         full = cast_parameters(build_model(model_cfg), precision_mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
@@ -233,9 +271,11 @@ def build_parallel_model(
             apply_tensor_parallel(module, layout.mesh["tp"])
         if float8:
             convert_to_float8(module)
-        apply_activation_checkpoint(module, par.activation_checkpoint, par.recompute_every_other_mm, compiled)
+        apply_activation_checkpoint(
+            module, par.activation_checkpoint, par.recompute_every_other_mm, compiled, recompute_attention
+        )
         if compiled:
-            compile_blocks(module, device.type)
+            compile_blocks(module, device.type, mode=par.compile_mode)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout, par.dp_sharding, precision)
         module.to_empty(device=device)
@@ -254,6 +294,8 @@ def build_parallel_model(
         is_first_stage=0 in indices,
         is_last_stage=n_stages - 1 in indices,
         reshard_after_backward=par.reshard_after_backward,
+        attention_backend=attention,
+        bf16_cache={} if precision.bf16_weight_cache else None,
         grad_accumulator=accumulator,
     )
     if layout.pp > 1:

@@ -33,17 +33,20 @@ from hlat.data.packing import PackedLoader
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
-from hlat.device.runtime import collective_device
+from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
-from hlat.float8 import check_float8
+from hlat.float8 import check_float8, float8_line
 from hlat.model import count_params, flops_per_token
+from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
+from hlat.parallel.activation_checkpoint import attention_recomputed
 from hlat.parallel.compile import decide_compile
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
+from hlat.planning.device_layout import device_layout
 from hlat.precision import compute_dtype, state_bytes_per_param
 from hlat.progress import Heartbeat
 from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
@@ -113,12 +116,23 @@ class Trainer:
     def _build(self, cfg: RunConfig, resume: str, out: Callable[[str], None], callbacks: list[Callback] | None) -> None:
         check_run_dir(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
-        self.cfg, self.resume = cfg, resume
         self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
+        cfg, layout_line = device_layout(
+            cfg, world_from_env()[0], device_record(self.device.type), total_memory(self.device)
+        )
+        self.cfg, self.resume = cfg, resume
         self.layout: Layout = setup(cfg.parallel, self.device)
-        if cfg.precision.float8:  # before the data and the compile probe, which take minutes on large models
+        narrow = float8_line(cfg.model.d_model, cfg.precision.float8_min_d_model) if cfg.precision.float8 else None
+        float8 = cfg.precision.float8 and narrow is None
+        if float8:  # before the data and the compile probe, which take minutes on large models
             check_float8(self.device, self.layout.tp)
+        attention = attention_backend_problem(cfg.train.attention_backend, self.device)
+        if attention:
+            raise ConfigError([("train.attention_backend", attention)])
         self.out = out if self.layout.is_main else (lambda _: None)
+        for line in (layout_line, narrow):
+            if line:
+                self.out(line)
         self.run_dir = cfg.run_dir
 
         torch.manual_seed(cfg.train.seed)
@@ -138,6 +152,9 @@ class Trainer:
             self.layout.tp,
             cfg.parallel.activation_checkpoint,
             cfg.parallel.recompute_every_other_mm,
+            attention_recomputed(cfg.parallel.recompute_attention, self.device),
+            cfg.train.attention_backend,
+            cfg.parallel.compile_mode,
             self.out,
         )
         self.out(compiled.line)
@@ -151,7 +168,8 @@ class Trainer:
                 self.accum,
                 cfg.precision,
                 compiled.enabled,
-                cfg.precision.float8,
+                float8,
+                cfg.train.attention_backend,
             )
         tasks = (
             InTrainingTasks(
