@@ -52,7 +52,7 @@ GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One layout to train under: its degrees (dp_replicate > 1: HSDP, dp split into that many
-    replicas each sharded over dp / dp_replicate ranks), data-parallel sharding, pipeline schedule,
+    replicas each sharded over dp / dp_replicate ranks; cp: context parallel), data-parallel sharding, pipeline schedule,
     virtual stages per rank, recompute policy and model variant (a VARIANTS key)."""
 
     pp: int = 1
@@ -64,6 +64,7 @@ class Case:
     recompute: str = "none"
     variant: str = ""
     dp_replicate: int = 1
+    cp: int = 1
 
     @property
     def id(self) -> str:
@@ -76,6 +77,7 @@ class Case:
                 (
                     f"pp{self.pp}{stages}",
                     f"dp{dp}",
+                    f"cp{self.cp}" if self.cp > 1 else "",
                     f"tp{self.tp}",
                     self.dp_sharding,
                     self.schedule,
@@ -87,7 +89,9 @@ class Case:
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp // self.dp_replicate, tp=self.tp)
+        return Degrees(
+            pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp // self.dp_replicate, cp=self.cp, tp=self.tp
+        )
 
 
 def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
@@ -102,6 +106,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     par = ParallelConfig(
         tp=case.tp,
         pp=case.pp,
+        cp=case.cp,
         dp=layout.dp,
         dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
         dp_sharding=sharding,

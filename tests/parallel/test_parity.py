@@ -44,8 +44,12 @@ TWO = [
     Case(dp=2, dp_sharding="fsdp", recompute="selective", variant="qwen3"),
     Case(tp=2, variant="qwen3"),  # each rank normalises its own heads; the norms' gradients summed over tp
     Case(pp=2, variant="qwen3"),
+    Case(cp=2),  # context parallel: each sequence's chunks 0+3 and 1+2 of 4, ring attention over them
 ]
 FOUR = [
+    Case(cp=4),
+    Case(cp=2, tp=2, dp_sharding="zero2"),  # ring attention over each rank's tp shard of the heads
+    Case(dp=2, cp=2, dp_sharding="fsdp"),  # FSDP2 over dp and cp flattened
     Case(dp=2, tp=2, dp_sharding="fsdp"),
     Case(pp=2, dp=2, dp_sharding="zero2"),
     Case(pp=2, dp=2, dp_sharding="fsdp", recompute="selective"),

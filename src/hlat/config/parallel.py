@@ -55,11 +55,9 @@ class ParallelConfig:
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
-        for name in ("tp", "pp", "pp_stages_per_rank"):
+        for name in ("tp", "pp", "cp", "pp_stages_per_rank"):
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
-        if self.cp != 1:
-            problems.append(("cp", f"got {self.cp}; context parallelism is not implemented yet, set --parallel.cp 1"))
         if self.dp < 0:
             problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
         if self.dp_shard < 0:

@@ -16,7 +16,7 @@ from hlat.config.checkpoint import CheckpointConfig
 from hlat.config.data import DataConfig
 from hlat.config.eval import EvalConfig
 from hlat.config.fields import value_problem, value_problems
-from hlat.config.layout import check_data_parallel, check_tensor_parallel, resolve_degrees
+from hlat.config.layout import check_context_parallel, check_data_parallel, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig, ScheduleConfig
 from hlat.config.parallel import ParallelConfig
@@ -107,7 +107,12 @@ class RunConfig:
             return err.problems
         pp, dp = degrees.pp, degrees.dp
         problems = []
-        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, degrees)]
+        checks = [
+            lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
+            lambda: check_context_parallel(
+                degrees, self.parallel.dp_sharding, self.data.seq_len, self.data.document_masking
+            ),
+        ]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))
         for check in checks:  # the rules the model builder applies, asked before any process group exists
@@ -158,7 +163,10 @@ class RunConfig:
         dp ranks (with at least pp micro-batches per step) when no file or override chose it; say so
         in `notes`. Anything that still does not fit is left for validate to report."""
         current, batch = self.train.micro_batch, self.train.global_batch
-        if "train.micro_batch" in self.user_set or min(current, batch, self.parallel.tp, self.parallel.pp) < 1:
+        if (
+            "train.micro_batch" in self.user_set
+            or min(current, batch, self.parallel.tp, self.parallel.pp, self.parallel.cp) < 1
+        ):
             return
         try:
             degrees = resolve_degrees(self.parallel, world)
