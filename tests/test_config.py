@@ -1,4 +1,3 @@
-
 import pytest
 
 from hlat.cli import main
