@@ -21,8 +21,8 @@ class ParallelConfig:
     dp: int = 0
     """Data-parallel degree; 0 = the rest of the world size."""
     cp: int = 1
-    """Context-parallel degree (a mesh dim of this size). Only 1: context parallelism is not
-    implemented yet."""
+    """Context-parallel degree: each sequence split over this many ranks, attention as ring
+    attention (docs/parallelism.md); data.seq_len must be a multiple of 2 x cp."""
     dp_sharding: Literal["ddp", "zero1", "zero2", "fsdp"] = "ddp"
     """How data parallelism shards. "ddp": replicated weights, all-reduced grads. "zero1": +
     optimizer state sharded (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2
