@@ -149,7 +149,6 @@ def test_layout_problems_name_the_field_before_any_process_group(overrides, worl
         (["--parallel.cp", "3"], 6, "data.seq_len", "256 does not cut into 2 x parallel.cp=3 equal chunks"),
         (["--parallel.cp", "2"], 3, "parallel.tp", "tp=1 x pp=1 x cp=2 = 2 does not divide the world size 3"),
         (["--parallel.cp", "2", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], 4, "parallel.cp", "pp=2"),
-        (["--parallel.cp", "2", "--data.document_masking", "true"], 2, "parallel.cp", "data.document_masking"),
         (["--parallel.cp", "2", "--parallel.dp_sharding", "zero1"], 2, "parallel.dp_sharding", "zero1"),
         (
             ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"],

@@ -20,7 +20,7 @@ from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
-from hlat.data.batch import Batch, labels_for
+from hlat.data.batch import Batch, labels_for, make_batch
 from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.mesh import Layout, make_layout
@@ -45,7 +45,10 @@ VARIANTS = {
     "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
     # Qwen3 dense: QK-norm over head_dim 32 (!= d_model / n_heads), tied embeddings, RoPE theta 1e6
     "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6),
+    "documents": MODEL,  # trained with document masking: the rows cut into documents at DOCUMENT_ENDS
 }
+# EOS positions of every row under the "documents" variant: inside chunks and on chunk edges of cp 2 and 4
+DOCUMENT_ENDS, EOS = [4, 7, 8, 15, 21, 22], 1
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 
 
@@ -147,7 +150,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
-        batches = [Batch(mine[i : i + micro], labels_for(mine[i : i + micro])) for i in range(0, per_dp, micro)]
+        batches = [rows(case, mine[i : i + micro]) for i in range(0, per_dp, micro)]
         share, norm = train_step(model, optimizers, batches, grad_clip=1.0)
         losses.append(model.reduce_loss(share).item())
         norms.append(norm.item())
@@ -162,6 +165,15 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
         (out / f"{tag}.json").write_text(
             json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops})
         )
+
+
+def rows(case: Case, tokens: torch.Tensor) -> Batch:
+    """A micro-batch of `tokens`; under the "documents" variant with document masking."""
+    if case.variant != "documents":
+        return Batch(tokens, labels_for(tokens))
+    tokens = tokens.clone()
+    tokens[:, DOCUMENT_ENDS] = EOS
+    return make_batch(tokens, EOS, document_masking=True, mask_eos_target=True)
 
 
 def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:

@@ -1,4 +1,5 @@
-"""Ring attention over 2 and 4 cp ranks equals one process's causal attention, forward and backward.
+"""Ring attention over 2 and 4 cp ranks equals one process's causal attention, and its document
+masking, forward and backward.
 
 fp32; the largest difference measured on 2 ranks was 1.2e-6 (out and gradients of unit-normal inputs); asserted 1e-5.
 """
@@ -9,16 +10,25 @@ import pytest
 
 from runs import Scenario, ScenarioResults
 
-CASES = [(2, 4), (2, 2), (4, 2)]  # (cp, K/V heads of 4 query heads): multi-head and grouped-query
+# (cp, K/V heads of 4 query heads: multi-head or grouped-query, document masking)
+CASES = [(2, 4, False), (2, 2, False), (4, 2, False), (2, 2, True), (4, 2, True)]
+IDS = [f"cp{cp}-kv{kv}{'-documents' if docs else ''}" for cp, kv, docs in CASES]
 SCENARIOS = [
-    Scenario(f"ring-attention-cp{cp}-kv{kv}", "parallel/ring_attention_worker.py:compare", cp, {"kv_heads": kv})
-    for cp, kv in CASES
+    Scenario(
+        f"ring-attention-{name}",
+        "parallel/ring_attention_worker.py:compare",
+        cp,
+        {"kv_heads": kv, "documents": docs},
+    )
+    for name, (cp, kv, docs) in zip(IDS, CASES, strict=True)
 ]
 
 
-@pytest.mark.parametrize("cp, kv_heads", CASES, ids=[f"cp{cp}-kv{kv}" for cp, kv in CASES])
-def test_ring_attention_matches_one_process(scenarios: ScenarioResults, cp: int, kv_heads: int) -> None:
-    out = scenarios.path(f"ring-attention-cp{cp}-kv{kv_heads}")
+@pytest.mark.parametrize("cp, kv_heads, documents", CASES, ids=IDS)
+def test_ring_attention_matches_one_process(
+    scenarios: ScenarioResults, cp: int, kv_heads: int, documents: bool
+) -> None:
+    out = scenarios.path(f"ring-attention-{IDS[CASES.index((cp, kv_heads, documents))]}")
     for rank in range(cp):
         errors = json.loads((out / f"errors.rank{rank}.json").read_text())
         assert max(errors.values()) < 1e-5, (rank, errors)

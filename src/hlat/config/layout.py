@@ -101,12 +101,10 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(problems)
 
 
-def check_context_parallel(
-    degrees: Degrees, sharding: str, seq_len: int | None = None, document_masking: bool = False
-) -> None:
+def check_context_parallel(degrees: Degrees, sharding: str, seq_len: int | None = None) -> None:
     """What context parallelism supports: rows that cut into 2*cp equal chunks (causal load
-    balancing, hlat.model.ring_attention), without pipeline parallelism, HSDP, ZeRO-1 or document
-    masking. seq_len None: the data's rules are not asked (the model builder does not know them)."""
+    balancing, hlat.model.ring_attention), without pipeline parallelism, HSDP or ZeRO-1.
+    seq_len None: the data's rules are not asked (the model builder does not know them)."""
     cp = degrees.cp
     if cp == 1:
         return
@@ -126,14 +124,6 @@ def check_context_parallel(
         )
     if sharding == "zero1":
         problems.append(("parallel.dp_sharding", f"zero1 is not supported with cp={cp}; use ddp, zero2 or fsdp"))
-    if document_masking:
-        problems.append(
-            (
-                "parallel.cp",
-                f"cp={cp} is not supported with data.document_masking yet; set --parallel.cp 1 or "
-                "--data.document_masking false",
-            )
-        )
     if problems:
         raise ConfigError(problems)
 

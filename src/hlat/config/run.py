@@ -109,9 +109,7 @@ class RunConfig:
         problems = []
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
-            lambda: check_context_parallel(
-                degrees, self.parallel.dp_sharding, self.data.seq_len, self.data.document_masking
-            ),
+            lambda: check_context_parallel(degrees, self.parallel.dp_sharding, self.data.seq_len),
         ]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))

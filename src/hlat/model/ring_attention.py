@@ -20,13 +20,16 @@ import torch
 import torch.distributed as dist
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RingContext:
     """What the attention needs to run as ring attention; passed as the model's attn_mask."""
 
     group: dist.ProcessGroup
     rank: int  # this rank's coordinate on the cp dim
     size: int  # cp
+    # With document masking: the whole rows' document numbers [B, T] (every cp rank has them), so
+    # each rank builds any chunk pair's mask itself and no document ids travel the ring.
+    doc_ids: torch.Tensor | None = None
 
 
 def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
@@ -34,15 +37,33 @@ def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
     return rank, 2 * cp - 1 - rank
 
 
-def _pairs(q_rank: int, kv_rank: int, cp: int) -> list[tuple[int, int, bool]]:
-    """(query chunk slot, K/V chunk slot, causal) for the chunk pairs that attend at all: a query
-    chunk attends fully to earlier chunks, causally to itself, not at all to later ones."""
-    out = []
-    for qi, qc in enumerate(chunk_ids(q_rank, cp)):
-        for ki, kc in enumerate(chunk_ids(kv_rank, cp)):
-            if qc >= kc:
-                out.append((qi, ki, qc == kc))
+Pair = tuple[int, int, bool, torch.Tensor | None]
+
+
+def _pairs(ring: RingContext, kv_rank: int) -> list[Pair]:
+    """(query chunk slot, K/V chunk slot, causal, additive mask or None) for the chunk pairs that
+    attend at all: a query chunk attends fully to earlier chunks, causally to itself, not at all to
+    later ones; under document masking only within a document, pairs sharing none skipped."""
+    out: list[Pair] = []
+    for qi, qc in enumerate(chunk_ids(ring.rank, ring.size)):
+        for ki, kc in enumerate(chunk_ids(kv_rank, ring.size)):
+            if qc < kc:
+                continue
+            if ring.doc_ids is None:
+                out.append((qi, ki, qc == kc, None))
+                continue
+            docs = ring.doc_ids.chunk(2 * ring.size, dim=1)
+            allowed = (docs[qc][:, :, None] == docs[kc][:, None, :])[:, None]  # [B, 1, chunk, chunk]
+            if qc == kc:
+                allowed = allowed & torch.ones(allowed.shape[-2:], dtype=torch.bool, device=allowed.device).tril()
+            if allowed.any():
+                out.append((qi, ki, False, allowed))
     return out
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # the CPU kernel takes a float mask of the query's dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
 
 
 def _shift(t: torch.Tensor, ctx: RingContext) -> torch.Tensor:
@@ -62,9 +83,12 @@ def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_o: torch.Tensor) -> None:
-    """out, lse (fp32, in place) <- the softmax-weighted merge of two partial attentions."""
+    """out, lse (fp32, in place) <- the softmax-weighted merge of two partial attentions. Every
+    query attends to itself in its diagonal pair, so the merged log-sum-exp ends finite; before
+    that, a row no key was allowed for so far has -inf, weighted 0 (not exp(-inf - -inf) = NaN)."""
     new = torch.logaddexp(lse, lse_o)
-    out.mul_(torch.exp(lse - new)[..., None]).add_(o.float() * torch.exp(lse_o - new)[..., None])
+    finite = new.masked_fill(new == float("-inf"), 0.0)
+    out.mul_(torch.exp(lse - finite)[..., None]).add_(o.float() * torch.exp(lse_o - finite)[..., None])
     lse.copy_(new)
 
 
@@ -78,10 +102,13 @@ class _RingAttention(torch.autograd.Function):
         for step in range(ring.size):
             src = (ring.rank - step) % ring.size
             ks, vs = _halves(kv[0]), _halves(kv[1])
-            for qi, ki, causal in _pairs(ring.rank, src, ring.size):
+            for qi, ki, causal, allowed in _pairs(ring, src):
+                mask = None if allowed is None else _additive(allowed, q.dtype)
                 o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    qs[qi], ks[ki], vs[ki], 0.0, causal, scale=scale
+                    qs[qi], ks[ki], vs[ki], 0.0, causal, attn_mask=mask, scale=scale
                 )
+                if allowed is not None:  # a row with no key allowed comes back as 0 with log-sum-exp 0
+                    lse = lse.masked_fill(~allowed.any(-1), float("-inf"))
                 _merge(outs[qi], lses[qi], o, lse)
             if step < ring.size - 1:
                 kv = _shift(kv, ring)
@@ -103,10 +130,12 @@ class _RingAttention(torch.autograd.Function):
             src = (ring.rank - step) % ring.size
             ks, vs = _halves(kv[0]), _halves(kv[1])
             dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
-            for qi, ki, causal in _pairs(ring.rank, src, ring.size):
+            for qi, ki, causal, allowed in _pairs(ring, src):
+                mask = None if allowed is None else _additive(allowed, q.dtype)
                 gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal, scale=ctx.scale
-                )
+                    grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal,
+                    attn_mask=mask, scale=ctx.scale,
+                )  # fmt: skip
                 dq[qi] += gq
                 dk[ki].add_(gk)
                 dv[ki].add_(gv)
@@ -118,8 +147,9 @@ class _RingAttention(torch.autograd.Function):
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext) -> torch.Tensor:
-    """Causal attention of this rank's load-balanced queries [B, H, T/cp, D] over the whole
-    sequence's keys and values, held [B, Hkv, T/cp, D] on each cp rank."""
+    """Causal attention (within documents, given ring.doc_ids) of this rank's load-balanced
+    queries [B, H, T/cp, D] over the whole sequence's keys and values, held [B, Hkv, T/cp, D] on
+    each cp rank."""
     if k.size(1) != q.size(1):  # grouped-query attention: the kernel wants one K/V head per query head
         k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
     return _RingAttention.apply(q, k, v, ring, q.size(-1) ** -0.5)

@@ -100,7 +100,7 @@ class ParallelModel:
         if self.layout.cp == 1:
             return model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask), batch.labels
         mine = shard_batch(batch, self.layout.cp_rank, self.layout.cp)
-        ring = RingContext(self.layout.group("cp"), self.layout.cp_rank, self.layout.cp)
+        ring = RingContext(self.layout.group("cp"), self.layout.cp_rank, self.layout.cp, batch.doc_ids)
         return model(mine.tokens, positions=mine.positions, attn_mask=ring), mine.labels
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
