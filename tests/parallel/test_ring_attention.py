@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from hlat.model.ring_attention import RingContext, _pairs
 from runs import Scenario, ScenarioResults
 
 # (cp, K/V heads of 4 query heads: multi-head or grouped-query, document masking)
@@ -32,3 +33,18 @@ def test_ring_attention_matches_one_process(
     for rank in range(cp):
         errors = json.loads((out / f"errors.rank{rank}.json").read_text())
         assert max(errors.values()) < 1e-5, (rank, errors)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_load_balancing_gives_every_rank_the_same_causal_work(cp: int) -> None:
+    """The query x key scores each rank computes over the whole ring (chunk pairs it does not skip;
+    a diagonal pair computes its causal half) are one cp-th of the causal attention's."""
+    chunk = 4
+    seq = 2 * cp * chunk
+
+    def scores(rank: int) -> int:
+        ring = RingContext(None, rank, cp)  # type: ignore[arg-type]  # (no group: nothing is sent)
+        pairs = [pair for src in range(cp) for pair in _pairs(ring, src)]
+        return sum(chunk * (chunk + 1) // 2 if causal else chunk * chunk for _, _, causal, _ in pairs)
+
+    assert [scores(rank) for rank in range(cp)] == [seq * (seq + 1) // 2 // cp] * cp
