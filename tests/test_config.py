@@ -151,6 +151,12 @@ def test_layout_problems_name_the_field_before_any_process_group(overrides, worl
         (["--parallel.cp", "2", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], 4, "parallel.cp", "pp=2"),
         (["--parallel.cp", "2", "--parallel.dp_sharding", "zero1"], 2, "parallel.dp_sharding", "zero1"),
         (
+            ["--parallel.cp", "2", "--parallel.activation_checkpoint", "selective"],
+            2,
+            "parallel.activation_checkpoint",
+            "selective is not supported with cp=2",
+        ),
+        (
             ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"],
             8,
             "parallel.cp",

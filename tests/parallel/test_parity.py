@@ -46,6 +46,8 @@ TWO = [
     Case(pp=2, variant="qwen3"),
     Case(cp=2),  # context parallel: each sequence's chunks 0+3 and 1+2 of 4, ring attention over them
     Case(cp=2, variant="documents"),  # ... with document masking: per-document positions and masks
+    Case(cp=2, recompute="full"),  # ring attention recomputed inside each block's backward
+    Case(cp=2, recompute="op"),
 ]
 FOUR = [
     Case(cp=4),

@@ -109,7 +109,9 @@ class RunConfig:
         problems = []
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
-            lambda: check_context_parallel(degrees, self.parallel.dp_sharding, self.data.seq_len),
+            lambda: check_context_parallel(
+                degrees, self.parallel.dp_sharding, self.data.seq_len, self.parallel.activation_checkpoint
+            ),
         ]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))
