@@ -5,10 +5,18 @@ fp32; the largest difference measured on 2 ranks was 1.2e-6 (out and gradients o
 """
 
 import json
+import re
 
 import pytest
+import torch
 
+from hlat.config.layout import Degrees
+from hlat.config.parallel import ParallelConfig
+from hlat.errors import ConfigError
 from hlat.model.ring_attention import RingContext, _pairs
+from hlat.parallel.mesh import Layout
+from hlat.parallel.parallelize import build_parallel_model
+from parallel.parity_worker import MODEL
 from runs import Scenario, ScenarioResults
 
 # (cp, K/V heads of 4 query heads: multi-head or grouped-query, document masking)
@@ -48,3 +56,9 @@ def test_load_balancing_gives_every_rank_the_same_causal_work(cp: int) -> None:
         return sum(chunk * (chunk + 1) // 2 if causal else chunk * chunk for _, _, causal, _ in pairs)
 
     assert [scores(rank) for rank in range(cp)] == [seq * (seq + 1) // 2 // cp] * cp
+
+
+def test_context_parallel_off_the_cpu_is_refused_naming_the_field() -> None:
+    layout = Layout(2, 0, Degrees(cp=2), None)
+    with pytest.raises(ConfigError, match=re.escape("parallel.cp: cp=2 runs on the CPU only so far")):
+        build_parallel_model(MODEL, ParallelConfig(cp=2), layout, torch.device("meta"), 0, 1, "fp32")

@@ -24,6 +24,7 @@ from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import IGNORE_INDEX, Batch
 from hlat.dtensor import full_tensor
+from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
 from hlat.model.ring_attention import RingContext
@@ -229,6 +230,10 @@ def build_parallel_model(
     check_grad_accum(precision, par.dp_sharding, layout.degrees.dp_cp)
     if float8:
         check_float8(device, layout.tp)
+    if layout.cp > 1 and device.type != "cpu":  # hlat.model.ring_attention calls torch's CPU kernel
+        raise ConfigError(
+            [("parallel.cp", f"cp={layout.cp} runs on the CPU only so far; use --train.device cpu or --parallel.cp 1")]
+        )
     with torch.device("meta"):
         full = cast_parameters(build_model(model_cfg), precision_mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
