@@ -1,5 +1,3 @@
-import re
-
 import pytest
 
 from hlat.cli import main
@@ -145,9 +143,39 @@ def test_layout_problems_name_the_field_before_any_process_group(overrides, worl
     assert words in str(info.value)
 
 
-def test_context_parallel_is_refused_naming_the_field():
-    with pytest.raises(ConfigError, match=re.escape("parallel.cp: got 2; context parallelism is not implemented yet")):
-        load_config("tiny", None, ["--parallel.cp", "2"])
+@pytest.mark.parametrize(
+    "overrides, world, field, words",
+    [
+        (["--parallel.cp", "3"], 6, "data.seq_len", "256 does not cut into 2 x parallel.cp=3 equal chunks"),
+        (["--parallel.cp", "2"], 3, "parallel.tp", "tp=1 x pp=1 x cp=2 = 2 does not divide the world size 3"),
+        (["--parallel.cp", "2", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], 4, "parallel.cp", "pp=2"),
+        (["--parallel.cp", "2", "--parallel.dp_sharding", "zero1"], 2, "parallel.dp_sharding", "zero1"),
+        (
+            ["--parallel.cp", "2", "--parallel.activation_checkpoint", "selective"],
+            2,
+            "parallel.activation_checkpoint",
+            "selective is not supported with cp=2",
+        ),
+        (
+            ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"],
+            8,
+            "parallel.cp",
+            "HSDP",
+        ),
+        (["--parallel.cp", "0"], 1, "parallel.cp", "must be >= 1"),
+    ],
+)
+def test_unsupported_context_parallel_is_refused_before_any_process_group(overrides, world, field, words):
+    with pytest.raises(ConfigError) as info:
+        load_config("tiny", None, overrides, world=world)
+    assert field in [f for f, _ in info.value.problems], info.value
+    assert words in str(info.value)
+
+
+def test_context_parallel_layouts_load():
+    cfg = load_config("tiny", None, ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp"], world=4)
+    degrees = resolve_degrees(cfg.parallel, 4)
+    assert (degrees.dp, degrees.cp, degrees.dp_cp, degrees.describe()) == (2, 2, 4, "pp 1 x dp 2 x cp 2 x tp 1")
 
 
 @pytest.mark.parametrize(

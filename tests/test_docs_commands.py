@@ -64,6 +64,7 @@ SHORTENED = {  # appended overrides (the last value of a field wins); each keeps
         "--train.run_dir",
         "runs/pp2",
     ],
+    "torchrun --standalone --nproc_per_node 2 -m hlat train --parallel.cp 2": [*STEPS, "--train.run_dir", "runs/cp2"],
 }
 MY_TOML = 'preset = "tiny"\n'  # the README's my.toml: "may name `preset = \"small\"`"
 

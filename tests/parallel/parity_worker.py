@@ -21,7 +21,7 @@ from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
-from hlat.data.batch import Batch, labels_for
+from hlat.data.batch import Batch, labels_for, make_batch
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
@@ -44,7 +44,10 @@ VARIANTS = {
     "odd": dataclasses.replace(MODEL, vocab_size=127),  # a vocabulary tp 2 and 4 shard unevenly
     # Qwen3 dense: QK-norm over head_dim 32 (!= d_model / n_heads), tied embeddings, RoPE theta 1e6
     "qwen3": dataclasses.replace(MODEL, family="qwen3", head_dim=32, tie_embeddings=True, rope_theta=1e6),
+    "documents": MODEL,  # trained with document masking: the rows cut into documents at DOCUMENT_ENDS
 }
+# EOS positions of every row under the "documents" variant: inside chunks and on chunk edges of cp 2 and 4
+DOCUMENT_ENDS, EOS = [4, 7, 8, 15, 21, 22], 1
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 LR = 1e-3
 
@@ -52,7 +55,7 @@ LR = 1e-3
 @dataclasses.dataclass(frozen=True)
 class Case:
     """One layout to train under: its degrees (dp_replicate > 1: HSDP, dp split into that many
-    replicas each sharded over dp / dp_replicate ranks), data-parallel sharding, pipeline schedule,
+    replicas each sharded over dp / dp_replicate ranks; cp: context parallel), data-parallel sharding, pipeline schedule,
     virtual stages per rank, recompute policy and model variant (a VARIANTS key)."""
 
     pp: int = 1
@@ -64,6 +67,7 @@ class Case:
     recompute: str = "none"
     variant: str = ""
     dp_replicate: int = 1
+    cp: int = 1
 
     @property
     def id(self) -> str:
@@ -76,6 +80,7 @@ class Case:
                 (
                     f"pp{self.pp}{stages}",
                     f"dp{dp}",
+                    f"cp{self.cp}" if self.cp > 1 else "",
                     f"tp{self.tp}",
                     self.dp_sharding,
                     self.schedule,
@@ -87,7 +92,9 @@ class Case:
 
     @property
     def degrees(self) -> Degrees:
-        return Degrees(pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp // self.dp_replicate, tp=self.tp)
+        return Degrees(
+            pp=self.pp, dp_replicate=self.dp_replicate, dp_shard=self.dp // self.dp_replicate, cp=self.cp, tp=self.tp
+        )
 
 
 def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
@@ -102,6 +109,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     par = ParallelConfig(
         tp=case.tp,
         pp=case.pp,
+        cp=case.cp,
         dp=layout.dp,
         dp_shard=layout.dp_shard if layout.dp_replicate > 1 else 0,
         dp_sharding=sharding,
@@ -127,7 +135,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
-        batches = [Batch(mine[i : i + micro], labels_for(mine[i : i + micro])) for i in range(0, per_dp, micro)]
+        batches = [rows(case, mine[i : i + micro]) for i in range(0, per_dp, micro)]
         norms.append(module.step(batches, LR).grad_norm.item())
         (loss,), skipped = module.read_losses()
         assert skipped == 0, f"{case.id}: a step was skipped"
@@ -143,6 +151,15 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
         (out / f"{tag}.json").write_text(
             json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops})
         )
+
+
+def rows(case: Case, tokens: torch.Tensor) -> Batch:
+    """A micro-batch of `tokens`; under the "documents" variant with document masking."""
+    if case.variant != "documents":
+        return Batch(tokens, labels_for(tokens))
+    tokens = tokens.clone()
+    tokens[:, DOCUMENT_ENDS] = EOS
+    return make_batch(tokens, EOS, document_masking=True, mask_eos_target=True)
 
 
 def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:

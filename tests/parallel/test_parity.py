@@ -17,7 +17,7 @@ from parallel.parity_worker import SEQ, VARIANTS, Case
 from runs import Scenario, ScenarioResults
 
 # the single-process run of each model variant (parity_worker.VARIANTS)
-REFERENCES = {variant: Case(variant=variant) for variant in ("", "tied", "bias", "odd", "qwen3")}
+REFERENCES = {variant: Case(variant=variant) for variant in ("", "tied", "bias", "odd", "qwen3", "documents")}
 
 TWO = [
     Case(dp=2),
@@ -44,8 +44,16 @@ TWO = [
     Case(dp=2, dp_sharding="fsdp", recompute="selective", variant="qwen3"),
     Case(tp=2, variant="qwen3"),  # each rank normalises its own heads; the norms' gradients summed over tp
     Case(pp=2, variant="qwen3"),
+    Case(cp=2),  # context parallel: each sequence's chunks 0+3 and 1+2 of 4, ring attention over them
+    Case(cp=2, variant="documents"),  # ... with document masking: per-document positions and masks
+    Case(cp=2, recompute="full"),  # ring attention recomputed inside each block's backward
+    Case(cp=2, recompute="op"),
 ]
 FOUR = [
+    Case(cp=4),
+    Case(cp=4, variant="documents"),
+    Case(cp=2, tp=2, dp_sharding="zero2"),  # ring attention over each rank's tp shard of the heads
+    Case(dp=2, cp=2, dp_sharding="fsdp"),  # FSDP2 over dp and cp flattened
     Case(dp=2, tp=2, dp_sharding="fsdp"),
     Case(pp=2, dp=2, dp_sharding="zero2"),
     Case(pp=2, dp=2, dp_sharding="fsdp", recompute="selective"),

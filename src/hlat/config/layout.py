@@ -28,6 +28,12 @@ class Degrees:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def dp_cp(self) -> int:
+        """The ranks gradients are averaged over: data parallel, and context parallel's ranks,
+        each of which computes the gradient of its own part of the sequences."""
+        return self.dp * self.cp
+
+    @property
     def world(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
 
@@ -41,13 +47,14 @@ class Degrees:
 def resolve_degrees(cfg: ParallelConfig, world: int) -> Degrees:
     """The degrees for this world size, or a ConfigError naming the field and the fix. dp_shard is
     parallel.dp_shard, or all of dp when it is 0 (plain FSDP, and ddp/zero1's one replica)."""
-    inner = cfg.tp * cfg.pp
+    inner = cfg.tp * cfg.pp * cfg.cp
+    cp = f" x cp={cfg.cp}" if cfg.cp > 1 else ""
     if world % inner:
         raise ConfigError(
             [
                 (
                     "parallel.tp",
-                    f"tp={cfg.tp} x pp={cfg.pp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes",
+                    f"tp={cfg.tp} x pp={cfg.pp}{cp} = {inner} does not divide the world size {world}; launch a multiple of {inner} processes",
                 )
             ]
         )
@@ -57,7 +64,7 @@ def resolve_degrees(cfg: ParallelConfig, world: int) -> Degrees:
             [
                 (
                     "parallel.dp",
-                    f"pp={cfg.pp} x dp={dp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0",
+                    f"pp={cfg.pp} x dp={dp}{cp} x tp={cfg.tp} = {dp * inner} processes, but {world} were launched; set --parallel.dp {world // inner} or 0",
                 )
             ]
         )
@@ -94,8 +101,46 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(problems)
 
 
+def check_context_parallel(
+    degrees: Degrees, sharding: str, seq_len: int | None = None, recompute: str = "none"
+) -> None:
+    """What context parallelism supports: rows that cut into 2*cp equal chunks (causal load
+    balancing, hlat.model.ring_attention), without pipeline parallelism, HSDP, ZeRO-1 or selective
+    recompute.
+    seq_len None: the data's rules are not asked (the model builder does not know them)."""
+    cp = degrees.cp
+    if cp == 1:
+        return
+    problems = []
+    if seq_len is not None and seq_len % (2 * cp):
+        problems.append(
+            (
+                "data.seq_len",
+                f"{seq_len} does not cut into 2 x parallel.cp={cp} equal chunks; use a multiple of {2 * cp}",
+            )
+        )
+    if degrees.pp > 1:
+        problems.append(("parallel.cp", f"cp={cp} is not supported with pp={degrees.pp}; set one of them to 1"))
+    if degrees.dp_replicate > 1:
+        problems.append(
+            ("parallel.cp", f"cp={cp} is not supported with HSDP (dp_shard < dp); set --parallel.dp_shard 0")
+        )
+    if sharding == "zero1":
+        problems.append(("parallel.dp_sharding", f"zero1 is not supported with cp={cp}; use ddp, zero2 or fsdp"))
+    if recompute == "selective":
+        # its policy caches tensors the ring's forward fills in place (torch refuses: "mutated")
+        problems.append(
+            (
+                "parallel.activation_checkpoint",
+                f"selective is not supported with cp={cp}; use op, full or none",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+
+
 def check_data_parallel(sharding: str, degrees: Degrees) -> None:
-    if degrees.dp == 1:
+    if degrees.dp_cp == 1:
         return
     if sharding == "ddp" and (degrees.tp > 1 or degrees.pp > 1):
         # DDP's reducer supports neither DTensor weights nor the pipeline's split backward passes.

@@ -21,8 +21,8 @@ class ParallelConfig:
     dp: int = 0
     """Data-parallel degree; 0 = the rest of the world size."""
     cp: int = 1
-    """Context-parallel degree (a mesh dim of this size). Only 1: context parallelism is not
-    implemented yet."""
+    """Context-parallel degree: each sequence split over this many ranks, attention as ring
+    attention (docs/parallelism.md); data.seq_len must be a multiple of 2 x cp."""
     dp_sharding: Literal["ddp", "zero1", "zero2", "fsdp"] = "ddp"
     """How data parallelism shards. "ddp": replicated weights, all-reduced grads. "zero1": +
     optimizer state sharded (ZeroRedundancyOptimizer; 1-D data parallel only). "zero2": FSDP2
@@ -70,11 +70,9 @@ class ParallelConfig:
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
-        for name in ("tp", "pp", "pp_stages_per_rank"):
+        for name in ("tp", "pp", "cp", "pp_stages_per_rank"):
             if getattr(self, name) < 1:
                 problems.append((name, f"must be >= 1, got {getattr(self, name)}"))
-        if self.cp != 1:
-            problems.append(("cp", f"got {self.cp}; context parallelism is not implemented yet, set --parallel.cp 1"))
         if self.dp < 0:
             problems.append(("dp", f"must be >= 0 (0 = inferred from the world size), got {self.dp}"))
         if self.dp_shard < 0:

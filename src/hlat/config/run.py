@@ -17,7 +17,7 @@ from hlat.config.data import DataConfig
 from hlat.config.elastic import ElasticConfig
 from hlat.config.eval import EvalConfig
 from hlat.config.fields import value_problem, value_problems
-from hlat.config.layout import check_data_parallel, check_tensor_parallel, resolve_degrees
+from hlat.config.layout import check_context_parallel, check_data_parallel, check_tensor_parallel, resolve_degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig, ScheduleConfig
 from hlat.config.parallel import ParallelConfig
@@ -141,7 +141,12 @@ class RunConfig:
             problems.append(
                 ("elastic.enabled", f"a replica group is one process for now, not {world}: launch one per group")
             )
-        checks = [lambda: check_data_parallel(self.parallel.dp_sharding, degrees)]
+        checks = [
+            lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
+            lambda: check_context_parallel(
+                degrees, self.parallel.dp_sharding, self.data.seq_len, self.parallel.activation_checkpoint
+            ),
+        ]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))
         for check in checks:  # the rules the model builder applies, asked before any process group exists
@@ -200,7 +205,10 @@ class RunConfig:
         dp ranks (with at least pp micro-batches per step) when no file or override chose it; say so
         in `notes`. Anything that still does not fit is left for validate to report."""
         current, batch = self.train.micro_batch, self.train.global_batch
-        if "train.micro_batch" in self.user_set or min(current, batch, self.parallel.tp, self.parallel.pp) < 1:
+        if (
+            "train.micro_batch" in self.user_set
+            or min(current, batch, self.parallel.tp, self.parallel.pp, self.parallel.cp) < 1
+        ):
             return
         try:
             degrees = resolve_degrees(self.parallel, world)

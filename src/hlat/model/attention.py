@@ -21,9 +21,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from hlat.device.record import device_record
+from hlat.model.ring_attention import RingContext, ring_attention
 
-# What the model accepts as a mask: None (causal), a dense bool mask, or a BlockMask.
-AttentionMask = torch.Tensor | BlockMask | None
+# What the model accepts as a mask: None (causal), a dense bool mask, a BlockMask, or a RingContext
+# (causal over a sequence split across the context-parallel ranks).
+AttentionMask = torch.Tensor | BlockMask | RingContext | None
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask) -> torch.Tensor:
@@ -31,6 +33,8 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask)
     kv head j serves q heads j*n_rep .. (j+1)*n_rep-1). A bool mask replaces causality."""
     # enable_gqa (torch >= 2.5; hlat needs 2.6): the kernels read K/V heads in place instead of
     # copies repeated n_heads/n_kv_heads times. From shapes: right for tensor-parallel local heads.
+    if isinstance(mask, RingContext):
+        return ring_attention(q, k, v, mask)
     gqa = k.size(1) != q.size(1)
     if isinstance(mask, BlockMask):
         return _compiled_flex()(q, k, v, block_mask=mask, enable_gqa=gqa)

@@ -1,4 +1,4 @@
-"""Data parallelism over the mesh's dp dim: DDP, ZeRO-1, or FSDP2 (ZeRO-2 / ZeRO-3, and HSDP)."""
+"""Data parallelism over the mesh's dp dim (dp and cp flattened with context parallelism): DDP, ZeRO-1, or FSDP2 (ZeRO-2 / ZeRO-3, and HSDP)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ NO_BUFFER_SYNC = (
 
 def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig) -> nn.Module:
     """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place)."""
-    if layout.dp == 1:
+    if layout.degrees.dp_cp == 1:
         return model
     if sharding in ("zero2", "fsdp"):
         # With tp > 1 FSDP2 shards over dp the DTensors that TP already placed on the tp dim.
@@ -57,7 +57,7 @@ def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precisi
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
         return model
     # ddp and zero1 both replicate the weights and all-reduce gradients; zero1 shards the optimizer.
-    return DistributedDataParallel(model, process_group=layout.group("dp"), **NO_BUFFER_SYNC)
+    return DistributedDataParallel(model, process_group=layout.group("dp_cp"), **NO_BUFFER_SYNC)
 
 
 @contextlib.contextmanager

@@ -3,7 +3,9 @@
 The mesh's dims are (pp, dp, cp, tp); under HSDP (parallel.dp_shard < dp) they are (pp,
 dp_replicate, dp_shard, cp, tp) and "dp" is the flattened (dp_replicate, dp_shard) dim, so whatever
 works on the data-parallel group (the data loader's rank, token counts, loss sums) asks for "dp"
-either way. cp (context parallel) is a dim of size 1 until context parallelism is implemented.
+either way. cp (context parallel) ranks share a dp coordinate (the same sequences, each its own
+chunks of them: hlat.parallel.context_parallel); with cp > 1 "dp_cp", dp and cp flattened, is what
+gradients are averaged over (as torchtitan does).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Layout:
     degrees: Degrees
     mesh: DeviceMesh | None
     flat_dp: DeviceMesh | None = None  # HSDP's flattened (dp_replicate, dp_shard): what "dp" means then
+    dp_cp: DeviceMesh | None = None  # (dp, cp) flattened when cp > 1: gradients are averaged over it
 
     @property
     def pp(self) -> int:
@@ -63,6 +66,8 @@ class Layout:
 
     def submesh(self, dim: str) -> DeviceMesh:
         # torch asks callers to keep a flattened mesh rather than slice it from the root again
+        if dim == "dp_cp":
+            return self.dp_cp if self.dp_cp is not None else self.submesh("dp")
         return self.flat_dp if dim == "dp" and self.flat_dp is not None else self.mesh[dim]
 
     def coordinate(self, dim: str) -> int:
@@ -74,6 +79,10 @@ class Layout:
     @property
     def dp_rank(self) -> int:
         return self.coordinate("dp")
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coordinate("cp")
 
     @property
     def pp_rank(self) -> int:
@@ -162,17 +171,20 @@ def make_layout(degrees: Degrees, device: torch.device) -> Layout:
     else:
         names, flat = ("pp", "dp", "cp", "tp"), None
         mesh = init_device_mesh(device.type, (d.pp, d.dp, d.cp, d.tp), mesh_dim_names=names)
-    layout = Layout(dist.get_world_size(), dist.get_rank(), degrees, mesh, flat)
+    # HSDP with cp is refused (hlat.config.layout.check_context_parallel)
+    dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if d.cp > 1 else None
+    layout = Layout(dist.get_world_size(), dist.get_rank(), degrees, mesh, flat, dp_cp)
     timeout = collective_timeout()
-    for dim in {*names, "dp"}:  # sub-groups are created with torch's default timeout, not the world's
+    for dim in {*names, "dp", "dp_cp"}:  # sub-groups are created with torch's default timeout, not the world's
         dist.distributed_c10d._set_pg_timeout(timeout, layout.group(dim))
     return layout
 
 
 def fsdp_mesh(layout: Layout) -> DeviceMesh:
-    """The mesh FSDP2 shards over: 1-D dp, or 2-D (dp_replicate, dp_shard) for HSDP, where
-    fully_shard shards within a replica and all-reduces gradients across replicas."""
-    return layout.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else layout.mesh["dp"]
+    """The mesh FSDP2 shards over: 1-D dp (dp_cp with context parallelism), or 2-D (dp_replicate,
+    dp_shard) for HSDP, where fully_shard shards within a replica and all-reduces gradients across
+    replicas."""
+    return layout.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else layout.submesh("dp_cp")
 
 
 def teardown() -> None:

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from hlat.config.layout import check_data_parallel, check_grad_accum, check_tensor_parallel
+from hlat.config.layout import check_context_parallel, check_data_parallel, check_grad_accum, check_tensor_parallel
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
@@ -28,8 +28,10 @@ from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
 from hlat.model.attention import attention_backend, attention_backend_problem
+from hlat.model.ring_attention import RingContext
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint, attention_recomputed
 from hlat.parallel.compile import compile_blocks
+from hlat.parallel.context_parallel import shard_batch
 from hlat.parallel.data_parallel import apply_data_parallel, no_gradient_sync
 from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
@@ -108,19 +110,28 @@ class ParallelModel:
     def _forward_backward(
         self, batches: Sequence[Batch], n_targets: torch.Tensor, device: torch.device
     ) -> torch.Tensor:
-        scale = self.layout.dp / n_targets
+        scale = self.layout.degrees.dp_cp / n_targets
         if self.schedule is not None:
             share = self._pipeline_step(batches, scale, device)
         else:
             model, total = self.parts[0], torch.zeros((), device=device)
             for i, batch in enumerate(batches):
                 with no_gradient_sync(model, i < len(batches) - 1, self.reshard_after_backward), self._context(device):
-                    logits = model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
-                    loss = token_loss_sum(logits, batch.labels)
+                    logits, labels = self._forward(model, batch)
+                    loss = token_loss_sum(logits, labels)
                     (loss * scale).backward()
                 total += full_tensor(loss.detach())
             share = total / n_targets
         return share
+
+    def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits and the labels they are scored against: with context parallelism, of this cp
+        rank's chunks of the batch, attention running as ring attention over the cp ranks."""
+        if self.layout.cp == 1:
+            return model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask), batch.labels
+        mine = shard_batch(batch, self.layout.cp_rank, self.layout.cp)
+        ring = RingContext(self.layout.group("cp"), self.layout.cp_rank, self.layout.cp, batch.doc_ids)
+        return model(mine.tokens, positions=mine.positions, attn_mask=ring), mine.labels
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
         self._loss_scale[:] = [scale]
@@ -155,8 +166,8 @@ class ParallelModel:
                 total = torch.zeros((), device=device)
                 for batch in batches:
                     with self._context(device):
-                        logits = self.parts[0](batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask)
-                        total += full_tensor(token_loss_sum(logits, batch.labels))
+                        logits, labels = self._forward(self.parts[0], batch)
+                        total += full_tensor(token_loss_sum(logits, labels))
         finally:
             self.train(True)
             self._clear_bf16_cache()
@@ -207,7 +218,7 @@ class ParallelModel:
         return self._global_norm([p.detach() for p in self._counted(self.parameters())])
 
     def reduce_loss(self, share: torch.Tensor) -> torch.Tensor:
-        """Sum the per-rank loss shares over dp and pp (tp ranks hold copies): one collective."""
+        """Sum the per-rank loss shares over dp, cp and pp (tp ranks hold copies): one collective."""
         if self.layout.world == 1:
             return share
         total = share.clone()
@@ -216,6 +227,7 @@ class ParallelModel:
 
 
 def global_target_count(batches: Sequence[Batch], layout: Layout) -> torch.Tensor:
+    """Targets in the global batch: each dp rank's whole batches (its cp ranks share them), summed over dp."""
     count = sum((b.labels != IGNORE_INDEX).sum() for b in batches).float()
     if layout.dp > 1:
         dist.all_reduce(count, group=layout.group("dp"))
@@ -226,6 +238,7 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
     check_data_parallel(par.dp_sharding, layout.degrees)
+    check_context_parallel(layout.degrees, par.dp_sharding, recompute=par.activation_checkpoint)
 
 
 def build_parallel_model(
@@ -247,13 +260,17 @@ def build_parallel_model(
     precision = PrecisionConfig(mode=precision_mode) if isinstance(precision_mode, str) else precision_mode
     precision_mode = precision.mode
     check_layout(model_cfg, par, layout)
-    check_grad_accum(precision, par.dp_sharding, layout.dp)
+    check_grad_accum(precision, par.dp_sharding, layout.degrees.dp_cp)
     if float8:
         check_float8(device, layout.tp)
     problem = attention_backend_problem(attention, device)
     if problem:
         raise ConfigError([("train.attention_backend", problem)])
     recompute_attention = attention_recomputed(par.recompute_attention, device)
+    if layout.cp > 1 and device.type != "cpu":  # hlat.model.ring_attention calls torch's CPU kernel
+        raise ConfigError(
+            [("parallel.cp", f"cp={layout.cp} runs on the CPU only so far; use --train.device cpu or --parallel.cp 1")]
+        )
     with torch.device("meta"):
         full = cast_parameters(build_model(model_cfg), precision_mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
@@ -282,7 +299,7 @@ def build_parallel_model(
         init_parameters(module, init_std_of, seed)
         module.reset_rope()
         parts.append(module if sharded else apply_data_parallel(module, layout, par.dp_sharding, precision))
-    fsdp = sharded and layout.dp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
+    fsdp = sharded and layout.degrees.dp_cp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
     accumulator = (
         Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
     )

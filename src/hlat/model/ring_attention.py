@@ -1,0 +1,155 @@
+"""Ring attention: causal attention over a sequence split across the context-parallel ranks.
+
+Causal load balancing: the sequence is cut into 2*cp chunks and cp rank r holds chunks r and
+2*cp-1-r (an early and a late one), so every rank does the same causal attention work. Ring
+attention: each rank keeps its queries and passes its keys/values around the cp ring (P2P to the
+next rank, from the previous one); at every step it attends its two query chunks to the two K/V
+chunks it holds, skipping the pairs that causality masks out entirely, and merges the partial
+outputs by their log-sum-exp. The backward pass sends the K/V around again, with their gradients
+accumulating beside them until they arrive back at the rank that owns them.
+
+The kernel is torch's CPU flash attention (`_scaled_dot_product_flash_attention_for_cpu`), which
+returns the log-sum-exp and whose backward accepts the merged output and log-sum-exp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, eq=False)
+class RingContext:
+    """What the attention needs to run as ring attention; passed as the model's attn_mask."""
+
+    group: dist.ProcessGroup
+    rank: int  # this rank's coordinate on the cp dim
+    size: int  # cp
+    # With document masking: the whole rows' document numbers [B, T] (every cp rank has them), so
+    # each rank builds any chunk pair's mask itself and no document ids travel the ring.
+    doc_ids: torch.Tensor | None = None
+
+
+def chunk_ids(rank: int, cp: int) -> tuple[int, int]:
+    """The two load-balanced chunks (of 2*cp) that cp rank `rank` holds, in order."""
+    return rank, 2 * cp - 1 - rank
+
+
+Pair = tuple[int, int, bool, torch.Tensor | None]
+
+
+def _pairs(ring: RingContext, kv_rank: int) -> list[Pair]:
+    """(query chunk slot, K/V chunk slot, causal, additive mask or None) for the chunk pairs that
+    attend at all: a query chunk attends fully to earlier chunks, causally to itself, not at all to
+    later ones; under document masking only within a document, pairs sharing none skipped."""
+    out: list[Pair] = []
+    for qi, qc in enumerate(chunk_ids(ring.rank, ring.size)):
+        for ki, kc in enumerate(chunk_ids(kv_rank, ring.size)):
+            if qc < kc:
+                continue
+            if ring.doc_ids is None:
+                out.append((qi, ki, qc == kc, None))
+                continue
+            docs = ring.doc_ids.chunk(2 * ring.size, dim=1)
+            allowed = (docs[qc][:, :, None] == docs[kc][:, None, :])[:, None]  # [B, 1, chunk, chunk]
+            if qc == kc:
+                allowed = allowed & torch.ones(allowed.shape[-2:], dtype=torch.bool, device=allowed.device).tril()
+            if allowed.any():
+                out.append((qi, ki, False, allowed))
+    return out
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # the CPU kernel takes a float mask of the query's dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
+
+
+def _shift(t: torch.Tensor, ctx: RingContext) -> torch.Tensor:
+    """Send `t` to the next cp rank and return what the previous one sent."""
+    received = torch.empty_like(t)
+    nxt = dist.get_global_rank(ctx.group, (ctx.rank + 1) % ctx.size)
+    prev = dist.get_global_rank(ctx.group, (ctx.rank - 1) % ctx.size)
+    ops = [dist.P2POp(dist.isend, t, nxt, ctx.group), dist.P2POp(dist.irecv, received, prev, ctx.group)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    return received
+
+
+def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = t.chunk(2, dim=2)
+    return a.contiguous(), b.contiguous()
+
+
+def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_o: torch.Tensor) -> None:
+    """out, lse (fp32, in place) <- the softmax-weighted merge of two partial attentions. Every
+    query attends to itself in its diagonal pair, so the merged log-sum-exp ends finite; before
+    that, a row no key was allowed for so far has -inf, weighted 0 (not exp(-inf - -inf) = NaN)."""
+    new = torch.logaddexp(lse, lse_o)
+    finite = new.masked_fill(new == float("-inf"), 0.0)
+    out.mul_(torch.exp(lse - finite)[..., None]).add_(o.float() * torch.exp(lse_o - finite)[..., None])
+    lse.copy_(new)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext, scale: float):  # type: ignore[override]
+        qs = _halves(q)
+        outs = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
+        lses = [torch.full(h.shape[:-1], float("-inf")) for h in qs]
+        kv = torch.stack([k, v])
+        for step in range(ring.size):
+            src = (ring.rank - step) % ring.size
+            ks, vs = _halves(kv[0]), _halves(kv[1])
+            for qi, ki, causal, allowed in _pairs(ring, src):
+                mask = None if allowed is None else _additive(allowed, q.dtype)
+                o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    qs[qi], ks[ki], vs[ki], 0.0, causal, attn_mask=mask, scale=scale
+                )
+                if allowed is not None:  # a row with no key allowed comes back as 0 with log-sum-exp 0
+                    lse = lse.masked_fill(~allowed.any(-1), float("-inf"))
+                _merge(outs[qi], lses[qi], o, lse)
+            if step < ring.size - 1:
+                kv = _shift(kv, ring)
+        out = torch.cat(outs, dim=2).to(q.dtype)
+        lse = torch.cat(lses, dim=2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring, ctx.scale = ring, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        q, k, v, out, lse = ctx.saved_tensors
+        ring: RingContext = ctx.ring
+        qs, outs, lses, grads = _halves(q), _halves(out), _halves(lse[..., None]), _halves(grad_out)
+        dq = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
+        kv = torch.stack([k, v])
+        dkv = torch.zeros(kv.shape, dtype=torch.float32)  # travels with the K/V it belongs to
+        for step in range(ring.size):
+            src = (ring.rank - step) % ring.size
+            ks, vs = _halves(kv[0]), _halves(kv[1])
+            dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
+            for qi, ki, causal, allowed in _pairs(ring, src):
+                mask = None if allowed is None else _additive(allowed, q.dtype)
+                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal,
+                    attn_mask=mask, scale=ctx.scale,
+                )  # fmt: skip
+                dq[qi] += gq
+                dk[ki].add_(gk)
+                dv[ki].add_(gv)
+            if step < ring.size - 1:
+                kv = _shift(kv, ring)
+            dkv = _shift(dkv, ring)  # after cp shifts each rank holds its own K/V's gradient
+        dk_all, dv_all = dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+        return torch.cat(dq, dim=2).to(q.dtype), dk_all, dv_all, None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext) -> torch.Tensor:
+    """Causal attention (within documents, given ring.doc_ids) of this rank's load-balanced
+    queries [B, H, T/cp, D] over the whole sequence's keys and values, held [B, Hkv, T/cp, D] on
+    each cp rank."""
+    if k.size(1) != q.size(1):  # grouped-query attention: the kernel wants one K/V head per query head
+        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
+    return _RingAttention.apply(q, k, v, ring, q.size(-1) ** -0.5)
