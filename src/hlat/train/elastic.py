@@ -1,6 +1,6 @@
 """One replica group of an elastic run (elastic.enabled): the trainer's step joins the groups
 present, reads this group's data shares, and commits or retries (hlat.parallel.elastic,
-hlat.data.elastic). A rejoining group is refused when its configuration or data differ from the
+hlat.parallel.elastic_data). A rejoining group is refused when its configuration or data differ from the
 live group it would heal from: the fingerprint travels with the state."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
-from hlat.data.elastic import ElasticData
 from hlat.digests import short_sha256
 from hlat.errors import UserError
 from hlat.parallel.elastic import Replicas
+from hlat.parallel.elastic_data import ElasticData
 from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.train.resume import Progress
 from hlat.train.train_module import TrainModule

@@ -28,7 +28,6 @@ from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
 from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
-from hlat.data.elastic import ElasticData
 from hlat.data.packing import PackedLoader
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
@@ -42,6 +41,7 @@ from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
 from hlat.parallel.activation_checkpoint import attention_recomputed
 from hlat.parallel.compile import decide_compile
+from hlat.parallel.elastic_data import ElasticData
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model

@@ -14,7 +14,6 @@ says which group trained which batch; over the run every (step, share) appears o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -27,6 +26,7 @@ import torch
 
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader, merge_states
+from hlat.digests import short_sha256
 from hlat.parallel.elastic import Replicas
 
 
@@ -61,7 +61,7 @@ class ElasticData:
                     loader.load_state_dict(self.table[j])
             read = [loader.next_batch() for _ in range(self.per_share)]
             tokens = np.stack([b.tokens.numpy() for b in read])
-            self._read.append((j, hashlib.sha256(tokens.tobytes()).hexdigest()[:16], int(tokens.size)))
+            self._read.append((j, short_sha256(tokens.tobytes()), int(tokens.size)))
             out += read
         self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, replicas)
         return out
