@@ -108,4 +108,5 @@ def run_bounded(code: str, timeout: float = 60, address_space_gib: float = 4) ->
 
 
 def peak_mib(proc: subprocess.CompletedProcess[str]) -> int:
-    return int(next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("peak_mib")))
+    """The last peak the child printed (PEAK_RSS), in MiB."""
+    return int([line.split()[1] for line in proc.stdout.splitlines() if line.startswith("peak_mib")][-1])

@@ -10,6 +10,7 @@ runs; one that finishes leaves OUT/<name>/done.rank<r>.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -76,6 +77,12 @@ def main() -> None:
     root = Path(sys.argv[1])
     plan = json.loads((root / PLAN).read_text())
     rank = int(os.environ.get("RANK", 0))
+    # Import every scenario's module before any scenario runs: a module may register a device at
+    # import (tests/device), and torch's autograd engine sizes its per-device queues at the first
+    # backward in the process, so a device registered after one cannot run a backward.
+    for spec in plan["scenarios"]:
+        with contextlib.suppress(Exception):  # a module that fails to import fails its scenario below
+            load(spec["call"])
     for index, spec in enumerate(plan["scenarios"]):
         world = spec["world"]
         if rank >= world:
@@ -85,7 +92,7 @@ def main() -> None:
         os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
         started = time.perf_counter()
         try:
-            fn = load(spec["call"])  # first: its module may register the scenario's device
+            fn = load(spec["call"])
             if world > 1:
                 join_group(index, rank, world, spec["device"])
             fn(ScenarioContext(out, root, Path(plan["corpus"]), rank, world), **spec["kwargs"])

@@ -80,6 +80,9 @@ def test_console_line_shows_the_slowest_rank(tmp_path, capsys):
             "slowest_lag_s": 0.05,
             "slowest_score": 0.35,
             "median_compute_s": 0.1,
+            "time": 1.7e9,
+            "elapsed_s": 0.4,
+            "eta_s": 0.0,
         }
     )
     sinks.close()
