@@ -1,7 +1,8 @@
 """Checkpoint size and timings for the `small` preset (fp32 weights + AdamW state): synchronous
 save, async save's blocking time and total write time, load, a save by 2 data-parallel (fsdp)
-ranks under torchrun (where each rank hashes its own files), and a resharded load (that
-checkpoint loaded into one process). Prints a markdown table.
+ranks under torchrun (where each rank hashes its own files), a resharded load (that
+checkpoint loaded into one process), and SHA-256's rate over the checkpoint's files (the
+manifest's hashing). Prints a markdown table, the ratios within this run, and its conditions.
 
     python benchmarks/checkpoint_io.py [--repeats 3]
 """
@@ -18,11 +19,13 @@ import time
 from pathlib import Path
 
 import torch
+from run_conditions import Conditions
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig
+from hlat.digests import sha256_file
 from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import build_parallel_model
@@ -79,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    conditions = Conditions()
     single = Layout(1, 0, Degrees(), None)
     model, opt = build(single)
     rows = []
@@ -86,7 +90,9 @@ def main() -> None:
         mgr = CheckpointManager(Path(tmp) / "sync", keep_last=1)
         sync = [timed(lambda i=i: mgr.save(i, sharded(model, opt), {}, {})) for i in range(args.repeats)]
         path = mgr.latest()
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        files = [f for f in path.rglob("*") if f.is_file()]
+        size = sum(f.stat().st_size for f in files)
+        hashing = [timed(lambda: [sha256_file(f) for f in files]) for _ in range(args.repeats)]
         amgr = CheckpointManager(Path(tmp) / "async", keep_last=1)
         blocking, write = [], []
         for i in range(args.repeats):
@@ -134,12 +140,18 @@ def main() -> None:
         ("2 fsdp ranks: async save, training blocked", f"{dp2_blocking:.3f} s"),
         ("2 fsdp ranks: async save, write + commit (rank 0)", f"{dp2_write:.2f} s"),
         ("resharded load (saved by 2 fsdp ranks, loaded by 1)", f"{med(resharded):.2f} s"),
+        ("SHA-256 of the checkpoint's files (one process)", f"{size / med(hashing) / 1e9:.2f} GB/s"),
     ]
     params = sum(p.numel() for p in model.parameters())
     print(f"`small` preset, {params / 1e6:.1f}M parameters, fp32, 1 process unless stated, median of {args.repeats}\n")
     print("| measure | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")
+    print(
+        f"\nsynchronous save / async save's blocking time: {med(sync) / med(blocking):.1f}x (1 process), "
+        f"{dp2_sync / dp2_blocking:.1f}x (2 fsdp ranks)\n"
+    )
+    print("\n".join(conditions.lines()))
 
 
 if __name__ == "__main__":

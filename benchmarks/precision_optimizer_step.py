@@ -1,7 +1,9 @@
-"""Optimizer-step time of the bf16 AdamW against fp32 torch AdamW (fused, the default, and foreach), on the `small` preset.
+"""Optimizer-step time of the bf16 AdamW against fp32 torch AdamW (fused, the default, and foreach), on the `small` preset,
+and this CPU's square 1024 matmul rate in fp32 and bf16 (what docs/precision.md quotes for CPUs without native bf16).
 
 Alternates the optimizers step by step (the CPUs are shared: ratios within one run, medians) and
-writes benchmarks/precision_optimizer_step.md. Usage: python benchmarks/precision_optimizer_step.py [--steps 9]
+writes benchmarks/precision_optimizer_step.md with the run's conditions.
+Usage: python benchmarks/precision_optimizer_step.py [--steps 9]
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import time
 from pathlib import Path
 
 import torch
+from run_conditions import Conditions
 
 from hlat.config.load import load_config
 from hlat.model import Llama
 from hlat.optim import build_adamw, decay_groups
 from hlat.precision import cast_parameters
+from hlat.train.gemm_ceiling import measure_gemm_tflops
+
+SQUARE = (1024, 1024, 1024, False, False)  # m, k, n, transposes: the rate docs/precision.md quotes
+MATMUL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def with_grads(model: torch.nn.Module) -> torch.nn.Module:
@@ -31,6 +38,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--out", default=str(Path(__file__).with_suffix(".md")))
     args = parser.parse_args()
+    conditions = Conditions()
     cfg = load_config("small")
     torch.manual_seed(0)
     fp32 = with_grads(Llama(cfg.model))
@@ -66,7 +74,9 @@ def main() -> None:
             start = time.perf_counter()
             opt.step()
             times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["fp32 torch AdamW (fused)"])
+    matmul = {dtype: measure_gemm_tflops(torch.device("cpu"), dtype, SQUARE, 0.2) * 1e3 for dtype in MATMUL_DTYPES}
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    base = med["fp32 torch AdamW (fused)"]
     lines = [
         "# Optimizer step: bf16 AdamW against fp32 AdamW",
         "",
@@ -76,9 +86,18 @@ def main() -> None:
         "| optimizer | first step (s) | step (s) | vs fp32 |",
         "|---|---|---|---|",
     ]
-    for name, ts in times.items():
-        median = statistics.median(ts)
+    for name, median in med.items():
         lines.append(f"| {name} | {first[name]:.2f} | {median:.3f} | {median / base:.2f}x |")
+    stochastic, nearest = med["bf16 stochastic (compiled)"], med["bf16 nearest (compiled)"]
+    lines += [
+        "",
+        f"bf16 stochastic / bf16 nearest (compiled): {stochastic / nearest:.2f}x",
+        "",
+        "square 1024 matmul, best of repeats for 0.2 s: "
+        + ", ".join(f"{str(dtype).removeprefix('torch.')} {rate:.1f} GFLOP/s" for dtype, rate in matmul.items()),
+        "",
+        *conditions.lines(),
+    ]
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     print(text)
