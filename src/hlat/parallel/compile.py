@@ -171,59 +171,34 @@ def probe_block(
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
     with fork_rng(device):  # the run's RNG untouched
-        _probe(
-            model_cfg,
-            device,
-            precision_mode,
-            micro_batch,
-            seq_len,
-            document_masking,
-            recompute,
-            every_other_mm,
-            recompute_attention,
-            mode,
+        with torch.device("meta"):
+            block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
+        block.to_empty(device=device)
+        for param in block.parameters():
+            nn.init.normal_(param, std=model_cfg.init_std)
+        backend = device_record(device.type).compile_backend
+        compiled = torch.compile(
+            checkpoint_block(block, recompute, every_other_mm, compiled=True, recompute_attention=recompute_attention),
+            fullgraph=True,
+            backend=backend,
+            **compile_options(backend, mode),
         )
-
-
-def _probe(
-    model_cfg: ModelConfig,
-    device: torch.device,
-    precision_mode: str,
-    micro_batch: int,
-    seq_len: int,
-    document_masking: bool,
-    recompute: str,
-    every_other_mm: bool,
-    recompute_attention: bool,
-    mode: str,
-) -> None:
-    with torch.device("meta"):
-        block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
-    block.to_empty(device=device)
-    for param in block.parameters():
-        nn.init.normal_(param, std=model_cfg.init_std)
-    backend = device_record(device.type).compile_backend
-    compiled = torch.compile(
-        checkpoint_block(block, recompute, every_other_mm, compiled=True, recompute_attention=recompute_attention),
-        fullgraph=True,
-        backend=backend,
-        **compile_options(backend, mode),
-    )
-    cos, sin = rope_tables(model_cfg, device=device)
-    # The block's input as the model makes it: an embedding lookup under the precision mode, whose
-    # dtype (fp32 under bf16-sr's upcast on CPU, bf16 under mixed's weight casts) the graph depends on.
-    table = nn.Parameter(torch.randn(16, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode)))
-    ids = torch.randint(0, 16, (micro_batch, seq_len), device=device)
-    with autocast(precision_mode, device):
-        x = nn.functional.embedding(ids, table).detach().requires_grad_()
-    if document_masking:
-        positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
-        cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
-        mask = document_mask(torch.zeros(micro_batch, seq_len, dtype=torch.long, device=device))  # the run's backend
-    else:
-        cos, sin, mask = cos[None, :, None], sin[None, :, None], None
-    with autocast(precision_mode, device):  # backward too, as the trainer runs it: a recompute replays the forward
-        compiled(x, cos, sin, mask).float().sum().backward()
+        cos, sin = rope_tables(model_cfg, device=device)
+        # The block's input as the model makes it: an embedding lookup under the precision mode, whose
+        # dtype (fp32 under bf16-sr's upcast on CPU, bf16 under mixed's weight casts) the graph depends on.
+        table = nn.Parameter(torch.randn(16, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode)))
+        ids = torch.randint(0, 16, (micro_batch, seq_len), device=device)
+        with autocast(precision_mode, device):
+            x = nn.functional.embedding(ids, table).detach().requires_grad_()
+        if document_masking:
+            positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
+            cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
+            # one document per row, through the run's masking backend
+            mask = document_mask(torch.zeros(micro_batch, seq_len, dtype=torch.long, device=device))
+        else:
+            cos, sin, mask = cos[None, :, None], sin[None, :, None], None
+        with autocast(precision_mode, device):  # backward too, as the trainer runs it: a recompute replays the forward
+            compiled(x, cos, sin, mask).float().sum().backward()
 
 
 def _all_ranks(ok: bool, device: torch.device) -> bool:
