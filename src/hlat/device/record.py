@@ -32,6 +32,8 @@ class DeviceRecord:
     # `selective` recompute replays fused attention in backward; False: its output is saved (on GPUs the
     # fused kernel's output and log-sum-exp are small, and the kernel is the block's costliest to replay).
     recompute_fused_attention: bool = True
+    # Context parallelism's ring attention (hlat.model.ring_attention), written over the CPU's flash kernel.
+    ring_attention: bool = False
     pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
     float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
     profiler_activity: str | None = None  # the torch.profiler.ProfilerActivity that traces its kernels
@@ -58,7 +60,9 @@ class DeviceRecord:
 
 RECORDS: dict[str, DeviceRecord] = {
     # torch 2.13's FlexAttention has no backward on the CPU (hlat.model.attention)
-    "cpu": DeviceRecord("cpu", compile_backend="inductor", fused_adamw=True, sdpa_backends=("flash", "math")),
+    "cpu": DeviceRecord(
+        "cpu", compile_backend="inductor", fused_adamw=True, sdpa_backends=("flash", "math"), ring_attention=True
+    ),
     "cuda": DeviceRecord(
         "cuda",
         compile_backend="inductor",

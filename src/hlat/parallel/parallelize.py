@@ -23,6 +23,7 @@ from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import IGNORE_INDEX, Batch
+from hlat.device.record import device_record
 from hlat.dtensor import full_tensor
 from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
@@ -267,7 +268,7 @@ def build_parallel_model(
     if problem:
         raise ConfigError([("train.attention_backend", problem)])
     recompute_attention = attention_recomputed(par.recompute_attention, device)
-    if layout.cp > 1 and device.type != "cpu":  # hlat.model.ring_attention calls torch's CPU kernel
+    if layout.cp > 1 and not device_record(device.type).ring_attention:
         raise ConfigError(
             [("parallel.cp", f"cp={layout.cp} runs on the CPU only so far; use --train.device cpu or --parallel.cp 1")]
         )
