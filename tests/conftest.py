@@ -31,7 +31,8 @@ def _waits_for_processes(item: pytest.Item) -> bool:
     """Whether a test's module reads scenarios or starts processes of its own (through tests/runs.py)."""
     module = getattr(item, "module", None)
     return bool(getattr(module, "SCENARIOS", None)) or any(
-        getattr(module, name, None) in (runs, runs.torchrun, runs.launch) for name in ("runs", "torchrun", "launch")
+        getattr(module, name, None) in (runs, runs.torchrun, runs.launch, runs.start_torchrun)
+        for name in ("runs", "torchrun", "launch", "start_torchrun")
     )
 
 

@@ -3,8 +3,9 @@ several layouts per launch (scenarios), one tiny model's command-line settings, 
 
 Launching processes
 -------------------
-`torchrun(nproc, target)` is the only place a test starts `python -m torch.distributed.run`
-(gloo on CPU, OMP_NUM_THREADS=1); `launch` runs `hlat train` through it. Use it for what must be
+`torchrun(nproc, target)` (and `start_torchrun`, which does not wait) is the only place a test
+starts `python -m torch.distributed.run` (gloo on CPU, OMP_NUM_THREADS=1); `launch` runs
+`hlat train` through it. Use it for what must be
 a launch of its own: a command-line check, a fault that kills or freezes a rank, torchrun restarts.
 
 Everything else runs as a *scenario*: a function `fn(ctx: ScenarioContext, **kwargs)` named
@@ -93,6 +94,13 @@ def torchrun(
     if check:
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done
+
+
+def start_torchrun(nproc: int, target: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`torchrun(...)` without waiting for it (several launches at once, e.g. elastic replica
+    groups), its output to `log`; the caller waits for the shared launch first."""
+    with open(log, "w") as out:
+        return subprocess.Popen(_command(nproc, target, 0), stdout=out, stderr=subprocess.STDOUT, env=_env(env))
 
 
 def launch(

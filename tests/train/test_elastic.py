@@ -2,8 +2,9 @@
 on gloo on one machine, with the lighthouse in this process. A group killed (SIGKILL) mid-run
 drops out, the survivors go on in the same processes, the group restarted two steps later rejoins
 from a live peer; every (step, share) of the data order is trained exactly once, on the same
-tokens as an uninterrupted run, to the same weights. Not tested: several machines, NCCL, groups
-of more than one process, real node failures (the kill is injected: hlat.testing.faults).
+tokens as an uninterrupted run, to the same weights (groups of several processes:
+tests/train/test_elastic_groups.py). Not tested: several machines, NCCL, real node failures (the
+kill is injected: hlat.testing.faults).
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ def wait(proc: subprocess.Popen, run: Path) -> None:
     assert code == 0, "\n".join(f.read_text()[-3000:] for f in sorted(run.glob("*.log")))
 
 
-def final_weights(run: Path, scratch: Path) -> dict[str, torch.Tensor]:
+def final_weights(run: Path, scratch: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     path = CheckpointManager(run / "checkpoints", None).latest()
-    assert path is not None and path.name == f"step_{STEPS:08d}", path
+    assert path is not None and path.name == f"step_{steps:08d}", path
     return {k: v for k, v in checkpoint_tensors(path, scratch).items() if k.startswith("model.")}
 
 
@@ -182,4 +183,13 @@ def test_elastic_config_problems_name_the_field():
     cfg.recovery.nonfinite, cfg.train.global_batch = "skip", 6
     cfg.elastic.lighthouse, cfg.elastic.group = "http://localhost:29510", "0"
     cfg.validate()
-    assert [field for field, _ in cfg.layout_problems(2)] == ["elastic.enabled"]  # one process per group for now
+    # a group of several processes: FSDP2 over them (tested: tests/train/test_elastic_groups.py), each
+    # share's micro-batches dealt evenly over its ranks; TP (or PP, CP, HSDP) inside a group is refused
+    assert [field for field, _ in cfg.layout_problems(2)] == ["parallel.dp_sharding"]
+    cfg.parallel.dp_sharding = "fsdp"
+    assert cfg.layout_problems(2) == []
+    assert [field for field, _ in cfg.layout_problems(3)] == ["train.global_batch"]  # 6 = 3 shares x 2, not x 3
+    cfg.parallel.tp = 2
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert [field for field, _ in err.value.problems] == ["elastic.enabled"]

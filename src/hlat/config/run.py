@@ -101,7 +101,8 @@ class RunConfig:
             raise ConfigError(problems)
 
     def elastic_problems(self) -> list[tuple[str, str]]:
-        """An elastic group is one process for now, and splits the global batch into elastic.max_groups shares."""
+        """An elastic group is one process or FSDP2 over its ranks (no TP, PP, CP or HSDP inside it yet),
+        and splits the global batch into elastic.max_groups shares."""
         el, batch, micro = self.elastic, self.train.global_batch, self.train.micro_batch
         if not el.enabled or el.max_groups < 1 or micro < 1:
             return []
@@ -114,15 +115,44 @@ class RunConfig:
                     f"train.micro_batch={micro}; use a multiple of {el.max_groups * micro}",
                 )
             )
-        if (self.parallel.tp, self.parallel.pp) != (1, 1) or self.parallel.dp not in (0, 1):
+        par = self.parallel
+        if (par.tp, par.pp, par.cp, par.dp_shard) != (1, 1, 1, 0):
             problems.append(
-                ("elastic.enabled", "a replica group is one process for now: set parallel.tp, pp and dp to 1")
+                (
+                    "elastic.enabled",
+                    "a replica group is data parallel over its ranks only: set parallel.tp, pp and cp to 1 "
+                    "and parallel.dp_shard to 0",
+                )
             )
         if "rollback" in (self.recovery.nonfinite, self.recovery.spike_action if self.recovery.spike_sigmas else ""):
             problems.append(
                 (
                     "elastic.enabled",
                     "rollbacks are not coordinated across groups yet: use recovery actions skip or error",
+                )
+            )
+        return problems
+
+    def _elastic_group_problems(self, world: int) -> list[tuple[str, str]]:
+        """A replica group of `world` processes: FSDP2 over them (what is tested), each share's
+        micro-batches dealt evenly over them."""
+        problems = []
+        if self.parallel.dp_sharding != "fsdp":
+            problems.append(
+                (
+                    "parallel.dp_sharding",
+                    f"a replica group of {world} processes runs FSDP2 over them: set --parallel.dp_sharding fsdp "
+                    f"(not {self.parallel.dp_sharding}), or launch one process per group",
+                )
+            )
+        el, micro = self.elastic, self.train.micro_batch
+        if self.train.global_batch % (el.max_groups * micro * world):
+            problems.append(
+                (
+                    "train.global_batch",
+                    f"{self.train.global_batch} sequences do not split into elastic.max_groups={el.max_groups} "
+                    f"shares x {world} ranks per group x train.micro_batch={micro}; use a multiple of "
+                    f"{el.max_groups * micro * world}",
                 )
             )
         return problems
@@ -138,9 +168,7 @@ class RunConfig:
         pp, dp = degrees.pp, degrees.dp
         problems = []
         if self.elastic.enabled and world > 1:
-            problems.append(
-                ("elastic.enabled", f"a replica group is one process for now, not {world}: launch one per group")
-            )
+            problems += self._elastic_group_problems(world)
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
             lambda: check_context_parallel(

@@ -1,11 +1,15 @@
 """Replica groups on torchft: the data-parallel replicate dimension across groups that may leave
 and rejoin between steps (one torchrun job, or one plain process, per group).
 
-Each step starts a quorum at torchft's lighthouse (a group that died is no longer in it); a
-group that comes back heals in that call, from a live peer's state (weights, optimizer, counters,
-data positions) sent over HTTP and loaded with weights_only=True. Gradients and the loss share
-are summed across the groups present in one all-reduce, and the step commits only where every
-group's collectives succeeded (should_commit); a failed step is retried with the next quorum.
+Every rank of a group runs a torchft Manager (rank = its rank in the group; the group's rank 0
+serves the group's quorum, over torchrun's TCPStore), and its collectives run with the ranks of
+the same index in the other groups. Each step starts a quorum at torchft's lighthouse (a group
+that died is no longer in it); a group that comes back heals in that call, each rank from the
+same rank of a live peer (weights and optimizer state as this rank's local shards, counters, data
+positions) sent over HTTP and loaded with weights_only=True. Each rank's local gradient shards
+(FSDP2 inside a group: DTensor.to_local) and its loss share are summed across the groups present
+in one all-reduce, and the step commits only where every group's collectives succeeded
+(should_commit); a failed step is retried with the next quorum.
 
 torchft is an optional dependency (the `elastic` extra), imported only here and only when
 elastic.enabled is set.
@@ -21,8 +25,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hlat.config.elastic import ElasticConfig
+from hlat.dtensor import local_tensor
 from hlat.errors import UserError
 
 INSTALL = "pip install 'hlat[elastic]'"
@@ -60,15 +66,41 @@ def _group_store() -> tuple[str, int, Any]:
     return "localhost", store.port, store
 
 
+def local_tensors(state: Any) -> Any:
+    """`state` with every DTensor replaced by this rank's shard (a plain tensor: what weights_only loads)."""
+    if isinstance(state, dict):
+        return {k: local_tensors(v) for k, v in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(local_tensors(v) for v in state)
+    return local_tensor(state) if isinstance(state, torch.Tensor) else state
+
+
+def like(received: Any, own: Any) -> Any:
+    """`received` (from local_tensors on the same rank of a peer) with each shard put back into a
+    DTensor laid out as the matching entry of `own` (this rank's state) is; no communication."""
+    if isinstance(own, dict):
+        return {k: like(received[k], own[k]) if k in own else v for k, v in received.items()}
+    if isinstance(own, list | tuple):
+        return type(own)(like(r, o) for r, o in zip(received, own))
+    if isinstance(own, DTensor):
+        return DTensor.from_local(
+            received, own.device_mesh, own.placements, run_check=False, shape=own.shape, stride=own.stride()
+        )
+    return received
+
+
 class Replicas:
     """This group's place among the replica groups present; every method is a step's collective.
-    `state_dict`/`load_state_dict`: what a live group sends a rejoining one, and how it applies it."""
+    `state_dict`/`load_state_dict`: what a live group sends a rejoining one, and how it applies it.
+    `rank`, `ranks`: this process's rank in its group, and the group's size."""
 
     def __init__(
         self,
         cfg: ElasticConfig,
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
+        rank: int = 0,
+        ranks: int = 1,
     ):
         import_torchft()
         from torchft import Manager, ProcessGroupGloo
@@ -99,8 +131,8 @@ class Replicas:
             timeout=timeout,
             quorum_timeout=timeout,
             connect_timeout=timeout,
-            rank=0,
-            world_size=1,
+            rank=rank,
+            world_size=ranks,
             store_addr=host,
             store_port=port,
             lighthouse_addr=cfg.lighthouse,
@@ -128,15 +160,17 @@ class Replicas:
         return self.manager.errored() is not None
 
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter], share: torch.Tensor) -> torch.Tensor:
-        """Sum every gradient and the loss share over the groups present, in one all-reduce."""
+        """Sum this rank's gradient shards and loss share over the groups present, in one all-reduce."""
         params = list(params)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [share.reshape(1).to(grads[0].dtype)])
+        shards = [local_tensor(g) for g in grads]  # FSDP2: the same shard on the same rank of every group
+        flat = torch.cat([g.reshape(-1) for g in shards] + [share.reshape(1).to(shards[0].dtype)])
         self.sum_(flat)
         offset = 0
-        for p, g in zip(params, grads):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
+        for p, g, shard in zip(params, grads, shards):
+            shard.copy_(flat[offset : offset + shard.numel()].view_as(shard))
+            p.grad = g
+            offset += shard.numel()
         return flat[-1].to(share.dtype)
 
     def should_commit(self) -> bool:

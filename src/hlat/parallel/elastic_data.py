@@ -6,7 +6,9 @@ the data order is the same whatever groups come and go: a group that leaves leav
 positions behind (every group holds every share's position as of the last committed step), the
 survivors continue them, and a group that joins is dealt its shares back. Each step the groups
 exchange the positions they advanced (one all-reduce of a few kilobytes); a step that does not
-commit leaves every position where it was.
+commit leaves every position where it was. In a group of several ranks every rank reads its
+shares' micro-batches and keeps every ranks-th (so all hold the same positions); the global
+batch and the data order stay those of one process per group.
 
 The record (one JSON line per share per committed step: step, group, process id, wall-clock time, share, tokens, digest)
 says which group trained which batch; over the run every (step, share) appears once.
@@ -32,10 +34,20 @@ from hlat.parallel.elastic import Replicas
 
 class ElasticData:
     """`make_loader(share)`: a fresh loader of data-parallel rank `share` of `shares`;
-    `per_share`: the micro-batches each share gives a step."""
+    `per_share`: the micro-batches each share gives a step, dealt over the group's `ranks`
+    (this process is rank `rank`; rank 0 writes the record)."""
 
-    def __init__(self, make_loader: Callable[[int], PackedLoader], shares: int, per_share: int, record: Path):
+    def __init__(
+        self,
+        make_loader: Callable[[int], PackedLoader],
+        shares: int,
+        per_share: int,
+        record: Path,
+        rank: int = 0,
+        ranks: int = 1,
+    ):
         self.make_loader, self.shares, self.per_share, self.record = make_loader, shares, per_share, record
+        self.rank, self.ranks = rank, ranks
         first = make_loader(0)
         self.docs, self.loaders = first.docs, {0: first}  # the shares this group holds, positioned
         self.table: list[dict[str, Any] | None] = [None] * shares  # positions after the last commit (None: start)
@@ -46,8 +58,8 @@ class ElasticData:
         return [j for j in range(self.shares) if j % groups == rank]
 
     def batches(self, rank: int, groups: int, replicas: Replicas) -> list[Batch]:
-        """This group's micro-batches of the step, rank `rank` of `groups`, and every share's new
-        position from every group (collective over the groups present)."""
+        """This process's micro-batches of the step (its group is rank `rank` of `groups`), and every
+        share's new position from every group (collective over the groups present)."""
         mine = self.owned(rank, groups)
         for j in [j for j in self.loaders if j not in mine]:
             self.loaders.pop(j).close()
@@ -62,7 +74,7 @@ class ElasticData:
             read = [loader.next_batch() for _ in range(self.per_share)]
             tokens = np.stack([b.tokens.numpy() for b in read])
             self._read.append((j, short_sha256(tokens.tobytes()), int(tokens.size)))
-            out += read
+            out += read[self.rank :: self.ranks]
         self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, replicas)
         return out
 
@@ -94,6 +106,8 @@ class ElasticData:
                 self.loaders.pop(j).close()
             return
         self.table, pid, now = self._pending, os.getpid(), round(time.time(), 3)
+        if self.rank != 0:
+            return
         with self.record.open("a") as f:
             for j, digest, tokens in self._read:
                 record = {"step": step, "group": group, "pid": pid, "time": now, "share": j, "tokens": tokens}

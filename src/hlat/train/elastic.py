@@ -1,7 +1,7 @@
 """One replica group of an elastic run (elastic.enabled): the trainer's step joins the groups
 present, reads this group's data shares, and commits or retries (hlat.parallel.elastic,
-hlat.parallel.elastic_data). A rejoining group is refused when its configuration or data differ from the
-live group it would heal from: the fingerprint travels with the state."""
+hlat.parallel.elastic_data). A rejoining group is refused when its configuration, data or number of
+ranks differ from the live group it would heal from: the fingerprint travels with the state."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.digests import short_sha256
 from hlat.errors import UserError
-from hlat.parallel.elastic import Replicas
+from hlat.parallel.elastic import Replicas, like, local_tensors
 from hlat.parallel.elastic_data import ElasticData
 from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.train.resume import Progress
@@ -24,10 +24,11 @@ _SHARED_SECTIONS = ("model", "data", "optim", "schedule", "precision", "parallel
 _SHARED_KEYS = ("train.seed", "train.global_batch", "train.micro_batch", "train.steps", "elastic.max_groups")
 
 
-def fingerprint(cfg: RunConfig, data: ElasticData) -> str:
+def fingerprint(cfg: RunConfig, data: ElasticData, ranks: int) -> str:
+    """`ranks`: the group's processes (a rank heals from the same rank of a peer, shard for shard)."""
     keys = {f"{name}.{key}" for name in _SHARED_SECTIONS for key in vars(cfg.sections()[name])}
     text = cfg.to_toml(keys | set(_SHARED_KEYS)) + "\n".join(d.fingerprint() for d in data.docs)
-    return short_sha256(text)
+    return short_sha256(f"{text}\nranks={ranks}")
 
 
 class ElasticGroup:
@@ -45,8 +46,9 @@ class ElasticGroup:
         self.cfg, self.module, self.data, self.out = cfg, module, data, out
         self.progress, self.set_progress = progress, set_progress
         self.group = cfg.elastic.group
-        self.fingerprint = fingerprint(cfg, data)
-        self.replicas = Replicas(cfg.elastic, self._state_dict, self._load_state_dict)
+        layout = module.model.layout
+        self.fingerprint = fingerprint(cfg, data, layout.world)
+        self.replicas = Replicas(cfg.elastic, self._state_dict, self._load_state_dict, layout.rank, layout.world)
         self.present = 0  # groups in the last quorum
         self.failed_s = 0.0  # wall time of steps that did not commit (a group left or joined mid-step)
 
@@ -54,7 +56,7 @@ class ElasticGroup:
         return {
             "fingerprint": self.fingerprint,
             "group": self.group,
-            "module": self.module.state_dict(),
+            "module": local_tensors(self.module.state_dict()),  # this rank's shards: weights_only loads them
             "progress": vars(self.progress()).copy(),
             "data": self.data.table_state(),
         }
@@ -66,7 +68,7 @@ class ElasticGroup:
                 f"differ from group {state['group']}'s ({state['fingerprint']}); start it with the same config, "
                 "data and tokenizer as the running groups"
             )
-        self.module.load_state_dict(state["module"])
+        self.module.load_state_dict(like(state["module"], self.module.state_dict()))
         self.set_progress(Progress(**state["progress"]))
         self.data.load_table_state(state["data"])
         self.out(

@@ -137,8 +137,9 @@ class Trainer:
 
         torch.manual_seed(cfg.train.seed)
         self._build_data()
-        # an elastic group reads whole shares of the global batch: as many as the groups present leave it
-        shares = cfg.elastic.max_groups if cfg.elastic.enabled else self.layout.dp
+        # an elastic group reads whole shares of the global batch (as many as the groups present leave
+        # it), each dealt over the group's ranks
+        shares = cfg.elastic.max_groups * self.layout.world if cfg.elastic.enabled else self.layout.dp
         self.accum = cfg.train.global_batch // shares // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         compiled = decide_compile(
@@ -298,7 +299,7 @@ class Trainer:
 
                 per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
                 record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
-                self.loader = ElasticData(share_loader, shares, per_share, record)
+                self.loader = ElasticData(share_loader, shares, per_share, record, lay.rank, lay.world)
             else:
                 self.loader = build_loader(
                     cfg.data,
@@ -379,7 +380,8 @@ class Trainer:
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
         self.out(
             f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
-            f"({self.accum} micro-batches of {cfg.train.micro_batch} per data-parallel rank) into {self.run_dir}"
+            f"({self.accum} micro-batches of {cfg.train.micro_batch} per "
+            f"{'data share and rank' if cfg.elastic.enabled else 'data-parallel rank'}) into {self.run_dir}"
         )
         final_loss, self._first_step = None, self.step
         interrupts = Interrupts(cfg.train.interrupt_save_s, self.layout)
@@ -523,6 +525,6 @@ class Trainer:
         """Tokens consumed from each data source so far, over all data-parallel ranks (collective)."""
         # host counts on the host where gloo carries them: not every device has float64
         counts = torch.tensor(self.loader.tokens_emitted, dtype=torch.float64, device=collective_device(self.device))
-        if self.layout.dp > 1:
+        if self.layout.dp > 1 and not isinstance(self.loader, ElasticData):  # an elastic group counts every share
             dist.all_reduce(counts, group=self.layout.group("dp"))
         return {docs.name: int(n) for docs, n in zip(self.loader.docs, counts.tolist())}

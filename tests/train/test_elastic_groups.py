@@ -1,0 +1,177 @@
+"""Elastic replica groups of several processes (hlat.train.elastic): two groups of two ranks, each a
+torchrun job running FSDP2 over its ranks, on gloo on one machine, with the lighthouse in this
+process. One rank of a group killed (SIGKILL) mid-run takes its group down (torchrun ends the
+other rank); the survivors go on in the same processes, the group restarted two steps later
+rejoins, each rank from the same rank of the live group; every (step, share) of the data order is
+trained exactly once, on the same tokens as an uninterrupted run, to the same weights. Not
+tested: several machines, NCCL, TP/PP/CP/HSDP inside a group, real node failures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from hlat.parallel.elastic_data import ElasticData
+from runs import start_torchrun, tiny_args, wait_for_shared_launch
+from test_elastic import DEADLINE_S, final_weights, lighthouse
+
+GROUPS, RANKS, STEPS, KILL = 2, 2, 6, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
+ELASTIC = [
+    "--train.global_batch", "4", "--train.micro_batch", "1", "--train.steps", str(STEPS),
+    "--parallel.compile", "false", "--parallel.dp_sharding", "fsdp", "--elastic.enabled", "true",
+    "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60",
+    "--schedule.warmup_steps", "2", "--schedule.decay_steps", "4",
+]  # fmt: skip
+
+
+def start_group(corpus: Path, run: Path, server, group: int, **env: str):
+    args = tiny_args(corpus, run / f"group{group}", *ELASTIC)
+    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group), "--elastic.min_groups", "1"]
+    log = run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log"
+    return start_torchrun(RANKS, ["-m", "hlat", "train", *args], log, env)
+
+
+def workers(torchrun_pid: int) -> set[int]:
+    """The processes torchrun started (its children)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == torchrun_pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(run.glob("group*/tokens.*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def wait(proc, run: Path) -> None:
+    code = proc.wait(timeout=DEADLINE_S)
+    assert code == 0, "\n".join(f.read_text()[-4000:] for f in sorted(run.glob("*.log")))
+
+
+def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_path):
+    wait_for_shared_launch()
+    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
+    straight.mkdir()
+    faulty.mkdir()
+    # the uninterrupted run: one group of two ranks holding both shares, at a lighthouse of its own
+    alone, shared = lighthouse(1), lighthouse(1)
+    reference = start_group(small_corpus, straight, alone, 0)
+    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS}"}  # both at step 1, and again at KILL + 2
+    fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
+    procs = [start_group(small_corpus, faulty, shared, g, **hold, **(fault if g == 1 else {})) for g in range(GROUPS)]
+    deadline = time.monotonic() + DEADLINE_S
+    while len(dead := workers(procs[1].pid)) < RANKS:  # group 1's two ranks, to see both go
+        assert time.monotonic() < deadline and procs[1].poll() is None, "group 1 did not start"
+        time.sleep(0.2)
+    assert procs[1].wait(timeout=DEADLINE_S) != 0, "group 1 was not killed"
+    assert "killed rank 0" in (tmp_path / "killed").read_text()
+    assert "exitcode  : -9" in (faulty / "group1.0.log").read_text()  # rank 0 by the fault, then torchrun
+    assert not any(alive(pid) for pid in dead), "a rank of the killed group lives on"  # ended its peer
+    while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivor trained two steps alone
+        assert time.monotonic() < deadline and procs[0].poll() is None, "the survivor stopped"
+        time.sleep(0.2)
+    survivors = workers(procs[0].pid)
+    restarted = start_group(small_corpus, faulty, shared, 1, **hold)
+    for proc in (procs[0], restarted, reference):
+        wait(proc, faulty if proc is not reference else straight)
+    shared.shutdown()
+    alone.shutdown()
+
+    got, want = records(faulty), records(straight)
+    # every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens
+    assert Counter((r["step"], r["share"]) for r in got) == Counter(
+        (s, j) for s in range(1, STEPS + 1) for j in range(GROUPS)
+    )
+    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
+        (r["step"], r["share"], r["digest"]) for r in want
+    )
+    by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
+    assert all(by_step[s] == ["0", "1"] for s in (1, 2, KILL + 2)), by_step
+    assert all(by_step[s] == ["0", "0"] for s in (KILL, KILL + 1)), by_step
+    # the survivor in the same processes throughout (torchrun restarts nothing: --max-restarts 0)
+    pids = {g: {r["pid"] for r in got if r["group"] == g} for g in "01"}
+    assert len(pids["0"]) == 1 and pids["0"] <= survivors, (pids, survivors)
+    assert len(pids["1"]) == 2 and any(r["step"] == KILL + 2 and r["pid"] not in dead for r in got)
+    assert (faulty / "group1.1.log").read_text().count("rejoined from group 0") == 1  # rank 0 logs it
+    # the same losses as the uninterrupted run, and the tokens of every share (every group's) counted once
+    logged = {
+        g: [json.loads(line) for line in (faulty / g / "metrics.jsonl").read_text().splitlines()]
+        for g in ("group0", "group1")
+    }
+    reference_log = [json.loads(line) for line in (straight / "group0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged["group0"]] == list(range(1, STEPS + 1))
+    for record in logged["group0"] + logged["group1"]:
+        want_record = reference_log[record["step"] - 1]
+        assert abs(record["loss"] - want_record["loss"]) < 1e-5, (record, want_record)
+        assert sum(record["source_tokens"].values()) == record["tokens"] == want_record["tokens"], record
+    # the same weights as the uninterrupted run, to the order of summation (fp32)
+    reference_weights = final_weights(straight / "group0", tmp_path, STEPS)
+    for g in "01":
+        weights = final_weights(faulty / f"group{g}", tmp_path, STEPS)
+        assert weights.keys() == reference_weights.keys()
+        for key, value in weights.items():
+            torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-6, msg=key)
+
+
+class _Loader:
+    """A share's loader: micro-batch i of share j holds the token j * 100 + i."""
+
+    docs: list = []
+
+    def __init__(self, share: int):
+        self.share, self.read = share, 0
+
+    def next_batch(self) -> SimpleNamespace:
+        self.read += 1
+        return SimpleNamespace(tokens=torch.tensor([self.share * 100 + self.read - 1]))
+
+    def state_dict(self) -> dict:
+        return {"read": self.read}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.read = state["read"]
+
+    def close(self) -> None:
+        pass
+
+
+class _AloneReplicas:
+    """The only group present: sums are the values themselves."""
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def failed(self) -> bool:
+        return False
+
+
+def test_a_groups_ranks_split_each_share_and_rank_0_records(tmp_path):
+    got = {}
+    for rank in (0, 1):
+        data = ElasticData(_Loader, 2, 4, tmp_path / "tokens.jsonl", rank, 2)
+        for step in (1, 2):
+            got[rank, step] = [int(b.tokens) for b in data.batches(0, 1, _AloneReplicas())]
+            data.finish(True, step, "0")
+    # each share's four micro-batches of a step dealt over the two ranks, the group holding both shares
+    assert got[0, 1] == [0, 2, 100, 102] and got[1, 1] == [1, 3, 101, 103]
+    assert got[0, 2] == [4, 6, 104, 106] and got[1, 2] == [5, 7, 105, 107]
+    lines = (tmp_path / "tokens.jsonl").read_text().splitlines()
+    assert [(r["step"], r["share"]) for r in map(json.loads, lines)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
