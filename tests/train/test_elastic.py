@@ -59,9 +59,9 @@ def wait(proc: subprocess.Popen, run: Path) -> None:
     assert code == 0, "\n".join(f.read_text()[-3000:] for f in sorted(run.glob("*.log")))
 
 
-def final_weights(run: Path, scratch: Path) -> dict[str, torch.Tensor]:
+def final_weights(run: Path, scratch: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     path = CheckpointManager(run / "checkpoints", None).latest()
-    assert path is not None and path.name == f"step_{STEPS:08d}", path
+    assert path is not None and path.name == f"step_{steps:08d}", path
     return {k: v for k, v in checkpoint_tensors(path, scratch).items() if k.startswith("model.")}
 
 
