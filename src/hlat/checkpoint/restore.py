@@ -49,11 +49,13 @@ def rank_state_for(
         if own is None:
             raise CheckpointError(f"{path} lacks {rank_file(rank)} although it was saved with this layout")
         return own["loader"], own["rng"]
-    # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state.
+    # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state; an
+    # elastic group's is already merged, from its data shares' states (hlat.parallel.elastic_data).
     by_dp: dict[int, dict[str, Any]] = {}
     for saved_rank in saved_ranks:
         loader = manager.load_rank_state(path, saved_rank)["loader"]
-        by_dp.setdefault(loader["dp_rank"], loader)
+        for state in loader["ranks"] if loader["dp_rank"] == "all" else [loader]:
+            by_dp.setdefault(state["dp_rank"], state)
     if not by_dp:
         raise CheckpointError(
             f"{path} has no rank_*.pt files: it holds weights only (an archive); "
