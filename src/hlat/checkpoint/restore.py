@@ -49,16 +49,20 @@ def rank_state_for(
         if own is None:
             raise CheckpointError(f"{path} lacks {rank_file(rank)} although it was saved with this layout")
         return own["loader"], own["rng"]
-    # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state.
-    by_dp: dict[int, dict[str, Any]] = {}
+    # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state; an
+    # elastic group's is already merged, from its data shares' states (hlat.parallel.elastic_data).
+    by_dp: dict[int | str, dict[str, Any]] = {}
     for saved_rank in saved_ranks:
         loader = manager.load_rank_state(path, saved_rank)["loader"]
-        by_dp.setdefault(loader["dp_rank"], loader)
+        for state in loader.get("ranks", [loader]):
+            by_dp.setdefault(state["dp_rank"], state)
     if not by_dp:
         raise CheckpointError(
             f"{path} has no rank_*.pt files: it holds weights only (an archive); "
             "start from it with --checkpoint.init_from instead"
         )
+    if "all" in by_dp:  # merged without its shares' own states (an earlier hlat): reshard from it
+        return by_dp["all"], None
     saved_dp = next(iter(by_dp.values()))["dp_size"]
     if saved_dp == dp:  # only tensor/pipeline degrees changed: every rank keeps its position
         return by_dp[dp_rank], None

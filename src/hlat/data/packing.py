@@ -239,6 +239,9 @@ class PackedLoader:
                 raise ResumeError(
                     f"cannot resume the data loader: the checkpoint was made with {what} ({values}); {fix}"
                 )
+        ranks = state.get("ranks", [])
+        if state["dp_rank"] == "all" and len(ranks) == self.dp_size:  # merged from as many ranks: its own, exactly
+            state = ranks[self.dp_rank]
         merged = state["dp_rank"] == "all"
         if not merged and (state["dp_size"], state["dp_rank"]) != (self.dp_size, self.dp_rank):
             raise ValueError(
@@ -318,9 +321,10 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Semantics: every virtual shard continues where it stopped, including a document that was cut
     mid-way (its rest is emitted first by its new rank), so within each epoch no document is
-    skipped and none is repeated. The order in which a rank interleaves its shards changes.
+    skipped and none is repeated. The order in which a rank interleaves its shards changes, except
+    on as many ranks as saved it: each takes its own state back ("ranks"), as if never merged.
     """
-    states = list(states)
+    states = sorted(states, key=lambda s: s["dp_rank"])
     size = states[0]["dp_size"]
     if sorted(s["dp_rank"] for s in states) != list(range(size)):
         raise ValueError(
@@ -335,4 +339,5 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ]
     merged["empty_skipped"] = sum(s["empty_skipped"] for s in states)
     merged["bad_skipped"] = sum(s["bad_skipped"] for s in states)
+    merged["ranks"] = states
     return merged

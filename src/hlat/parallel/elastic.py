@@ -89,6 +89,23 @@ def like(received: Any, own: Any) -> Any:
     return received
 
 
+def no_quorum(cfg: ElasticConfig) -> UserError:
+    """Why a step's quorum timed out, as far as this group can tell, and what to do."""
+    resume = "restart this group with the same command: it resumes from the last checkpoint"
+    try:
+        check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+    except UserError:
+        return UserError(
+            f"elastic.lighthouse={cfg.lighthouse}: the lighthouse stopped answering; restart it "
+            f"(`hlat lighthouse`) on the same address, then {resume}"
+        )
+    return UserError(
+        f"elastic.lighthouse={cfg.lighthouse}: no quorum within elastic.timeout_s={cfg.timeout_s:g} s: the "
+        "lighthouse was restarted since this group joined (torchft's groups do not rejoin a new one), or too "
+        f"few groups answer (a quorum needs elastic.min_groups and more than half of the live groups); {resume}"
+    )
+
+
 class Replicas:
     """This group's place among the replica groups present; every method is a step's collective.
     `state_dict`/`load_state_dict`: what a live group sends a rejoining one, and how it applies it.
@@ -120,6 +137,7 @@ class Replicas:
                     return _streaming_load(f, weights_only=True)
 
         check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+        self.cfg = cfg
         timeout = timedelta(seconds=cfg.timeout_s)
         host, port, self._store = _group_store()
         self.manager = Manager(
@@ -144,7 +162,10 @@ class Replicas:
 
     def join(self) -> tuple[int, int]:
         """Start the step's quorum (a rejoining group heals here); (this group's rank, groups present)."""
-        self.manager.start_quorum()
+        try:
+            self.manager.start_quorum()
+        except TimeoutError:
+            raise no_quorum(self.cfg) from None
         rank = self.manager.participating_rank()
         return (0 if rank is None else rank), max(self.manager.num_participants(), 1)
 

@@ -138,7 +138,16 @@ class ElasticData:
         return loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.load_table_state(json.dumps([state] * self.shares))
+        """From a checkpoint of any layout: every share's own position where the saved run had as
+        many data-parallel ranks or shares, else its part of the merged positions."""
+        merged = state if state["dp_rank"] == "all" else merge_states([state])
+        table = []
+        for j in range(self.shares):
+            loader = self.make_loader(j)
+            loader.load_state_dict(merged)
+            table.append(loader.state_dict())
+            loader.close()
+        self.load_table_state(json.dumps(table))
 
     def close(self) -> None:
         for loader in self.loaders.values():

@@ -15,6 +15,8 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK, once:
               a preemption; "sigint:STEP:RANK:N" sends it N times back to back);
   - "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
               stuck node), so the others' collectives time out (hlat.parallel.hang);
+  - "hang-compute": the same, inside optimizer step STEP once its data is read (in an elastic
+              run: after the step's quorum and position exchange, before its first all-reduce);
   - "fail-mkdir", "fail-write", "fail-hash", "fail-commit": raise OSError in that step of
               saving the checkpoint of step STEP (rank 0 creating the temporary directory, a rank
               writing its rank/shared files, a rank hashing its files, rank 0 committing), like
@@ -46,6 +48,7 @@ HOLD_TIMEOUT_S = 300.0  # a process started on a loaded machine may take a minut
 _SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
 _POINT = {
     "hang": "step",
+    "hang-compute": "compute",
     **dict.fromkeys(_SIGNALS, "step"),
     **{f"fail-{point}": point for point in _SAVE_STEPS},
 }  # where each fault strikes
@@ -98,18 +101,18 @@ def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     marker = Path(os.environ.get("HLAT_FAULT_MARKER", ".hlat-fault-done"))
     if marker.exists():
         return None
-    verb = {"hang": "froze", "step": "killed", "commit": "killed", "writing": "killed"}
+    verb = {"hang": "froze", "hang-compute": "froze", "step": "killed", "commit": "killed", "writing": "killed"}
     verb = verb.get(fault, "signalled" if fault in _SIGNALS else "failed")
     marker.write_text(f"{verb} rank {rank} at {fault} {step}\n")
     return fault
 
 
 def maybe_kill(phase: str, step: int, rank: int) -> None:
-    """SIGKILL, freeze or signal at `phase` ("step", "commit", "writing") when HLAT_FAULT asks."""
+    """SIGKILL, freeze or signal at `phase` ("step", "compute", "commit", "writing") when HLAT_FAULT asks."""
     fault = _strikes(phase, step, rank, raising=False)
     if fault is None:
         return
-    if fault == "hang":
+    if fault.startswith("hang"):
         while True:
             time.sleep(3600)
     if fault in _SIGNALS:

@@ -451,6 +451,7 @@ class Trainer:
             read = self.elastic.batches() if self.elastic else [self.loader.next_batch() for _ in range(self.accum)]
             batches = [self._to_device(b) for b in read]
             window.data_s += time.perf_counter() - waited
+            maybe_kill("compute", self.step + 1, self.layout.rank)
             lr = self.cfg.optim.lr * lr_multiplier(self.cfg.schedule, self.step)
             computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
             with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
