@@ -161,9 +161,9 @@ class RunState:
     def layout_record(self) -> dict[str, Any]:
         lay = self.layout
         record = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
-        return record | (
-            {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
-        )  # HSDP only: older records stay equal
+        # HSDP's shard degree and cp only where they are used: older records stay equal
+        hsdp = {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
+        return record | hsdp | ({"cp": lay.cp} if lay.cp > 1 else {})
 
     def save(self, progress: Progress) -> SaveStats:
         """Under checkpoint.async_save it returns once the state is staged."""
