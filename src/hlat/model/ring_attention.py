@@ -78,6 +78,17 @@ def _shift(t: torch.Tensor, ctx: RingContext) -> torch.Tensor:
     return received
 
 
+def _per_query_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query K/V [B, Hkv, T, D] repeated to `heads` (the kernel wants one per query head).
+    Inside the ring, not before it: the ring passes, and saves for backward, Hkv heads only."""
+    return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
+
+
+def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of repeated K/V summed back onto the Hkv heads they were repeated from."""
+    return grad if grad.size(1) == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
 def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = t.chunk(2, dim=2)
     return a.contiguous(), b.contiguous()
@@ -122,7 +133,7 @@ def _ring_forward(
     kv = torch.stack([k, v])
     for step in range(ring.size):
         src = (ring.rank - step) % ring.size
-        ks, vs = _halves(kv[0]), _halves(kv[1])
+        ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
         for qi, ki, causal, allowed in _pairs(ring, src):
             mask = None if allowed is None else _additive(allowed, q.dtype)
             o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -163,7 +174,7 @@ def _ring_backward(
     dkv = torch.zeros(kv.shape, dtype=torch.float32)  # travels with the K/V it belongs to
     for step in range(ring.size):
         src = (ring.rank - step) % ring.size
-        ks, vs = _halves(kv[0]), _halves(kv[1])
+        ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
         dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
         for qi, ki, causal, allowed in _pairs(ring, src):
             mask = None if allowed is None else _additive(allowed, q.dtype)
@@ -172,8 +183,8 @@ def _ring_backward(
                 attn_mask=mask, scale=scale,
             )  # fmt: skip
             dq[qi] += gq
-            dk[ki].add_(gk)
-            dv[ki].add_(gv)
+            dk[ki].add_(_per_kv_head(gk, k.size(1)))
+            dv[ki].add_(_per_kv_head(gv, v.size(1)))
         if step < ring.size - 1:
             kv = _shift(kv, ring)
         dkv = _shift(dkv, ring)  # after cp shifts each rank holds its own K/V's gradient
@@ -207,7 +218,5 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
     """Causal attention (within documents, given ring.doc_ids) of this rank's load-balanced
     queries [B, H, T/cp, D] over the whole sequence's keys and values, held [B, Hkv, T/cp, D] on
     each cp rank."""
-    if k.size(1) != q.size(1):  # grouped-query attention: the kernel wants one K/V head per query head
-        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
     out, _ = _ring_forward(q, k, v, ring.doc_ids, ring.group.group_name, ring.rank, ring.size, q.size(-1) ** -0.5)
     return out
