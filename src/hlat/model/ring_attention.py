@@ -144,7 +144,10 @@ def _ring_forward(
             _merge(outs[qi], lses[qi], o, lse)
         if step < ring.size - 1:
             kv = _shift(kv, ring)
-    return torch.cat(outs, dim=2).to(q.dtype), torch.cat(lses, dim=2)
+    # laid out [B, T, H, D] in memory as the flash kernel's output is: the model's reshape of it
+    # for wo is then a view, not a second copy that wo keeps for backward
+    out = torch.cat(outs, dim=2).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    return out, torch.cat(lses, dim=2)
 
 
 @_ring_forward.register_fake
