@@ -139,18 +139,6 @@ def test_micro_batch_the_user_did_not_set_adapts_to_the_layout(tmp_path):
         (["--parallel.cp", "2"], 3, "parallel.tp", "tp=1 x pp=1 x cp=2 = 2 does not divide the world size 3"),
         (["--parallel.cp", "2", "--parallel.pp", "2", "--parallel.dp_sharding", "zero2"], 4, "parallel.cp", "pp=2"),
         (["--parallel.cp", "2", "--parallel.dp_sharding", "zero1"], 2, "parallel.dp_sharding", "zero1"),
-        (
-            ["--parallel.cp", "2", "--parallel.activation_checkpoint", "selective"],
-            2,
-            "parallel.activation_checkpoint",
-            "selective is not supported with cp=2",
-        ),
-        (
-            ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "2"],
-            8,
-            "parallel.cp",
-            "HSDP",
-        ),
         (["--parallel.cp", "0"], 1, "parallel.cp", "must be >= 1"),
     ],
 )

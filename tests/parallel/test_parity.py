@@ -48,12 +48,16 @@ TWO = [
     Case(cp=2, variant="documents"),  # ... with document masking: per-document positions and masks
     Case(cp=2, recompute="full"),  # ring attention recomputed inside each block's backward
     Case(cp=2, recompute="op"),
+    Case(cp=2, recompute="selective"),  # the ring attention's output saved, not replayed
+    Case(cp=2, recompute="selective", variant="documents"),
 ]
 FOUR = [
     Case(cp=4),
     Case(cp=4, variant="documents"),
     Case(cp=2, tp=2, dp_sharding="zero2"),  # ring attention over each rank's tp shard of the heads
     Case(dp=2, cp=2, dp_sharding="fsdp"),  # FSDP2 over dp and cp flattened
+    # HSDP x CP: 2 replicas, each FSDP2 over dp_shard 1 x cp 2
+    Case(dp=2, dp_replicate=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
     Case(dp=2, tp=2, dp_sharding="fsdp"),
     Case(pp=2, dp=2, dp_sharding="zero2"),
     Case(pp=2, dp=2, dp_sharding="fsdp", recompute="selective"),

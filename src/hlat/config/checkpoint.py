@@ -24,7 +24,9 @@ class CheckpointConfig:
     init_from: str = ""
     """Start from these weights with a new optimizer ("resume model states only"): an hlat
     checkpoint or run directory, or hf:PATH for a Hugging Face model directory. Ignored when the
-    run directory already has a checkpoint to resume from."""
+    run directory already has a checkpoint to resume from. Step, schedule and data loader start
+    afresh; [model] must be the source run's but for the RoPE fields, max_seq_len and init_std
+    (a long-context stage: docs/parallelism.md)."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

@@ -101,12 +101,9 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConfigError(problems)
 
 
-def check_context_parallel(
-    degrees: Degrees, sharding: str, seq_len: int | None = None, recompute: str = "none"
-) -> None:
+def check_context_parallel(degrees: Degrees, sharding: str, seq_len: int | None = None) -> None:
     """What context parallelism supports: rows that cut into 2*cp equal chunks (causal load
-    balancing, hlat.model.ring_attention), without pipeline parallelism, HSDP, ZeRO-1 or selective
-    recompute.
+    balancing, hlat.model.ring_attention), without pipeline parallelism or ZeRO-1.
     seq_len None: the data's rules are not asked (the model builder does not know them)."""
     cp = degrees.cp
     if cp == 1:
@@ -121,20 +118,8 @@ def check_context_parallel(
         )
     if degrees.pp > 1:
         problems.append(("parallel.cp", f"cp={cp} is not supported with pp={degrees.pp}; set one of them to 1"))
-    if degrees.dp_replicate > 1:
-        problems.append(
-            ("parallel.cp", f"cp={cp} is not supported with HSDP (dp_shard < dp); set --parallel.dp_shard 0")
-        )
     if sharding == "zero1":
         problems.append(("parallel.dp_sharding", f"zero1 is not supported with cp={cp}; use ddp, zero2 or fsdp"))
-    if recompute == "selective":
-        # its policy caches tensors the ring's forward fills in place (torch refuses: "mutated")
-        problems.append(
-            (
-                "parallel.activation_checkpoint",
-                f"selective is not supported with cp={cp}; use op, full or none",
-            )
-        )
     if problems:
         raise ConfigError(problems)
 

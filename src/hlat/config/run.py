@@ -171,9 +171,7 @@ class RunConfig:
             problems += self._elastic_group_problems(world)
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
-            lambda: check_context_parallel(
-                degrees, self.parallel.dp_sharding, self.data.seq_len, self.parallel.activation_checkpoint
-            ),
+            lambda: check_context_parallel(degrees, self.parallel.dp_sharding, self.data.seq_len),
         ]
         if degrees.tp > 1:
             checks.insert(0, lambda: check_tensor_parallel(self.model, degrees.tp))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +78,17 @@ def _shift(t: torch.Tensor, ctx: RingContext) -> torch.Tensor:
     return received
 
 
+def _per_query_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query K/V [B, Hkv, T, D] repeated to `heads` (the kernel wants one per query head).
+    Inside the ring, not before it: the ring passes, and saves for backward, Hkv heads only."""
+    return t if t.size(1) == heads else t.repeat_interleave(heads // t.size(1), dim=1)
+
+
+def _per_kv_head(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of repeated K/V summed back onto the Hkv heads they were repeated from."""
+    return grad if grad.size(1) == kv_heads else grad.unflatten(1, (kv_heads, -1)).sum(2)
+
+
 def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     a, b = t.chunk(2, dim=2)
     return a.contiguous(), b.contiguous()
@@ -92,64 +104,122 @@ def _merge(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, lse_o: torch.T
     lse.copy_(new)
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext, scale: float):  # type: ignore[override]
-        qs = _halves(q)
-        outs = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
-        lses = [torch.full(h.shape[:-1], float("-inf")) for h in qs]
-        kv = torch.stack([k, v])
-        for step in range(ring.size):
-            src = (ring.rank - step) % ring.size
-            ks, vs = _halves(kv[0]), _halves(kv[1])
-            for qi, ki, causal, allowed in _pairs(ring, src):
-                mask = None if allowed is None else _additive(allowed, q.dtype)
-                o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    qs[qi], ks[ki], vs[ki], 0.0, causal, attn_mask=mask, scale=scale
-                )
-                if allowed is not None:  # a row with no key allowed comes back as 0 with log-sum-exp 0
-                    lse = lse.masked_fill(~allowed.any(-1), float("-inf"))
-                _merge(outs[qi], lses[qi], o, lse)
-            if step < ring.size - 1:
-                kv = _shift(kv, ring)
-        out = torch.cat(outs, dim=2).to(q.dtype)
-        lse = torch.cat(lses, dim=2)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.ring, ctx.scale = ring, scale
-        return out
+# Ring attention is one operator (hlat::ring_attention) and its backward another, so that what
+# sees operators sees it whole: a recompute policy saves its output (hlat.parallel.
+# activation_checkpoint) rather than caching, and replaying, the ring's in-place merges and sends.
+# The cp group travels by name (an operator's arguments are tensors and plain values).
 
-    @staticmethod
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        ring: RingContext = ctx.ring
-        qs, outs, lses, grads = _halves(q), _halves(out), _halves(lse[..., None]), _halves(grad_out)
-        dq = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
-        kv = torch.stack([k, v])
-        dkv = torch.zeros(kv.shape, dtype=torch.float32)  # travels with the K/V it belongs to
-        for step in range(ring.size):
-            src = (ring.rank - step) % ring.size
-            ks, vs = _halves(kv[0]), _halves(kv[1])
-            dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
-            for qi, ki, causal, allowed in _pairs(ring, src):
-                mask = None if allowed is None else _additive(allowed, q.dtype)
-                gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal,
-                    attn_mask=mask, scale=ctx.scale,
-                )  # fmt: skip
-                dq[qi] += gq
-                dk[ki].add_(gk)
-                dv[ki].add_(gv)
-            if step < ring.size - 1:
-                kv = _shift(kv, ring)
-            dkv = _shift(dkv, ring)  # after cp shifts each rank holds its own K/V's gradient
-        dk_all, dv_all = dkv[0].to(k.dtype), dkv[1].to(v.dtype)
-        return torch.cat(dq, dim=2).to(q.dtype), dk_all, dv_all, None, None
+
+def _ring(group_name: str, rank: int, size: int, doc_ids: torch.Tensor | None) -> RingContext:
+    return RingContext(_resolve_process_group(group_name), rank, size, doc_ids)
+
+
+@torch.library.custom_op("hlat::ring_attention", mutates_args=())
+def _ring_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    group_name: str,
+    rank: int,
+    size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, fp32 log-sum-exp [B, H, T/cp]) of this rank's queries over the ring's K/V."""
+    ring = _ring(group_name, rank, size, doc_ids)
+    qs = _halves(q)
+    outs = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
+    lses = [torch.full(h.shape[:-1], float("-inf")) for h in qs]
+    kv = torch.stack([k, v])
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
+        for qi, ki, causal, allowed in _pairs(ring, src):
+            mask = None if allowed is None else _additive(allowed, q.dtype)
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                qs[qi], ks[ki], vs[ki], 0.0, causal, attn_mask=mask, scale=scale
+            )
+            if allowed is not None:  # a row with no key allowed comes back as 0 with log-sum-exp 0
+                lse = lse.masked_fill(~allowed.any(-1), float("-inf"))
+            _merge(outs[qi], lses[qi], o, lse)
+        if step < ring.size - 1:
+            kv = _shift(kv, ring)
+    # laid out [B, T, H, D] in memory as the flash kernel's output is: the model's reshape of it
+    # for wo is then a view, not a second copy that wo keeps for backward
+    out = torch.cat(outs, dim=2).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    return out, torch.cat(lses, dim=2)
+
+
+@_ring_forward.register_fake
+def _(q, k, v, doc_ids, group_name, rank, size, scale):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("hlat::ring_attention_backward", mutates_args=())
+def _ring_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    group_name: str,
+    rank: int,
+    size: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv): the K/V pass around the ring again, their gradients travelling beside them."""
+    ring = _ring(group_name, rank, size, doc_ids)
+    qs, outs, lses, grads = _halves(q), _halves(out), _halves(lse[..., None]), _halves(grad_out)
+    dq = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
+    kv = torch.stack([k, v])
+    dkv = torch.zeros(kv.shape, dtype=torch.float32)  # travels with the K/V it belongs to
+    for step in range(ring.size):
+        src = (ring.rank - step) % ring.size
+        ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
+        dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
+        for qi, ki, causal, allowed in _pairs(ring, src):
+            mask = None if allowed is None else _additive(allowed, q.dtype)
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal,
+                attn_mask=mask, scale=scale,
+            )  # fmt: skip
+            dq[qi] += gq
+            dk[ki].add_(_per_kv_head(gk, k.size(1)))
+            dv[ki].add_(_per_kv_head(gv, v.size(1)))
+        if step < ring.size - 1:
+            kv = _shift(kv, ring)
+        dkv = _shift(dkv, ring)  # after cp shifts each rank holds its own K/V's gradient
+    # copies: an operator's outputs may not share storage (dkv[0] and dkv[1] do)
+    return torch.cat(dq, dim=2).to(q.dtype), dkv[0].to(k.dtype, copy=True), dkv[1].to(v.dtype, copy=True)
+
+
+@_ring_backward.register_fake
+def _(grad_out, q, k, v, out, lse, doc_ids, group_name, rank, size, scale):  # type: ignore[no-untyped-def]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+    q, k, v, doc_ids, *ring = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.doc_ids, ctx.ring = doc_ids, ring
+
+
+def _backward(ctx, grad_out: torch.Tensor, _grad_lse: torch.Tensor):  # type: ignore[no-untyped-def]
+    # the log-sum-exp is internal (ring_attention returns only the output): its gradient is unused
+    dq, dk, dv = _ring_backward(grad_out.contiguous(), *ctx.saved_tensors, ctx.doc_ids, *ctx.ring)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_ring_forward.register_autograd(_backward, setup_context=_setup_context)
+
+RING_ATTENTION = torch.ops.hlat.ring_attention.default  # what a recompute policy sees
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: RingContext) -> torch.Tensor:
     """Causal attention (within documents, given ring.doc_ids) of this rank's load-balanced
     queries [B, H, T/cp, D] over the whole sequence's keys and values, held [B, Hkv, T/cp, D] on
     each cp rank."""
-    if k.size(1) != q.size(1):  # grouped-query attention: the kernel wants one K/V head per query head
-        k, v = (t.repeat_interleave(q.size(1) // t.size(1), dim=1) for t in (k, v))
-    return _RingAttention.apply(q, k, v, ring, q.size(-1) ** -0.5)
+    out, _ = _ring_forward(q, k, v, ring.doc_ids, ring.group.group_name, ring.rank, ring.size, q.size(-1) ** -0.5)
+    return out

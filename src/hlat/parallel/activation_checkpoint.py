@@ -7,7 +7,9 @@ default, parallel.recompute_attention) a fused attention kernel's output is save
 (torchtitan's op-level SAC): the outputs of the matmuls with a weight and of fused attention are
 saved, and the cheap pointwise rest (norms, RoPE, SiLU, products) is recomputed; with
 `every_other_mm` only every other matmul's output is saved. "full" recomputes each block from its
-input. Measured bytes and step times per policy: benchmarks/recompute.md.
+input. Context parallelism's ring attention (one operator) is saved under selective and op:
+replaying it would pass the keys and values around the ring again. Measured bytes and step times
+per policy: benchmarks/recompute.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 from hlat.device.record import device_record
+from hlat.model.ring_attention import RING_ATTENTION
 
 aten = torch.ops.aten
 
@@ -46,7 +49,7 @@ _RECOMPUTE = _FUSED_ATTENTION | {
 _MATMULS = {aten.mm.default, aten.addmm.default}
 # "op": outputs saved; everything else is recomputed. The reduce-scatter of sequence parallelism
 # is saved so that recompute adds no communication.
-_SAVE = _MATMULS | _FUSED_ATTENTION | {torch.ops._c10d_functional.reduce_scatter_tensor.default}
+_SAVE = _MATMULS | _FUSED_ATTENTION | {RING_ATTENTION, torch.ops._c10d_functional.reduce_scatter_tensor.default}
 
 
 class _NoInPlaceWarning(logging.Filter):
@@ -71,6 +74,8 @@ def attention_recomputed(setting: str, device: torch.device) -> bool:
 def _selective_policy(
     recompute_attention: bool, ctx: SelectiveCheckpointContext, op, *args, **kwargs
 ) -> CheckpointPolicy:  # type: ignore[no-untyped-def]
+    if op is RING_ATTENTION:  # replaying it would send the K/V around the ring again
+        return CheckpointPolicy.MUST_SAVE
     if op in _FUSED_ATTENTION:
         return CheckpointPolicy.PREFER_RECOMPUTE if recompute_attention else CheckpointPolicy.MUST_SAVE
     if op in _RECOMPUTE:

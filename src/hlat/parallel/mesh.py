@@ -5,7 +5,8 @@ dp_replicate, dp_shard, cp, tp) and "dp" is the flattened (dp_replicate, dp_shar
 works on the data-parallel group (the data loader's rank, token counts, loss sums) asks for "dp"
 either way. cp (context parallel) ranks share a dp coordinate (the same sequences, each its own
 chunks of them: hlat.parallel.context_parallel); with cp > 1 "dp_cp", dp and cp flattened, is what
-gradients are averaged over (as torchtitan does).
+gradients are averaged over (as torchtitan does); under HSDP FSDP2 then shards over dp_shard x cp
+within a replica (a 2-D mesh of its own, "dp_replicate" x "dp_shard_cp").
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Layout:
     mesh: DeviceMesh | None
     flat_dp: DeviceMesh | None = None  # HSDP's flattened (dp_replicate, dp_shard): what "dp" means then
     dp_cp: DeviceMesh | None = None  # (dp, cp) flattened when cp > 1: gradients are averaged over it
+    hsdp_cp: DeviceMesh | None = None  # HSDP with cp > 1: (dp_replicate, dp_shard x cp), FSDP2's mesh
 
     @property
     def pp(self) -> int:
@@ -171,20 +173,27 @@ def make_layout(degrees: Degrees, device: torch.device) -> Layout:
     else:
         names, flat = ("pp", "dp", "cp", "tp"), None
         mesh = init_device_mesh(device.type, (d.pp, d.dp, d.cp, d.tp), mesh_dim_names=names)
-    # HSDP with cp is refused (hlat.config.layout.check_context_parallel)
-    dp_cp = mesh["dp", "cp"]._flatten("dp_cp") if d.cp > 1 else None
-    layout = Layout(dist.get_world_size(), dist.get_rank(), degrees, mesh, flat, dp_cp)
+    dp_cp = hsdp_cp = None
+    if d.cp > 1:
+        dp_cp = mesh[(*names[1:-2], "cp")]._flatten("dp_cp")  # the dp dims (one, or HSDP's two) and cp
+    if d.cp > 1 and d.dp_replicate > 1:  # unflattened, not sliced from the root (which torch deprecates)
+        hsdp_cp = dp_cp._unflatten(0, (d.dp_replicate, d.dp_shard * d.cp), ("dp_replicate", "dp_shard_cp"))
+    layout = Layout(dist.get_world_size(), dist.get_rank(), degrees, mesh, flat, dp_cp, hsdp_cp)
     timeout = collective_timeout()
     for dim in {*names, "dp", "dp_cp"}:  # sub-groups are created with torch's default timeout, not the world's
         dist.distributed_c10d._set_pg_timeout(timeout, layout.group(dim))
+    for group in hsdp_cp.get_all_groups() if hsdp_cp is not None else ():
+        dist.distributed_c10d._set_pg_timeout(timeout, group)
     return layout
 
 
 def fsdp_mesh(layout: Layout) -> DeviceMesh:
     """The mesh FSDP2 shards over: 1-D dp (dp_cp with context parallelism), or 2-D (dp_replicate,
-    dp_shard) for HSDP, where fully_shard shards within a replica and all-reduces gradients across
-    replicas."""
-    return layout.mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else layout.submesh("dp_cp")
+    dp_shard; dp_shard x cp with context parallelism) for HSDP, where fully_shard shards within a
+    replica and all-reduces gradients across replicas."""
+    if layout.dp_replicate == 1:
+        return layout.submesh("dp_cp")
+    return layout.hsdp_cp if layout.hsdp_cp is not None else layout.mesh["dp_replicate", "dp_shard"]
 
 
 def teardown() -> None:

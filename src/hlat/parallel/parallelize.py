@@ -239,7 +239,7 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
     if layout.tp > 1:
         check_tensor_parallel(model_cfg, layout.tp)
     check_data_parallel(par.dp_sharding, layout.degrees)
-    check_context_parallel(layout.degrees, par.dp_sharding, recompute=par.activation_checkpoint)
+    check_context_parallel(layout.degrees, par.dp_sharding)
 
 
 def build_parallel_model(

@@ -25,7 +25,7 @@ from hlat.config.run import RunConfig
 from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
-from hlat.errors import ResumeError
+from hlat.errors import ConfigError, ResumeError
 from hlat.parallel.mesh import Layout
 from hlat.progress import Heartbeat
 from hlat.toml_value import toml_value
@@ -37,6 +37,12 @@ RESUME_MODES = ("auto", "require", "fresh")
 # saved, and the weights are initialised already) and, when it holds training state, the settings
 # of the data order. The others (optim.lr, train.steps, the layout...) may change on resume.
 FREE_MODEL_FIELDS = ("max_seq_len", "init_std")
+# What a new stage started from other weights (checkpoint.init_from) may change besides: the RoPE
+# frequencies, which no weight's shape or meaning depends on (Llama 3's long-context stage).
+STAGE_MODEL_FIELDS = FREE_MODEL_FIELDS + (
+    "rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+    "rope_original_max_seq_len",
+)  # fmt: skip
 DATA_PINS = (
     "data.source", "data.weights", "data.text_field", "data.split", "data.hf_config", "data.tokenizer",
     "data.seq_len", "data.max_doc_chars", "data.bos", "data.virtual_shards", "train.seed",
@@ -63,6 +69,37 @@ def check_run_dir(cfg: RunConfig, resume: str) -> None:
             f"{cfg.run_dir} holds a run this configuration cannot resume ({checkpoints[-1].name}): {values}; "
             "resume it with the saved values, or start over with --fresh (deletes its checkpoints) or "
             "another --train.run_dir"
+        )
+
+
+def check_init_from(cfg: RunConfig, resume: str) -> None:
+    """Every rank, before anything is built: weights that checkpoint.init_from would load into
+    another architecture are refused at once, naming each [model] field that differs from the
+    source run's config.toml (a Hugging Face source is checked against its config.json as it loads).
+    A run directory with a checkpoint to resume ignores init_from, and so does this check."""
+    spec = cfg.checkpoint.init_from
+    if not spec or spec.startswith("hf:"):
+        return
+    if resume != "fresh" and CheckpointManager(cfg.run_dir / "checkpoints", None).checkpoints():
+        return
+    path = Path(spec).expanduser()
+    config = next((p / RUN_CONFIG for p in (path, path.parent.parent) if (p / RUN_CONFIG).is_file()), None)
+    if config is None:  # a bare checkpoint: its tensors' names and shapes are checked as it loads
+        return
+    saved = read_run_config(config)
+    keys = [f"model.{name}" for name in vars(cfg.model) if name not in STAGE_MODEL_FIELDS]
+    changed = [key for key in keys if _value(saved, key) != _value(cfg, key)]
+    if changed:
+        raise ConfigError(
+            [
+                (
+                    key,
+                    f"{toml_value(_value(cfg, key))}, but the weights of checkpoint.init_from={spec} were trained "
+                    f"with {toml_value(_value(saved, key))} ({config}); set it to that (a new stage may change "
+                    "only the RoPE fields, model.max_seq_len and model.init_std)",
+                )
+                for key in changed
+            ]
         )
 
 
@@ -161,9 +198,9 @@ class RunState:
     def layout_record(self) -> dict[str, Any]:
         lay = self.layout
         record = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
-        return record | (
-            {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
-        )  # HSDP only: older records stay equal
+        # HSDP's shard degree and cp only where they are used: older records stay equal
+        hsdp = {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
+        return record | hsdp | ({"cp": lay.cp} if lay.cp > 1 else {})
 
     def save(self, progress: Progress) -> SaveStats:
         """Under checkpoint.async_save it returns once the state is staged."""

@@ -66,7 +66,15 @@ from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.train.profiling import StepProfiler
-from hlat.train.resume import RESUME_MODES, Progress, RunState, check_run_dir, prepare_run_dir, record_run
+from hlat.train.resume import (
+    RESUME_MODES,
+    Progress,
+    RunState,
+    check_init_from,
+    check_run_dir,
+    prepare_run_dir,
+    record_run,
+)
 from hlat.train.run_lock import RunDirLock
 from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput, TrainModule
@@ -115,6 +123,7 @@ class Trainer:
 
     def _build(self, cfg: RunConfig, resume: str, out: Callable[[str], None], callbacks: list[Callback] | None) -> None:
         check_run_dir(cfg, resume)
+        check_init_from(cfg, resume)
         user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
         self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
         cfg, layout_line = device_layout(
