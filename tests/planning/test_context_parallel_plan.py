@@ -11,23 +11,28 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.run import RunConfig
-from hlat.model import build_model
+from hlat.errors import ConfigError
+from hlat.model import build_model, flops_per_token
 from hlat.model.ring_attention import RingContext
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.context_parallel import shard_sequence
 from hlat.parallel.saved_activations import bytes_saved_for_backward
-from hlat.planning.memory import activation_bytes_per_layer
+from hlat.planning.layout_search import overrides, search
+from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory
+from hlat.planning.throughput import LayoutChoice, System, step_time
 
 SEQ = 64
+# grouped-query K/V (4 heads over 2), so the ring's repetition of K/V shows
+TINY = ["--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.d_model", "64", "--model.ffn_dim", "128"]
+TINY += ["--data.seq_len", str(SEQ), "--precision.mode", "fp32"]
 
 
 @functools.cache
 def _tiny(*extra: str) -> RunConfig:
-    # grouped-query K/V (4 heads over 2), so the ring's repetition of K/V shows
-    args = ["--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.d_model", "64", "--model.ffn_dim", "128"]
-    return load_config("tiny", None, [*args, "--data.seq_len", str(SEQ), "--precision.mode", "fp32", *extra])
+    return load_config("tiny", None, [*TINY, *extra])
 
 
 def _ring_block_bytes(cfg: RunConfig, policy: str, cp: int) -> int:
@@ -57,3 +62,95 @@ def test_a_cp_ranks_activations_are_what_the_ring_keeps(policy: str, cp: int) ->
     assert planned == pytest.approx(measured, rel=0.005)
     # and a cp rank holds less than one rank of the whole sequence
     assert planned < activation_bytes_per_layer(cfg, tp=1)
+
+
+# 100 TFLOP/s at half efficiency, 4 ranks per node at 100 GB/s, 10 GB/s across nodes
+SYSTEM = System("test", 100.0, 80.0, 4, 100.0, 10.0, "gpu", 0.5)
+FAST = System("test", 1e6, 80.0, 4, 100.0, 10.0, "gpu", 1.0)  # compute next to nothing: nothing hides traffic
+
+
+def _layout(cp=1, tp=1, dp=1, sharding="ddp", micro=8, recompute="none") -> LayoutChoice:
+    return LayoutChoice(
+        tp=tp, pp=1, dp=dp, sharding=sharding, dp_shard=dp, micro_batch=micro, recompute=recompute, cp=cp
+    )
+
+
+def test_ring_traffic_is_the_kv_shifts_of_every_layer_exposed_whole() -> None:
+    """Per layer and micro-batch a cp rank sends its K/V [2, b, heads, s/cp, head_dim] (4 query
+    heads: the 2 KV heads repeated) cp-1 times forward, cp-1 times in backward beside their fp32
+    gradients cp times, and cp-1 times more where the recompute replays the forward."""
+    cfg = _tiny()  # fp32, 4 layers, 8 sequences of 64 tokens per step
+    for cp, micro in ((2, 8), (4, 4)):
+        kv_bytes = 2 * micro * (SEQ // cp) * 4 * 16 * 4
+        micro_batches, layers = 8 // micro, 4
+        shifts = {"none": 2 * (cp - 1) + cp, "op": 3 * (cp - 1) + cp, "full": 3 * (cp - 1) + cp}
+        for policy, n in shifts.items():
+            step = step_time(cfg, cp, SYSTEM, _layout(cp=cp, micro=micro, recompute=policy))
+            assert step.cp_s == pytest.approx(n * kv_bytes * layers * micro_batches / 100e9)
+    assert step_time(cfg, 1, SYSTEM, _layout()).cp_s == 0
+
+
+def test_compute_and_mfu_count_the_model_once_over_the_cp_ranks() -> None:
+    """cp 2 runs the same FLOPs per step as 2 data-parallel ranks (the load-balanced ring does
+    causal attention's half), and MFU counts each token's model FLOPs once, at the whole seq_len."""
+    cfg = _tiny()
+    cp2 = step_time(cfg, 2, SYSTEM, _layout(cp=2))
+    dp2 = step_time(cfg, 2, SYSTEM, _layout(dp=2, micro=4))
+    assert cp2.compute_s == pytest.approx(dp2.compute_s)
+    assert cp2.tokens == dp2.tokens == 8 * SEQ and cp2.model_flops_per_token == flops_per_token(cfg.model, SEQ)
+    assert cp2.mfu == pytest.approx(cp2.tokens_per_s * flops_per_token(cfg.model, SEQ) / (2 * 100e12))
+    assert cp2.mfu < dp2.mfu  # the ring's traffic is exposed
+
+
+def test_tensor_parallel_moves_a_cp_ranks_share_and_gradients_reduce_over_dp_x_cp() -> None:
+    cfg = _tiny()
+    tp = step_time(cfg, 4, SYSTEM, _layout(cp=2, tp=2)).tp_s
+    assert tp == pytest.approx(step_time(cfg, 2, SYSTEM, _layout(tp=2)).tp_s / 2)
+    # ddp over dp 2 x cp 2: the all-reduce of 4 ranks, as ddp over dp 4
+    for sharding in ("ddp", "fsdp"):
+        cp2 = step_time(cfg, 4, FAST, _layout(cp=2, dp=2, micro=4, sharding=sharding)).dp_s
+        assert cp2 == pytest.approx(step_time(cfg, 4, FAST, _layout(dp=4, micro=2, sharding=sharding)).dp_s, rel=1e-3)
+
+
+def test_state_is_sharded_over_dp_x_cp() -> None:
+    cfg = _tiny("--parallel.dp_sharding", "fsdp")
+    degrees, (cp2,) = plan(_tiny("--parallel.dp_sharding", "fsdp", "--parallel.cp", "2"), 4)
+    assert degrees == Degrees(dp_shard=2, cp=2)
+    _, (dp4,) = plan(cfg, 4)
+    assert (cp2.weights, cp2.grads, cp2.optimizer) == (dp4.weights, dp4.grads, dp4.optimizer)
+    assert state_memory(cfg, 1000, Degrees(dp_shard=2, cp=2))[2] == 2 * 1000 * 4 / 4  # Adam moments, 4 shards
+
+
+def test_a_plan_refuses_what_training_refuses() -> None:
+    with pytest.raises(ConfigError, match="data.seq_len: 64 does not cut into 2 x parallel.cp=3"):
+        plan(_tiny("--parallel.cp", "3"), 3)
+    with pytest.raises(ConfigError, match="selective is not supported with cp=2"):
+        plan(_tiny("--parallel.cp", "2", "--parallel.activation_checkpoint", "selective"), 2)
+
+
+def test_search_includes_cp_and_skips_the_layouts_training_refuses() -> None:
+    cfg = _tiny("--parallel.activation_checkpoint", "op")
+    found = search(cfg, 4, SYSTEM)
+    with_cp = [c.layout for c in found if c.layout.cp > 1]
+    assert {c.layout.cp for c in found} == {1, 2, 4}
+    assert all(
+        lay.pp == 1 and lay.recompute != "selective" and lay.sharding != "zero1" and lay.dp_shard == lay.dp
+        for lay in with_cp
+    )
+    assert "tp 1 x cp 2 x pp 1 x fsdp 2" in {lay.name for lay in with_cp}
+    for lay in with_cp:  # the search's overrides give a config training accepts on that many ranks
+        load_config("tiny", None, [*TINY, *overrides(lay)], world=4)
+
+
+def test_search_finds_the_cp_layouts_where_a_long_sequence_fits_only_split() -> None:
+    """A cp rank holds seq_len/cp tokens: below what one sequence's activations need on a rank,
+    the layouts that fit split the sequence (cp, or tp's sequence parallelism, or pp's layers)."""
+    cfg = _tiny("--data.seq_len", "4096", "--model.max_seq_len", "4096")
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, global_batch=4, micro_batch=1))
+    found = search(cfg, 4, SYSTEM)
+    whole = min(c.memory_gib for c in found if (c.layout.cp, c.layout.tp, c.layout.pp) == (1, 1, 1))
+    cp4 = min(c.memory_gib for c in found if c.layout.cp == 4)
+    assert cp4 < whole / 2
+    fits = [c.layout for c in found if c.memory_gib < whole]
+    assert fits and all(lay.cp > 1 or lay.tp > 1 or lay.pp > 1 for lay in fits)
+    assert "tp 1 x cp 4 x pp 1 x fsdp 1" in {lay.name for lay in fits}
