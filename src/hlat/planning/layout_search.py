@@ -159,8 +159,9 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
     """The top `top` layouts as a table: memory, step split, tokens/s, MFU, days (and cost)."""
     if not found:
         return "no layout fits in memory: add ranks, or a device with more memory"
+    width = max(26, *(len(c.layout.name) for c in found[:top]))  # names with cp run longer
     head = (
-        f"{'#':>3} {'layout':<26} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
+        f"{'#':>3} {'layout':<{width}} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
         f"{'comm':>7} {'bubble':>7} {'tokens/s':>12} {'MFU':>6} {'days':>7}"
     )
     lines = [head + ("       cost" if price else "")]
@@ -168,7 +169,7 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
         s = c.step
         days, cost = days_and_cost(s.tokens_per_s, budget_tokens, nodes, price)
         line = (
-            f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
+            f"{index:>3} {c.layout.name:<{width}} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
             f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.cp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
             f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}"
         )
