@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +156,39 @@ def test_search_finds_the_cp_layouts_where_a_long_sequence_fits_only_split() -> 
     fits = [c.layout for c in found if c.memory_gib < whole]
     assert fits and all(lay.cp > 1 or lay.tp > 1 or lay.pp > 1 for lay in fits)
     assert "tp 1 x cp 4 x pp 1 x fsdp 1" in {lay.name for lay in fits}
+
+
+def _recipe_commands() -> list[tuple[int, list[str]]]:
+    """(world, overrides) of each `torchrun --nnodes N --nproc_per_node M ... -m hlat train` line
+    of docs/recipe.md's long-context section."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "recipe.md").read_text()
+    section = text[text.index("## Long context") :]
+    found = []
+    for line in (line for line in section.splitlines() if line.startswith("torchrun ")):
+        argv = shlex.split(line)
+        world = int(argv[argv.index("--nnodes") + 1]) * int(argv[argv.index("--nproc_per_node") + 1])
+        found.append((world, argv[argv.index("train") + 1 :]))
+    return found
+
+
+def test_the_documented_long_context_commands_load_and_plan() -> None:
+    commands = _recipe_commands()
+    assert len(commands) == 3
+    seq_lens = []
+    for world, args in commands:
+        preset = args[args.index("--preset") + 1]
+        overrides = args[: args.index("--preset")] + args[args.index("--preset") + 2 :]
+        cfg = load_config(preset, None, overrides, world=world)
+        degrees, stages = plan(cfg, world)
+        assert stages and degrees.world == world
+        seq_lens.append(cfg.data.seq_len)
+        if cfg.data.seq_len > 8192:  # the long stages: Llama 3.1's RoPE, documents, cp, a start
+            model = cfg.model
+            assert (model.rope_scaling, model.rope_factor, model.rope_theta) == ("llama3", 8.0, 500000.0)
+            assert (model.rope_low_freq_factor, model.rope_high_freq_factor) == (1.0, 4.0)
+            assert model.rope_original_max_seq_len == 8192 and model.max_seq_len >= cfg.data.seq_len
+            assert cfg.data.document_masking and degrees.cp > 1 and cfg.checkpoint.init_from
+            assert cfg.train.global_batch * cfg.data.seq_len == 512 * 8192  # the 8K stage's tokens per step
+        else:
+            assert cfg.model.rope_scaling == "none"
+    assert seq_lens == [8192, 32768, 131072]
