@@ -192,3 +192,14 @@ def test_the_documented_long_context_commands_load_and_plan() -> None:
         else:
             assert cfg.model.rope_scaling == "none"
     assert seq_lens == [8192, 32768, 131072]
+
+
+def test_a_stage_adds_the_rings_buffers_once() -> None:
+    """Beside every layer's saved tensors, one layer's backward holds the K/V stack it attends to
+    and the one arriving, their fp32 gradients and the fp32 query gradient (fp32 run: all 4 bytes)."""
+    cfg = _tiny("--parallel.cp", "2", "--parallel.dp_sharding", "fsdp")  # 8 rows of 64 tokens, 4 layers
+    _, (stage,) = plan(cfg, 2)
+    tokens, q = 8 * SEQ // 2, 4 * 16
+    buffers = tokens * (2 * 2 * q * 4 + 2 * 2 * q * 4 + q * 4)
+    last = tokens * (3 * 64 * 4 + 4096 * 4)  # the final norm's tensors and fp32 log-probabilities
+    assert stage.activations == pytest.approx(activation_bytes_per_layer(cfg, 1, 2) * 4 + buffers + last)

@@ -120,7 +120,7 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def _with(cfg: RunConfig, micro_batch: int | None = None, **parallel: object) -> RunConfig:
-    out = copy.deepcopy(cfg)
+    out = copy.copy(cfg)  # planning reads the rest: sections it does not replace are shared
     out.parallel = dataclasses.replace(out.parallel, **parallel)
     if micro_batch is not None:
         out.train = dataclasses.replace(out.train, micro_batch=micro_batch)
