@@ -1,13 +1,13 @@
 """hlat plan --search: every layout of a config on `world` ranks that fits in memory, fastest first.
 
 The knobs: tensor parallel (divisors of the world up to a node), pipeline stages (1F1B, up to 16
-and the layer count), context parallel (powers of two; without pp, HSDP, zero1 or selective
-recompute, and cutting data.seq_len into 2 x cp chunks: hlat.config.layout's rules), data parallel as ddp, zero1, zero2, fsdp, or HSDP (fsdp sharded within a
-node, replicated across: parallel.dp_shard), micro-batch (powers of two dividing the per-rank
-batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
+and the layer count), context parallel (powers of two), data parallel as ddp, zero1, zero2, fsdp,
+or HSDP (fsdp sharded within a node, replicated across: parallel.dp_shard), micro-batch (powers
+of two dividing the per-rank batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
 model once and tensor-parallelises it once per tp; each (tp, pp) is cut from it and each variant
 re-priced from its stages' parameter counts; layouts hlat refuses (ddp or zero1 with tp or pp, a
-tp the heads do not allow, the context-parallel limits) are skipped.
+tp the heads do not allow, cp with pp, HSDP, zero1, selective recompute or a seq_len that does
+not cut into 2 x cp chunks: hlat.config.layout's rules) are skipped.
 """
 
 from __future__ import annotations
