@@ -1,6 +1,7 @@
-"""The planner under context parallelism: a cp rank's activations against what hlat's ring
-attention keeps (measured on the CPU under a fake process group: the bytes do not depend on the
-values the ring receives), state sharded over dp x cp, ring traffic in the step, cp in --search."""
+"""The planner under context parallelism: a cp rank's activations and the ring's traffic against
+what hlat's ring attention keeps and sends (measured on the CPU under a fake process group: the
+bytes do not depend on the values the ring receives), state sharded over dp x cp, cp in --search,
+and the documented long-context recipe."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 import functools
 import shlex
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -203,3 +205,33 @@ def test_a_stage_adds_the_rings_buffers_once() -> None:
     buffers = tokens * (2 * 2 * q * 4 + 2 * 2 * q * 4 + q * 4)
     last = tokens * (3 * 64 * 4 + 4096 * 4)  # the final norm's tensors and fp32 log-probabilities
     assert stage.activations == pytest.approx(activation_bytes_per_layer(cfg, 1, 2) * 4 + buffers + last)
+
+
+def _ring_bytes_sent(cfg: RunConfig, policy: str, cp: int) -> int:
+    """Bytes cp rank 0 sends around the ring in one block's forward and backward (one row)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    from hlat.model import ring_attention
+
+    sent: list[int] = []
+    shift = ring_attention._shift
+    one = build_model(dataclasses.replace(cfg.model, n_layers=1, max_seq_len=SEQ))
+    apply_activation_checkpoint(one, policy, False)
+    positions = shard_sequence(torch.arange(SEQ)[None], 0, cp)[0]
+    cos, sin = one.rope_cos[None, positions, None], one.rope_sin[None, positions, None]
+    x = torch.randn(1, SEQ // cp, cfg.model.d_model, requires_grad=True)
+    dist.init_process_group("fake", rank=0, world_size=cp, store=FakeStore())
+    try:
+        with mock.patch.object(ring_attention, "_shift", lambda t, ctx: sent.append(t.nbytes) or shift(t, ctx)):
+            one.layers["0"](x, cos, sin, RingContext(dist.group.WORLD, 0, cp)).sum().backward()
+    finally:
+        dist.destroy_process_group()
+    return sum(sent)
+
+
+@pytest.mark.parametrize("policy", ["none", "op", "full"])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_planned_ring_traffic_is_what_the_ring_sends(policy: str, cp: int) -> None:
+    cfg = _tiny("--parallel.activation_checkpoint", policy)  # 8 rows in one micro-batch, 4 layers
+    step = step_time(cfg, cp, SYSTEM, _layout(cp=cp, recompute=policy))
+    assert step.cp_s == pytest.approx(_ring_bytes_sent(cfg, policy, cp) * 8 * 4 / 100e9)
