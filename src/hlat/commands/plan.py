@@ -108,6 +108,11 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if system is None:
         return 0
     print(format_fit(stages, system))
+    if degrees.cp > 1 and system.family != "cpu":
+        print(
+            "note: parallel.cp trains on the CPU only so far (ring attention over its flash kernel); "
+            "the plan prices hlat's ring as it runs there"
+        )
     fits = largest_stage_gib(stages) <= system.memory_gib
     if not fits and not args.search:
         print("this layout does NOT fit: add --search to rank the layouts that do")

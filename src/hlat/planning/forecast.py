@@ -102,7 +102,7 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
     lines = [
         f"predicted on {world} x {system.name} ({nodes} node{'s' * (nodes > 1)} of {system.per_node}; {system.family} "
         f"efficiency {system.efficiency:.3f}, hlat plan --calibration): step {step.total_s:.3g} s = compute {step.compute_s:.3g} "
-        f"+ tensor parallel {step.tp_s:.3g} + data parallel (exposed) {step.dp_s:.3g} + pipeline sends {step.pp_s:.3g} "
+        f"+ tensor parallel {step.tp_s:.3g}{f' + context-parallel ring {step.cp_s:.3g}' if step.cp_s else ''} + data parallel (exposed) {step.dp_s:.3g} + pipeline sends {step.pp_s:.3g} "
         f"+ bubble {step.bubble_s:.3g}",
         f"{step.tokens_per_s:,.0f} tokens/s ({step.tokens_per_s / world:,.0f} per rank), MFU {step.mfu:.1%}; "
         f"{budget_tokens:.3g} tokens in {days:.3g} days",

@@ -1,12 +1,13 @@
 """hlat plan --search: every layout of a config on `world` ranks that fits in memory, fastest first.
 
 The knobs: tensor parallel (divisors of the world up to a node), pipeline stages (1F1B, up to 16
-and the layer count), data parallel as ddp, zero1, zero2, fsdp, or HSDP (fsdp sharded within a
-node, replicated across: parallel.dp_shard), micro-batch (powers of two dividing the per-rank
-batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
+and the layer count), context parallel (powers of two), data parallel as ddp, zero1, zero2, fsdp,
+or HSDP (fsdp sharded within a node, replicated across: parallel.dp_shard), micro-batch (powers
+of two dividing the per-rank batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
 model once and tensor-parallelises it once per tp; each (tp, pp) is cut from it and each variant
 re-priced from its stages' parameter counts; layouts hlat refuses (ddp or zero1 with tp or pp, a
-tp the heads do not allow) are skipped.
+tp the heads do not allow, cp with pp, HSDP, zero1, selective recompute or a seq_len that does
+not cut into 2 x cp chunks: hlat.config.layout's rules) are skipped.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from hlat.config.fields import choices
-from hlat.config.layout import check_data_parallel, check_grad_accum, resolve_degrees
+from hlat.config.layout import check_context_parallel, check_data_parallel, check_grad_accum, resolve_degrees
 from hlat.config.parallel import ParallelConfig
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
 from hlat.planning.forecast import days_and_cost
-from hlat.planning.memory import GIB, plan, stage_memory
+from hlat.planning.memory import GIB, StagePlan, plan, stage_memory
 from hlat.planning.throughput import LayoutChoice, StepTime, System, step_time
 
 SHARDINGS = ("ddp", "zero1", "zero2", "fsdp", "hsdp")
@@ -40,24 +41,29 @@ def search(cfg: RunConfig, world: int, system: System) -> list[Candidate]:
     found = []
     for tp in _divisors(world, system.per_node or world):
         for pp in _divisors(world // tp, min(MAX_PP, cfg.model.n_layers)):
-            found += _variants(cfg, world, system, tp, pp)
+            # a layer's parameters do not depend on cp: one plan of the stages serves every cp
+            base = _with(cfg, tp=tp, pp=pp, cp=1, dp=0, dp_sharding="fsdp", dp_shard=0)
+            try:
+                _, stages = plan(base, world)
+            except ConfigError:  # a tp the heads do not allow
+                continue
+            for cp in _divisors(world // (tp * pp), world):
+                found += _variants(cfg, world, system, tp, pp, cp, stages)
     # equal predictions: the least model parallelism first (the smaller matrices of more tp lose
     # efficiency the model does not see), then the least memory
-    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.layout.tp * c.layout.pp, c.memory_gib))
+    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.layout.tp * c.layout.pp * c.layout.cp, c.memory_gib))
 
 
-def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> list[Candidate]:
-    dp = world // (tp * pp)
+def _variants(
+    cfg: RunConfig, world: int, system: System, tp: int, pp: int, cp: int, stages: list[StagePlan]
+) -> list[Candidate]:
+    dp = world // (tp * pp * cp)
     if cfg.train.global_batch % dp:
-        return []
-    base = _with(cfg, tp=tp, pp=pp, dp=0, dp_sharding="fsdp", dp_shard=0)
-    try:
-        _, stages = plan(base, world)
-    except ConfigError:  # a tp the heads do not allow
         return []
     found = []
     per_rank = cfg.train.global_batch // dp
-    for sharding in SHARDINGS if dp > 1 else ("ddp",):  # one rank per replica: no data parallelism to pick
+    # one rank per replica and no cp: no data parallelism to pick (FSDP2 shards over dp x cp)
+    for sharding in SHARDINGS if dp * cp > 1 else ("ddp",):
         shard = _hsdp_shard(system, tp, dp) if sharding == "hsdp" else dp
         if shard is None:
             continue
@@ -68,6 +74,7 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                     micro_batch=micro,
                     tp=tp,
                     pp=pp,
+                    cp=cp,
                     dp_sharding="fsdp" if sharding == "hsdp" else sharding,
                     dp_shard=shard if sharding == "hsdp" else 0,
                     activation_checkpoint=recompute,
@@ -76,7 +83,8 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                 try:
                     degrees = resolve_degrees(variant.parallel, world)
                     check_data_parallel(variant.parallel.dp_sharding, degrees)
-                    check_grad_accum(variant.precision, variant.parallel.dp_sharding, dp)
+                    check_context_parallel(degrees, variant.parallel.dp_sharding, cfg.data.seq_len, recompute)
+                    check_grad_accum(variant.precision, variant.parallel.dp_sharding, degrees.dp_cp)
                 except ConfigError:
                     continue
                 need = (
@@ -95,6 +103,7 @@ def _variants(cfg: RunConfig, world: int, system: System, tp: int, pp: int) -> l
                         dp_shard=shard,
                         micro_batch=micro,
                         recompute=recompute,
+                        cp=cp,
                     )
                     found.append(Candidate(layout, need, step_time(variant, world, system, layout)))
     return found
@@ -111,7 +120,7 @@ def _divisors(n: int, limit: int) -> list[int]:
 
 
 def _with(cfg: RunConfig, micro_batch: int | None = None, **parallel: object) -> RunConfig:
-    out = copy.deepcopy(cfg)
+    out = copy.copy(cfg)  # planning reads the rest: sections it does not replace are shared
     out.parallel = dataclasses.replace(out.parallel, **parallel)
     if micro_batch is not None:
         out.train = dataclasses.replace(out.train, micro_batch=micro_batch)
@@ -121,7 +130,7 @@ def _with(cfg: RunConfig, micro_batch: int | None = None, **parallel: object) ->
 def overrides(layout: LayoutChoice) -> list[str]:
     """The command-line overrides that give a config `layout`."""
     return [
-        *("--parallel.tp", str(layout.tp), "--parallel.pp", str(layout.pp)),
+        *("--parallel.tp", str(layout.tp), "--parallel.pp", str(layout.pp), "--parallel.cp", str(layout.cp)),
         *("--parallel.dp_sharding", layout.sharding),
         *("--parallel.dp_shard", str(layout.dp_shard if layout.dp_shard < layout.dp else 0)),
         *("--train.micro_batch", str(layout.micro_batch)),
@@ -150,8 +159,9 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
     """The top `top` layouts as a table: memory, step split, tokens/s, MFU, days (and cost)."""
     if not found:
         return "no layout fits in memory: add ranks, or a device with more memory"
+    width = max(26, *(len(c.layout.name) for c in found[:top]))  # names with cp run longer
     head = (
-        f"{'#':>3} {'layout':<26} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
+        f"{'#':>3} {'layout':<{width}} {'micro':>5} {'recompute':<9} {'GiB':>6} {'step s':>8} {'compute':>8} "
         f"{'comm':>7} {'bubble':>7} {'tokens/s':>12} {'MFU':>6} {'days':>7}"
     )
     lines = [head + ("       cost" if price else "")]
@@ -159,10 +169,12 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
         s = c.step
         days, cost = days_and_cost(s.tokens_per_s, budget_tokens, nodes, price)
         line = (
-            f"{index:>3} {c.layout.name:<26} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
-            f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
+            f"{index:>3} {c.layout.name:<{width}} {c.layout.micro_batch:>5} {c.layout.recompute:<9} {c.memory_gib:>6.1f} "
+            f"{s.total_s:>8.2f} {s.compute_s:>8.2f} {s.tp_s + s.cp_s + s.dp_s + s.pp_s:>7.2f} {s.bubble_s:>7.2f} "
             f"{s.tokens_per_s:>12,.0f} {s.mfu:>6.1%} {days:>7.3g}"
         )
         lines.append(line + (f" {cost:>10,.0f}" if price else ""))
-    lines.append(f"{len(found)} layouts fit; comm = tensor parallel + exposed data parallel + pipeline sends")
+    lines.append(
+        f"{len(found)} layouts fit; comm = tensor parallel + context-parallel ring + exposed data parallel + pipeline sends"
+    )
     return "\n".join(lines)

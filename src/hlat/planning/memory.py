@@ -14,6 +14,10 @@ layer and micro-batch, divided by t under sequence parallel, times the micro-bat
 holds at once (1F1B: pp - stage, GPipe: all of them), plus on the last stage the final norm's
 tensors and the fp32 log-probabilities of one micro-batch. Under HSDP (parallel.dp_shard) what
 FSDP2 shards is divided by dp_shard, the ranks of one replica, not by dp.
+Context parallelism (parallel.cp): each cp rank holds seq_len/cp tokens of every activation, plus
+what hlat's ring attention keeps beyond fused attention's (ring_extra_elements_per_token) and, once
+per stage, the ring's buffers during a layer's backward (ring_buffer_bytes); FSDP2 shards over
+dp x cp ranks (hlat.parallel.mesh.fsdp_mesh).
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from hlat.accelerators import Accelerator
-from hlat.config.layout import Degrees, check_data_parallel, check_grad_accum, check_tensor_parallel, resolve_degrees
+from hlat.config.layout import (
+    Degrees,
+    check_context_parallel,
+    check_data_parallel,
+    check_grad_accum,
+    check_tensor_parallel,
+    resolve_degrees,
+)
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.dtensor import local_tensor
@@ -80,14 +91,48 @@ def activation_elements_per_token(model: ModelConfig, policy: str, every_other_m
     raise ValueError(f"unknown recompute policy {policy!r}")
 
 
-def activation_bytes_per_layer(cfg: RunConfig, tp: int) -> float:
-    """Bytes one block keeps per micro-batch on a rank (sequence parallel splits every tensor)."""
+def ring_extra_elements_per_token(model: ModelConfig, policy: str, cp: int) -> float:
+    """Elements per token of a cp rank that hlat's ring attention (hlat.model.ring_attention) keeps
+    beyond fused attention's, as tests/planning/test_context_parallel_plan.py measures them:
+    "none" saves K/V repeated to the query heads (grouped-query K/V are repeated before the ring)
+    and the output twice (the ring's, and its contiguous copy that wo saves); "op" saves every
+    chunk pair's kernel output and log-sum-exp, 2 cp + 1 pairs of half a rank's tokens each
+    (document masking skips pairs that share no document: this is the most); "full" keeps the
+    block input only."""
+    if cp == 1:
+        return 0.0
+    q, kv = model.n_heads * model.attn_head_dim, model.n_kv_heads * model.attn_head_dim
+    if policy == "none":
+        return 2 * (q - kv) + q
+    if policy == "op":
+        return ((2 * cp + 1) / 2 - 1) * (q + model.n_heads)
+    return 0.0
+
+
+def activation_bytes_per_layer(cfg: RunConfig, tp: int, cp: int = 1) -> float:
+    """Bytes one block keeps per micro-batch on a rank (sequence parallel splits every tensor over
+    tp; context parallel holds seq_len/cp tokens of each)."""
     model, par = cfg.model, cfg.parallel
     if tp > 1 and model.n_kv_heads % tp:  # KV heads replicated over the TP ranks: whole on each
         model = dataclasses.replace(model, n_kv_heads=model.n_kv_heads * tp)
     width = compute_dtype(cfg.precision.mode).itemsize
-    per = activation_elements_per_token(model, par.activation_checkpoint, par.recompute_every_other_mm)
-    return cfg.data.seq_len * cfg.train.micro_batch * per / tp * width
+    per = activation_elements_per_token(
+        model, par.activation_checkpoint, par.recompute_every_other_mm
+    ) + ring_extra_elements_per_token(model, par.activation_checkpoint, cp)
+    return cfg.data.seq_len // cp * cfg.train.micro_batch * per / tp * width
+
+
+def ring_buffer_bytes(cfg: RunConfig, tp: int, cp: int) -> float:
+    """The ring's working memory on a rank at its peak, one layer's backward (one layer at a time,
+    so counted once): the K/V stack it attends to and the one arriving, in the compute dtype, the
+    fp32 gradients travelling with each, and the fp32 query gradient; K/V at the query heads' width
+    (repeated before the ring), local heads under tp."""
+    if cp == 1:
+        return 0.0
+    q = cfg.model.n_heads * cfg.model.attn_head_dim / tp
+    width = compute_dtype(cfg.precision.mode).itemsize
+    tokens = cfg.data.seq_len // cp * cfg.train.micro_batch
+    return tokens * (2 * 2 * q * width + 2 * 2 * q * 4 + q * 4)
 
 
 def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
@@ -96,7 +141,8 @@ def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
     if degrees.tp > 1:
         check_tensor_parallel(cfg.model, degrees.tp)
     check_data_parallel(cfg.parallel.dp_sharding, degrees)
-    check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, degrees.dp)
+    check_context_parallel(degrees, cfg.parallel.dp_sharding, cfg.data.seq_len, cfg.parallel.activation_checkpoint)
+    check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, degrees.dp_cp)
     local = _local_numels(cfg.model, degrees)
     full = _meta_model(cfg.model)
     n_stages = degrees.pp * cfg.parallel.pp_stages_per_rank
@@ -173,9 +219,10 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, f
     elem = param_dtype(prec.mode).itemsize
     pp, dp = degrees.pp, degrees.dp
     accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
-    shards = degrees.dp_shard  # HSDP shards within a replica; zero1 and plain FSDP over all of dp
+    # HSDP shards within a replica; zero1 and plain FSDP over all of dp, and cp's ranks beside it
+    shards = degrees.dp_shard * degrees.cp
     optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
-    if sharding in ("zero2", "fsdp") and dp > 1:
+    if sharding in ("zero2", "fsdp") and degrees.dp_cp > 1:
         gathered_elem = 2 if prec.mode == "mixed" else elem  # MixedPrecisionPolicy gathers mixed's weights in bf16
         # zero2 keeps the gathered weights from forward through backward; fsdp between
         # micro-batches only without resharding after backward (always under a pipeline schedule).
@@ -202,9 +249,11 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees:
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
-    acts = activation_bytes_per_layer(cfg, tp) * len(layers) * (1 if pp == 1 else in_flight)
+    cp = degrees.cp
+    acts = activation_bytes_per_layer(cfg, tp, cp) * len(layers) * (1 if pp == 1 else in_flight)
+    acts += ring_buffer_bytes(cfg, tp, cp) if len(layers) else 0.0
     if index == n_stages - 1:
-        tokens = cfg.train.micro_batch * cfg.data.seq_len
+        tokens = cfg.train.micro_batch * cfg.data.seq_len // cp
         width = compute_dtype(cfg.precision.mode).itemsize
         acts += tokens * (3 * cfg.model.d_model * width + cfg.model.vocab_size * 4) / tp  # final norm, fp32 log-probs
     return StagePlan(index, layers, local, weights, grads, optimizer, acts)
@@ -213,7 +262,8 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees:
 def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[StagePlan]) -> str:
     lines = [
         f"{cfg.name} on {world} ranks: {degrees.describe()}, {cfg.parallel.dp_sharding}, "
-        f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}",
+        f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}"
+        + (f" ({cfg.data.seq_len // degrees.cp} tokens per cp rank)" if degrees.cp > 1 else ""),
         f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",
     ]
     for st in stages:

@@ -60,7 +60,7 @@ def format_switches(cfg: RunConfig, world: int, system: System) -> str:
         f"(d_model {cfg.model.d_model}){'' if record.float8 else '; this device has no float8 matmuls'}"
     )
     if prec.mode == "mixed":
-        micro = cfg.train.global_batch // max(1, world // (par.tp * par.pp)) // cfg.train.micro_batch
+        micro = cfg.train.global_batch // max(1, world // (par.tp * par.pp * par.cp)) // cfg.train.micro_batch
         casts = 1 if prec.bf16_weight_cache else micro
         lines.append(
             f"  bf16 weight casts per step: {casts} per weight ({micro} micro-batches"

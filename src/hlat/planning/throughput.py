@@ -22,6 +22,15 @@ Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
 - pipeline: each micro-batch sends its activations forward and their gradients back across each
   stage boundary, each TP rank its sequence-parallel slice (exposed whole); 1F1B's bubble idles (pp-1)/(m*v + pp-1) of the step for m
   micro-batches and v virtual stages per rank.
+- context parallel: each cp rank computes seq_len/cp tokens of each sequence (the FLOPs are the
+  same: the load-balanced ring runs causal attention's half), so sequence-parallel and pipeline
+  volumes are a cp rank's; the gradients are reduced over dp x cp ranks (FSDP2 shards over them).
+  Ring attention passes each layer's K/V (repeated to the query heads, local heads under tp) to
+  the next cp rank cp-1 times forward, cp-1 times again in backward with their fp32 gradients
+  cp times, and once more forward where the recompute replays attention ("op", "full"). Overlap
+  model: none; hlat's ring waits for each shift before the next chunk's attention, so the ring's
+  traffic is exposed whole (an implementation that overlaps a shift with the attention of the
+  chunk it holds hides up to that attention's time).
 Volumes use N / (tp x pp) parameters per rank. A group of ranks within one node (its span at the
 mesh's order, tp innermost, fits in the node) moves data at the intra-node bandwidth, otherwise at
 the chip's share of the network; an unknown intra-node bandwidth (0) counts that traffic as free.
@@ -65,6 +74,7 @@ class LayoutChoice:
     dp_shard: int
     micro_batch: int
     recompute: str
+    cp: int = 1
 
     @property
     def name(self) -> str:
@@ -73,7 +83,8 @@ class LayoutChoice:
             if self.dp_shard < self.dp
             else f"{self.sharding} {self.dp}"
         )
-        return f"tp {self.tp} x pp {self.pp} x {dp}"
+        cp = f" x cp {self.cp}" if self.cp > 1 else ""
+        return f"tp {self.tp}{cp} x pp {self.pp} x {dp}"
 
 
 @dataclass(frozen=True)
@@ -87,10 +98,11 @@ class StepTime:
     world: int
     model_flops_per_token: float
     peak_tflops: float
+    cp_s: float = 0.0  # ring attention's K/V shifts, exposed
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.tp_s + self.dp_s + self.pp_s + self.bubble_s
+        return self.compute_s + self.tp_s + self.cp_s + self.dp_s + self.pp_s + self.bubble_s
 
     @property
     def tokens_per_s(self) -> float:
@@ -108,7 +120,7 @@ _TP_PASSES = {"op": 10, "full": 12}
 
 def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
     par = cfg.parallel
-    dp = world // (par.tp * par.pp)
+    dp = world // (par.tp * par.pp * par.cp)
     shard = par.dp_shard or dp  # below dp: HSDP
     return LayoutChoice(
         tp=par.tp,
@@ -118,6 +130,7 @@ def layout_of(cfg: RunConfig, world: int) -> LayoutChoice:
         dp_shard=shard,
         micro_batch=cfg.train.micro_batch,
         recompute=par.activation_checkpoint,
+        cp=par.cp,
     )
 
 
@@ -183,12 +196,13 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     compute = executed * tokens / world / (system.peak_tflops * 1e12 * system.efficiency)
 
     width = compute_dtype(cfg.precision.mode).itemsize
-    activation = lay.micro_batch * seq * model.d_model * width  # one micro-batch's b x s x d
+    activation = lay.micro_batch * seq // lay.cp * model.d_model * width  # one micro-batch's b x s x d on a cp rank
     tp_s = 0.0
     if lay.tp > 1:
         passes = _TP_PASSES.get(lay.recompute, 8)  # gathers + scatters per block and micro-batch
         volume = passes * (lay.tp - 1) / lay.tp * activation * model.n_layers / lay.pp * micro
         tp_s = _seconds(volume, _bandwidth(system, lay.tp))
+    cp_s = micro * _ring_s(cfg, lay, system) * model.n_layers / lay.pp
     gather_s, reduce_s, after_s = _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp))
     # the last micro-batch's backward: the forward is a third of the FLOPs before recompute
     forward = (executed - recompute_flops_per_token(model, seq, lay.recompute, every_other_mm)) / 3
@@ -200,7 +214,19 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         # each TP rank sends its sequence-parallel slice of the activations
         pp_s = _seconds(2 * micro * virtual * activation / lay.tp, _bandwidth(system, 2 * lay.dp * lay.tp))
         bubble = (compute + tp_s) * (lay.pp - 1) / (micro * virtual)
-    return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops)
+    return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s)
+
+
+def _ring_s(cfg: RunConfig, lay: LayoutChoice, system: System) -> float:
+    """Seconds of one layer's ring attention shifts per micro-batch on a rank (see the module docstring)."""
+    if lay.cp == 1:
+        return 0.0
+    model = cfg.model
+    width = compute_dtype(cfg.precision.mode).itemsize
+    kv = 2 * lay.micro_batch * cfg.data.seq_len // lay.cp * model.n_heads * model.attn_head_dim / lay.tp
+    replays = 1 if lay.recompute in ("op", "full") else 0
+    volume = (2 + replays) * (lay.cp - 1) * kv * width + lay.cp * kv * 4
+    return _seconds(volume, _bandwidth(system, lay.cp * lay.tp))
 
 
 def _data_parallel_s(
@@ -208,24 +234,25 @@ def _data_parallel_s(
 ) -> tuple[float, float, float]:
     """Seconds of data-parallel traffic per step on a rank holding `local` parameters: (weight
     gathers beside the compute, the gradient reduction, zero1's gather after the optimizer step)."""
-    if lay.dp == 1:
+    ranks = lay.dp * lay.cp  # cp's ranks reduce their gradients beside dp's (hlat.parallel.mesh: dp_cp)
+    if ranks == 1:
         return 0.0, 0.0, 0.0
     prec = cfg.precision
     stored = param_dtype(prec.mode).itemsize
     gathered = 2 if prec.mode == "mixed" else stored  # mixed gathers its bf16 weights
     reduced = DTYPES[prec.reduce_dtype].itemsize if prec.mode == "mixed" else stored
-    whole = _bandwidth(system, lay.dp * lay.tp)
-    ring = (lay.dp - 1) / lay.dp
+    whole = _bandwidth(system, ranks * lay.tp)
+    ring = (ranks - 1) / ranks
     if lay.sharding in ("ddp", "zero1"):
         after = _seconds(ring * local * stored, whole) if lay.sharding == "zero1" else 0.0
         return 0.0, _seconds(2 * ring * local * reduced, whole), after
-    shard = lay.dp_shard
+    shard = lay.dp_shard * lay.cp  # HSDP (dp_shard < dp) is refused with cp
     kept = not cfg.parallel.reshard_after_backward or lay.pp > 1  # gathered once per step
     gathers = 1 if kept else micro * (1 if lay.sharding == "zero2" else 2)
     within = _bandwidth(system, shard * lay.tp)
     gather = _seconds((shard - 1) / shard * local * gathers * gathered, within)
     reduce = _seconds((shard - 1) / shard * local * reduced, within)
-    replicas = lay.dp // shard
+    replicas = lay.dp // lay.dp_shard
     across = _seconds(2 * (replicas - 1) / replicas * local / shard * reduced, whole) if replicas > 1 else 0.0
     return gather, reduce + across, 0.0
 
