@@ -56,14 +56,15 @@ def _ring_block_bytes(cfg: RunConfig, policy: str, cp: int) -> int:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("policy", ["none", "op", "full"])
+@pytest.mark.parametrize("policy", ["none", "selective", "op", "full"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_a_cp_ranks_activations_are_what_the_ring_keeps(policy: str, cp: int) -> None:
     cfg = _tiny("--train.micro_batch", "1", "--parallel.activation_checkpoint", policy)
     measured = _ring_block_bytes(cfg, policy, cp)
     planned = activation_bytes_per_layer(cfg, tp=1, cp=cp)
-    # the plan leaves out the norms' per-token rsqrt (2 elements of ~1,200 per token)
-    assert planned == pytest.approx(measured, rel=0.005)
+    # the plan leaves out the norms' per-token rsqrt (2 elements of ~1,200 per token); selective's
+    # plan is 0.5% under on one rank already (tests/planning/test_memory.py), 0.6% here
+    assert planned == pytest.approx(measured, rel=0.007 if policy == "selective" else 0.005)
     # and a cp rank holds less than one rank of the whole sequence
     assert planned < activation_bytes_per_layer(cfg, tp=1)
 
@@ -80,14 +81,15 @@ def _layout(cp=1, tp=1, dp=1, sharding="ddp", micro=8, recompute="none") -> Layo
 
 
 def test_ring_traffic_is_the_kv_shifts_of_every_layer_exposed_whole() -> None:
-    """Per layer and micro-batch a cp rank sends its K/V [2, b, heads, s/cp, head_dim] (4 query
-    heads: the 2 KV heads repeated) cp-1 times forward, cp-1 times in backward beside their fp32
-    gradients cp times, and cp-1 times more where the recompute replays the forward."""
+    """Per layer and micro-batch a cp rank sends its K/V [2, b, kv heads, s/cp, head_dim] (the 2
+    grouped-query heads, not the 4 query heads) cp-1 times forward, cp-1 times in backward beside
+    their fp32 gradients cp times, and cp-1 times more where full recompute replays the forward."""
     cfg = _tiny()  # fp32, 4 layers, 8 sequences of 64 tokens per step
     for cp, micro in ((2, 8), (4, 4)):
-        kv_bytes = 2 * micro * (SEQ // cp) * 4 * 16 * 4
+        kv_bytes = 2 * micro * (SEQ // cp) * 2 * 16 * 4
         micro_batches, layers = 8 // micro, 4
-        shifts = {"none": 2 * (cp - 1) + cp, "op": 3 * (cp - 1) + cp, "full": 3 * (cp - 1) + cp}
+        once = 2 * (cp - 1) + cp
+        shifts = {"none": once, "selective": once, "op": once, "full": 3 * (cp - 1) + cp}
         for policy, n in shifts.items():
             step = step_time(cfg, cp, SYSTEM, _layout(cp=cp, micro=micro, recompute=policy))
             assert step.cp_s == pytest.approx(n * kv_bytes * layers * micro_batches / 100e9)
@@ -128,8 +130,8 @@ def test_state_is_sharded_over_dp_x_cp() -> None:
 def test_a_plan_refuses_what_training_refuses() -> None:
     with pytest.raises(ConfigError, match="data.seq_len: 64 does not cut into 2 x parallel.cp=3"):
         plan(_tiny("--parallel.cp", "3"), 3)
-    with pytest.raises(ConfigError, match="selective is not supported with cp=2"):
-        plan(_tiny("--parallel.cp", "2", "--parallel.activation_checkpoint", "selective"), 2)
+    with pytest.raises(ConfigError, match="zero1 is not supported with cp=2"):
+        plan(_tiny("--parallel.cp", "2", "--parallel.dp_sharding", "zero1"), 4)
 
 
 def test_search_includes_cp_and_skips_the_layouts_training_refuses() -> None:
@@ -137,10 +139,8 @@ def test_search_includes_cp_and_skips_the_layouts_training_refuses() -> None:
     found = search(cfg, 4, SYSTEM)
     with_cp = [c.layout for c in found if c.layout.cp > 1]
     assert {c.layout.cp for c in found} == {1, 2, 4}
-    assert all(
-        lay.pp == 1 and lay.recompute != "selective" and lay.sharding != "zero1" and lay.dp_shard == lay.dp
-        for lay in with_cp
-    )
+    assert all(lay.pp == 1 and lay.sharding != "zero1" for lay in with_cp)
+    assert any(lay.recompute == "selective" for lay in with_cp)  # selective composes with cp
     assert "tp 1 x cp 2 x pp 1 x fsdp 2" in {lay.name for lay in with_cp}
     for lay in with_cp:  # the search's overrides give a config training accepts on that many ranks
         load_config("tiny", None, [*TINY, *overrides(lay)], world=4)
@@ -198,11 +198,12 @@ def test_the_documented_long_context_commands_load_and_plan() -> None:
 
 def test_a_stage_adds_the_rings_buffers_once() -> None:
     """Beside every layer's saved tensors, one layer's backward holds the K/V stack it attends to
-    and the one arriving, their fp32 gradients and the fp32 query gradient (fp32 run: all 4 bytes)."""
+    and the one arriving (2 grouped-query heads), their fp32 gradients, the fp32 query gradient
+    and the K/V repeated to the 4 query heads for the kernel (fp32 run: all 4 bytes)."""
     cfg = _tiny("--parallel.cp", "2", "--parallel.dp_sharding", "fsdp")  # 8 rows of 64 tokens, 4 layers
     _, (stage,) = plan(cfg, 2)
-    tokens, q = 8 * SEQ // 2, 4 * 16
-    buffers = tokens * (2 * 2 * q * 4 + 2 * 2 * q * 4 + q * 4)
+    tokens, q, kv = 8 * SEQ // 2, 4 * 16, 2 * 16
+    buffers = tokens * (2 * 2 * kv * 4 + 2 * 2 * kv * 4 + q * 4 + 2 * q * 4)
     last = tokens * (3 * 64 * 4 + 4096 * 4)  # the final norm's tensors and fp32 log-probabilities
     assert stage.activations == pytest.approx(activation_bytes_per_layer(cfg, 1, 2) * 4 + buffers + last)
 
@@ -229,7 +230,7 @@ def _ring_bytes_sent(cfg: RunConfig, policy: str, cp: int) -> int:
     return sum(sent)
 
 
-@pytest.mark.parametrize("policy", ["none", "op", "full"])
+@pytest.mark.parametrize("policy", ["none", "selective", "op", "full"])
 @pytest.mark.parametrize("cp", [2, 4])
 def test_the_planned_ring_traffic_is_what_the_ring_sends(policy: str, cp: int) -> None:
     cfg = _tiny("--parallel.activation_checkpoint", policy)  # 8 rows in one micro-batch, 4 layers

@@ -83,7 +83,7 @@ def _variants(
                 try:
                     degrees = resolve_degrees(variant.parallel, world)
                     check_data_parallel(variant.parallel.dp_sharding, degrees)
-                    check_context_parallel(degrees, variant.parallel.dp_sharding, cfg.data.seq_len, recompute)
+                    check_context_parallel(degrees, variant.parallel.dp_sharding, cfg.data.seq_len)
                     check_grad_accum(variant.precision, variant.parallel.dp_sharding, degrees.dp_cp)
                 except ConfigError:
                     continue

@@ -93,20 +93,13 @@ def activation_elements_per_token(model: ModelConfig, policy: str, every_other_m
 
 def ring_extra_elements_per_token(model: ModelConfig, policy: str, cp: int) -> float:
     """Elements per token of a cp rank that hlat's ring attention (hlat.model.ring_attention) keeps
-    beyond fused attention's, as tests/planning/test_context_parallel_plan.py measures them:
-    "none" saves K/V repeated to the query heads (grouped-query K/V are repeated before the ring)
-    and the output twice (the ring's, and its contiguous copy that wo saves); "op" saves every
-    chunk pair's kernel output and log-sum-exp, 2 cp + 1 pairs of half a rank's tokens each
-    (document masking skips pairs that share no document: this is the most); "full" keeps the
-    block input only."""
-    if cp == 1:
+    beyond fused attention's, as tests/planning/test_context_parallel_plan.py measures them. The
+    ring is one operator that saves what fused attention saves (q, grouped-query K/V with their own
+    heads, the output, the log-sum-exp), so only "selective" keeps more: it saves the ring's output
+    and log-sum-exp rather than replaying the ring in backward, where it recomputes fused attention."""
+    if cp == 1 or policy != "selective":
         return 0.0
-    q, kv = model.n_heads * model.attn_head_dim, model.n_kv_heads * model.attn_head_dim
-    if policy == "none":
-        return 2 * (q - kv) + q
-    if policy == "op":
-        return ((2 * cp + 1) / 2 - 1) * (q + model.n_heads)
-    return 0.0
+    return model.n_heads * model.attn_head_dim + model.n_heads
 
 
 def activation_bytes_per_layer(cfg: RunConfig, tp: int, cp: int = 1) -> float:
@@ -124,15 +117,16 @@ def activation_bytes_per_layer(cfg: RunConfig, tp: int, cp: int = 1) -> float:
 
 def ring_buffer_bytes(cfg: RunConfig, tp: int, cp: int) -> float:
     """The ring's working memory on a rank at its peak, one layer's backward (one layer at a time,
-    so counted once): the K/V stack it attends to and the one arriving, in the compute dtype, the
-    fp32 gradients travelling with each, and the fp32 query gradient; K/V at the query heads' width
-    (repeated before the ring), local heads under tp."""
+    so counted once): the K/V stack it attends to and the one arriving, in the compute dtype (with
+    their own grouped-query heads), the fp32 gradients travelling with each, the fp32 query
+    gradient, and the K/V repeated to the query heads for the kernel; local heads under tp."""
     if cp == 1:
         return 0.0
-    q = cfg.model.n_heads * cfg.model.attn_head_dim / tp
+    model = cfg.model
+    q, kv = model.n_heads * model.attn_head_dim / tp, max(model.n_kv_heads // tp, 1) * model.attn_head_dim
     width = compute_dtype(cfg.precision.mode).itemsize
     tokens = cfg.data.seq_len // cp * cfg.train.micro_batch
-    return tokens * (2 * 2 * q * width + 2 * 2 * q * 4 + q * 4)
+    return tokens * (2 * 2 * kv * width + 2 * 2 * kv * 4 + q * 4 + 2 * q * width)
 
 
 def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
@@ -141,7 +135,7 @@ def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
     if degrees.tp > 1:
         check_tensor_parallel(cfg.model, degrees.tp)
     check_data_parallel(cfg.parallel.dp_sharding, degrees)
-    check_context_parallel(degrees, cfg.parallel.dp_sharding, cfg.data.seq_len, cfg.parallel.activation_checkpoint)
+    check_context_parallel(degrees, cfg.parallel.dp_sharding, cfg.data.seq_len)
     check_grad_accum(cfg.precision, cfg.parallel.dp_sharding, degrees.dp_cp)
     local = _local_numels(cfg.model, degrees)
     full = _meta_model(cfg.model)

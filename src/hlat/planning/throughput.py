@@ -25,9 +25,10 @@ Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
 - context parallel: each cp rank computes seq_len/cp tokens of each sequence (the FLOPs are the
   same: the load-balanced ring runs causal attention's half), so sequence-parallel and pipeline
   volumes are a cp rank's; the gradients are reduced over dp x cp ranks (FSDP2 shards over them).
-  Ring attention passes each layer's K/V (repeated to the query heads, local heads under tp) to
+  Ring attention passes each layer's K/V (their own grouped-query heads, local heads under tp) to
   the next cp rank cp-1 times forward, cp-1 times again in backward with their fp32 gradients
-  cp times, and once more forward where the recompute replays attention ("op", "full"). Overlap
+  cp times, and once more forward where full recompute replays the ring (the other policies save
+  its output: it is one operator). Overlap
   model: none; hlat's ring waits for each shift before the next chunk's attention, so the ring's
   traffic is exposed whole (an implementation that overlaps a shift with the attention of the
   chunk it holds hides up to that attention's time).
@@ -223,8 +224,9 @@ def _ring_s(cfg: RunConfig, lay: LayoutChoice, system: System) -> float:
         return 0.0
     model = cfg.model
     width = compute_dtype(cfg.precision.mode).itemsize
-    kv = 2 * lay.micro_batch * cfg.data.seq_len // lay.cp * model.n_heads * model.attn_head_dim / lay.tp
-    replays = 1 if lay.recompute in ("op", "full") else 0
+    heads = max(model.n_kv_heads // lay.tp, 1)  # grouped-query K/V travel with their own heads
+    kv = 2 * lay.micro_batch * cfg.data.seq_len // lay.cp * heads * model.attn_head_dim
+    replays = 1 if lay.recompute == "full" else 0
     volume = (2 + replays) * (lay.cp - 1) * kv * width + lay.cp * kv * 4
     return _seconds(volume, _bandwidth(system, lay.cp * lay.tp))
 
@@ -246,7 +248,7 @@ def _data_parallel_s(
     if lay.sharding in ("ddp", "zero1"):
         after = _seconds(ring * local * stored, whole) if lay.sharding == "zero1" else 0.0
         return 0.0, _seconds(2 * ring * local * reduced, whole), after
-    shard = lay.dp_shard * lay.cp  # HSDP (dp_shard < dp) is refused with cp
+    shard = lay.dp_shard * lay.cp  # FSDP2 shards over dp_shard x cp (HSDP replicates the rest)
     kept = not cfg.parallel.reshard_after_backward or lay.pp > 1  # gathered once per step
     gathers = 1 if kept else micro * (1 if lay.sharding == "zero2" else 2)
     within = _bandwidth(system, shard * lay.tp)
