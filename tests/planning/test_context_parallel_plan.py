@@ -5,9 +5,11 @@ and the documented long-context recipe."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import shlex
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -39,8 +41,9 @@ def _tiny(*extra: str) -> RunConfig:
     return load_config("tiny", None, [*TINY, *extra])
 
 
-def _ring_block_bytes(cfg: RunConfig, policy: str, cp: int) -> int:
-    """Bytes one block keeps for backward on cp rank 0 of `cp`, its ring over a fake group."""
+@contextlib.contextmanager
+def _one_ring_block(cfg: RunConfig, policy: str, cp: int) -> Iterator[Callable[[], torch.Tensor]]:
+    """A function running one block's forward on cp rank 0 of `cp` (one row), its ring over a fake group."""
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 
     one = build_model(dataclasses.replace(cfg.model, n_layers=1, max_seq_len=SEQ))
@@ -51,9 +54,15 @@ def _ring_block_bytes(cfg: RunConfig, policy: str, cp: int) -> int:
     dist.init_process_group("fake", rank=0, world_size=cp, store=FakeStore())
     try:
         ring = RingContext(dist.group.WORLD, 0, cp)
-        return bytes_saved_for_backward(lambda: one.layers["0"](x.clone(), cos, sin, ring))
+        yield lambda: one.layers["0"](x.clone(), cos, sin, ring)
     finally:
         dist.destroy_process_group()
+
+
+def _ring_block_bytes(cfg: RunConfig, policy: str, cp: int) -> int:
+    """Bytes one block keeps for backward on cp rank 0 of `cp`."""
+    with _one_ring_block(cfg, policy, cp) as forward:
+        return bytes_saved_for_backward(forward)
 
 
 @pytest.mark.parametrize("policy", ["none", "selective", "op", "full"])
@@ -210,23 +219,15 @@ def test_a_stage_adds_the_rings_buffers_once() -> None:
 
 def _ring_bytes_sent(cfg: RunConfig, policy: str, cp: int) -> int:
     """Bytes cp rank 0 sends around the ring in one block's forward and backward (one row)."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
     from hlat.model import ring_attention
 
     sent: list[int] = []
     shift = ring_attention._shift
-    one = build_model(dataclasses.replace(cfg.model, n_layers=1, max_seq_len=SEQ))
-    apply_activation_checkpoint(one, policy, False)
-    positions = shard_sequence(torch.arange(SEQ)[None], 0, cp)[0]
-    cos, sin = one.rope_cos[None, positions, None], one.rope_sin[None, positions, None]
-    x = torch.randn(1, SEQ // cp, cfg.model.d_model, requires_grad=True)
-    dist.init_process_group("fake", rank=0, world_size=cp, store=FakeStore())
-    try:
-        with mock.patch.object(ring_attention, "_shift", lambda t, ctx: sent.append(t.nbytes) or shift(t, ctx)):
-            one.layers["0"](x, cos, sin, RingContext(dist.group.WORLD, 0, cp)).sum().backward()
-    finally:
-        dist.destroy_process_group()
+    with (
+        _one_ring_block(cfg, policy, cp) as forward,
+        mock.patch.object(ring_attention, "_shift", lambda t, ctx: sent.append(t.nbytes) or shift(t, ctx)),
+    ):
+        forward().sum().backward()
     return sum(sent)
 
 
