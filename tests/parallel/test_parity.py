@@ -55,6 +55,7 @@ FOUR = [
     Case(cp=4),
     Case(cp=4, variant="documents"),
     Case(cp=2, tp=2, dp_sharding="zero2"),  # ring attention over each rank's tp shard of the heads
+    Case(cp=2, tp=2, dp_sharding="zero2", variant="documents"),  # ... with document masking
     Case(dp=2, cp=2, dp_sharding="fsdp"),  # FSDP2 over dp and cp flattened
     # HSDP x CP: 2 replicas, each FSDP2 over dp_shard 1 x cp 2
     Case(dp=2, dp_replicate=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
