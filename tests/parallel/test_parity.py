@@ -63,6 +63,10 @@ FOUR = [
     Case(pp=2, dp=2, dp_sharding="zero2"),
     Case(pp=2, dp=2, dp_sharding="fsdp", recompute="selective"),
     Case(pp=2, tp=2),
+    Case(pp=2, cp=2, dp_sharding="zero2"),  # each pipeline stage's ring over its cp ranks
+    # ... each micro-batch's whole rows' documents given to its stages' rings
+    Case(pp=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
+    Case(pp=2, cp=2, dp_sharding="zero2", schedule="interleaved-1f1b", stages_per_rank=2),
     Case(tp=4),  # tp 4 > 2 KV heads: KV projections replicated
     Case(tp=4, variant="bias"),  # ... with their biases
     Case(dp=2, tp=2, dp_sharding="fsdp", variant="tied"),
