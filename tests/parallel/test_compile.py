@@ -148,8 +148,16 @@ def test_failed_probe_falls_back_with_one_warning(compiling, monkeypatch, small_
 # test_golden.py checks step by step. (With inductor the scenario took 34-40 s of the shared
 # launch from an empty compiler cache, 7 s with aot_eager; run with inductor it matched too:
 # losses 1e-7 relative, weights 7e-6 apart.) Tensor-parallel layouts run eager
-# (test_tensor_parallel_runs_eager).
-COMPILED = [Case(dp=2, dp_sharding="fsdp", recompute="selective"), Case(pp=2, recompute="op")]
+# (test_tensor_parallel_runs_eager). Context parallel: the ring operator (hlat::ring_attention)
+# inside the compiled block, captured by its fake implementations (their strides must be the real
+# outputs'), with and without selective recompute saving its output (run with inductor it matched
+# too: losses 1e-7 relative, weights 9e-6 apart; 49 s from an empty compiler cache).
+COMPILED = [
+    Case(dp=2, dp_sharding="fsdp", recompute="selective"),
+    Case(pp=2, recompute="op"),
+    Case(cp=2),
+    Case(cp=2, recompute="selective", variant="documents"),
+]
 SCENARIOS = [
     next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the eager reference
     Scenario(
@@ -162,7 +170,7 @@ SCENARIOS = [
 
 
 def test_compiled_layouts_match_eager_single_process(scenarios):
-    reference = {"": results(scenarios.path("parity-1"), REFERENCES[""])}
+    reference = {variant: results(scenarios.path("parity-1"), REFERENCES[variant]) for variant in ("", "documents")}
     for case in COMPILED:
         assert results(scenarios.path("parity-compiled-2"), case)[0]["graphs"] > 0, f"{case.id}: nothing was compiled"
         check(reference, scenarios.path("parity-compiled-2"), case)

@@ -55,6 +55,7 @@ FOUR = [
     Case(cp=4),
     Case(cp=4, variant="documents"),
     Case(cp=2, tp=2, dp_sharding="zero2"),  # ring attention over each rank's tp shard of the heads
+    Case(cp=2, tp=2, dp_sharding="zero2", variant="documents"),  # ... with document masking
     Case(dp=2, cp=2, dp_sharding="fsdp"),  # FSDP2 over dp and cp flattened
     # HSDP x CP: 2 replicas, each FSDP2 over dp_shard 1 x cp 2
     Case(dp=2, dp_replicate=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
@@ -62,6 +63,10 @@ FOUR = [
     Case(pp=2, dp=2, dp_sharding="zero2"),
     Case(pp=2, dp=2, dp_sharding="fsdp", recompute="selective"),
     Case(pp=2, tp=2),
+    Case(pp=2, cp=2, dp_sharding="zero2"),  # each pipeline stage's ring over its cp ranks
+    # ... each micro-batch's whole rows' documents given to its stages' rings
+    Case(pp=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
+    Case(pp=2, cp=2, dp_sharding="zero2", schedule="interleaved-1f1b", stages_per_rank=2),
     Case(tp=4),  # tp 4 > 2 KV heads: KV projections replicated
     Case(tp=4, variant="bias"),  # ... with their biases
     Case(dp=2, tp=2, dp_sharding="fsdp", variant="tied"),

@@ -103,7 +103,7 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
 
 def check_context_parallel(degrees: Degrees, sharding: str, seq_len: int | None = None) -> None:
     """What context parallelism supports: rows that cut into 2*cp equal chunks (causal load
-    balancing, hlat.model.ring_attention), without pipeline parallelism or ZeRO-1.
+    balancing, hlat.model.ring_attention), without ZeRO-1.
     seq_len None: the data's rules are not asked (the model builder does not know them)."""
     cp = degrees.cp
     if cp == 1:
@@ -116,8 +116,6 @@ def check_context_parallel(degrees: Degrees, sharding: str, seq_len: int | None 
                 f"{seq_len} does not cut into 2 x parallel.cp={cp} equal chunks; use a multiple of {2 * cp}",
             )
         )
-    if degrees.pp > 1:
-        problems.append(("parallel.cp", f"cp={cp} is not supported with pp={degrees.pp}; set one of them to 1"))
     if sharding == "zero1":
         problems.append(("parallel.dp_sharding", f"zero1 is not supported with cp={cp}; use ddp, zero2 or fsdp"))
     if problems:

@@ -7,6 +7,7 @@ are read from tensor shapes at runtime, so sharding heads across ranks needs no 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ from torch import nn
 from hlat.config.model import ModelConfig
 from hlat.model.attention import AttentionMask, document_mask, sdpa
 from hlat.model.kv_cache import KVCache, LayerKV
+from hlat.model.ring_attention import RingContext
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -259,7 +261,9 @@ class Llama(nn.Module):
         cache: keys and values of earlier calls (incremental decoding), extended by this one; then
         `positions` and `attn_mask` ([B, 1, T, cached + T]) are required.
         doc_ids: [B, T] document numbers instead of attn_mask: the causal same-document mask is built
-        here, on the run's backend (how a pipeline stage gets it: tensors split into micro-batches).
+        here, on the run's backend (how a pipeline stage gets it: tensors split into micro-batches);
+        with a RingContext as attn_mask (context parallelism in a pipeline), the whole rows' ids put
+        into the ring.
         On a later pipeline stage (embeds_tokens false), `tokens` are the incoming hidden states.
         """
         if cache is not None and (positions is None or attn_mask is None):
@@ -269,9 +273,12 @@ class Llama(nn.Module):
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
         if doc_ids is not None:
-            if attn_mask is not None:
+            if isinstance(attn_mask, RingContext):  # a pipeline stage's ring: its micro-batch's whole rows
+                attn_mask = dataclasses.replace(attn_mask, doc_ids=doc_ids)
+            elif attn_mask is not None:
                 raise ValueError("pass attn_mask or doc_ids, not both")
-            attn_mask = document_mask(doc_ids)
+            else:
+                attn_mask = document_mask(doc_ids)
         if isinstance(attn_mask, torch.Tensor) and attn_mask.dtype != torch.bool:
             raise TypeError(f"attn_mask must be bool (True = may attend), got {attn_mask.dtype}")
         h = self.tok_embeddings(tokens) if self.embeds_tokens else tokens

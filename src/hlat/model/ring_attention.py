@@ -150,9 +150,12 @@ def _ring_forward(
     return out, torch.cat(lses, dim=2)
 
 
+# The fake implementations give the real outputs' strides, not their inputs' (empty_like would):
+# a compiled graph views the outputs by the strides its fakes had, and a view fails on other ones.
 @_ring_forward.register_fake
 def _(q, k, v, doc_ids, group_name, rank, size, scale):  # type: ignore[no-untyped-def]
-    return torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    b, h, t, d = q.shape
+    return q.new_empty(b, t, h, d).transpose(1, 2), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
 @torch.library.custom_op("hlat::ring_attention_backward", mutates_args=())
@@ -197,7 +200,7 @@ def _ring_backward(
 
 @_ring_backward.register_fake
 def _(grad_out, q, k, v, out, lse, doc_ids, group_name, rank, size, scale):  # type: ignore[no-untyped-def]
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as returned
 
 
 def _setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,8 +132,10 @@ class ParallelModel:
         if self.layout.cp == 1:
             return model(batch.tokens, positions=batch.positions, attn_mask=batch.attn_mask), batch.labels
         mine = shard_batch(batch, self.layout.cp_rank, self.layout.cp)
-        ring = RingContext(self.layout.group("cp"), self.layout.cp_rank, self.layout.cp, batch.doc_ids)
-        return model(mine.tokens, positions=mine.positions, attn_mask=ring), mine.labels
+        return model(mine.tokens, positions=mine.positions, attn_mask=self._ring(batch.doc_ids)), mine.labels
+
+    def _ring(self, doc_ids: torch.Tensor | None) -> RingContext:
+        return RingContext(self.layout.group("cp"), self.layout.cp_rank, self.layout.cp, doc_ids)
 
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
         self._loss_scale[:] = [scale]
@@ -142,7 +145,7 @@ class ParallelModel:
             self.schedule.step(*args, **kwargs)
         if not losses:
             return torch.zeros((), device=device)
-        return torch.stack([full_tensor(x.detach()) for x in losses]).sum() / self.layout.dp
+        return torch.stack([full_tensor(x.detach()) for x in losses]).sum() / self.layout.degrees.dp_cp
 
     @torch.no_grad()
     def validation_loss(self, batches: Sequence[Batch]) -> float:
@@ -177,13 +180,24 @@ class ParallelModel:
 
     def _schedule_io(self, batches: Sequence[Batch], losses: list[torch.Tensor]) -> tuple[tuple, dict]:
         """A schedule's inputs on this rank: tokens to the first stage, targets to the last, and
-        with document masking positions and document ids to every stage (each builds its mask)."""
+        with document masking positions and document ids to every stage (each builds its mask).
+        With context parallelism this cp rank's chunks of tokens, targets and positions, and to
+        every stage the ring (replicated over micro-batches) with the whole rows' document ids,
+        which the stage puts into its micro-batch's ring (hlat.model.llama)."""
+        documents, ring = batches[0].doc_ids is not None, self.layout.cp > 1
+        if ring:
+            batches = [
+                dataclasses.replace(shard_batch(b, self.layout.cp_rank, self.layout.cp), doc_ids=b.doc_ids)
+                for b in batches
+            ]
         args = (torch.cat([b.tokens for b in batches]),) if self.is_first_stage else ()
         kwargs: dict[str, Any] = {}
-        if batches[0].doc_ids is not None:
-            kwargs.update(
-                positions=torch.cat([b.positions for b in batches]), doc_ids=torch.cat([b.doc_ids for b in batches])
-            )
+        if documents or ring:
+            kwargs.update(positions=torch.cat([b.positions for b in batches]))
+        if documents:
+            kwargs.update(doc_ids=torch.cat([b.doc_ids for b in batches]))
+        if ring:
+            kwargs.update(attn_mask=self._ring(None))
         if self.is_last_stage:
             kwargs.update(target=torch.cat([b.labels for b in batches]), losses=losses)
         return args, kwargs

@@ -6,7 +6,7 @@ or HSDP (fsdp sharded within a node, replicated across: parallel.dp_shard), micr
 of two dividing the per-rank batch) and recompute policy. Memory is the dry-run plan's (hlat.planning.memory), which builds the
 model once and tensor-parallelises it once per tp; each (tp, pp) is cut from it and each variant
 re-priced from its stages' parameter counts; layouts hlat refuses (ddp or zero1 with tp or pp, a
-tp the heads do not allow, cp with pp, HSDP, zero1, selective recompute or a seq_len that does
+tp the heads do not allow, HSDP, zero1, selective recompute or a seq_len that does
 not cut into 2 x cp chunks: hlat.config.layout's rules) are skipped.
 """
 
@@ -67,7 +67,8 @@ def _variants(
         shard = _hsdp_shard(system, tp, dp) if sharding == "hsdp" else dp
         if shard is None:
             continue
-        for micro in (m for m in (1, 2, 4, 8, 16, 32) if not per_rank % m):
+        # a pipeline needs at least pp micro-batches per step (hlat.config.run refuses fewer)
+        for micro in (m for m in (1, 2, 4, 8, 16, 32) if not per_rank % m and per_rank // m >= pp):
             for recompute in choices(ParallelConfig, "activation_checkpoint"):
                 variant = _with(
                     cfg,
