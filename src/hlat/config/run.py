@@ -101,7 +101,7 @@ class RunConfig:
             raise ConfigError(problems)
 
     def elastic_problems(self) -> list[tuple[str, str]]:
-        """An elastic group is one process, or FSDP2 or TP over its ranks (no PP, CP or HSDP inside it
+        """An elastic group is one process, or FSDP2, TP or PP over its ranks (no CP or HSDP inside it
         yet), and splits the global batch into elastic.max_groups shares."""
         el, batch, micro = self.elastic, self.train.global_batch, self.train.micro_batch
         if not el.enabled or el.max_groups < 1 or micro < 1:
@@ -116,11 +116,11 @@ class RunConfig:
                 )
             )
         par = self.parallel
-        if (par.pp, par.cp, par.dp_shard) != (1, 1, 0):
+        if (par.cp, par.dp_shard) != (1, 0):
             problems.append(
                 (
                     "elastic.enabled",
-                    "a replica group runs FSDP2 or TP over its ranks only: set parallel.pp and cp to 1 "
+                    "a replica group runs FSDP2, TP or PP over its ranks only: set parallel.cp to 1 "
                     "and parallel.dp_shard to 0",
                 )
             )
@@ -134,15 +134,17 @@ class RunConfig:
         return problems
 
     def _elastic_group_problems(self, world: int, dp: int) -> list[tuple[str, str]]:
-        """A replica group of `world` processes: FSDP2 over them, or tp over all of them (what is tested;
-        not both yet), each share's micro-batches dealt evenly over its `dp` data-parallel ranks."""
+        """A replica group of `world` processes: FSDP2, tp or pp over all of them (what is tested; no two
+        of them yet), each share's micro-batches dealt evenly over its `dp` data-parallel ranks."""
         problems = []
-        if self.parallel.tp > 1 and dp > 1:
+        degrees = {"dp": dp, "tp": self.parallel.tp, "pp": self.parallel.pp}
+        if sum(d > 1 for d in degrees.values()) > 1:
+            mixed = " x ".join(f"{name} {d}" for name, d in degrees.items() if d > 1)
             problems.append(
                 (
-                    "parallel.tp",
-                    f"tp {self.parallel.tp} with {dp} data-parallel ranks inside a replica group is not supported yet: "
-                    f"set --parallel.tp {world} (tp over the whole group) or 1 (FSDP2 over it)",
+                    "parallel.tp" if self.parallel.tp > 1 else "parallel.pp",
+                    f"{mixed} inside a replica group is not supported yet: run FSDP2 (--parallel.dp_sharding "
+                    f"fsdp), --parallel.tp {world} or --parallel.pp {world} over the whole group",
                 )
             )
         if dp > 1 and self.parallel.dp_sharding != "fsdp":
