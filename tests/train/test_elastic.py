@@ -183,13 +183,21 @@ def test_elastic_config_problems_name_the_field():
     cfg.recovery.nonfinite, cfg.train.global_batch = "skip", 6
     cfg.elastic.lighthouse, cfg.elastic.group = "http://localhost:29510", "0"
     cfg.validate()
-    # a group of several processes: FSDP2 over them (tested: tests/train/test_elastic_groups.py), each
-    # share's micro-batches dealt evenly over its ranks; TP (or PP, CP, HSDP) inside a group is refused
+    # a group of several processes: FSDP2, TP or PP over them (tested: tests/train/test_elastic_groups.py),
+    # each share's micro-batches dealt evenly over its dp ranks; tp x FSDP2, pp x FSDP2, CP, HSDP are refused
     assert [field for field, _ in cfg.layout_problems(2)] == ["parallel.dp_sharding"]
+    cfg.parallel.tp = 2
+    assert cfg.layout_problems(2) == []  # tp over the group: one dp rank, no sharding to choose
     cfg.parallel.dp_sharding = "fsdp"
+    assert [field for field, _ in cfg.layout_problems(4)] == ["parallel.tp"]  # tp 2 x FSDP2 2: not yet
+    cfg.parallel.tp, cfg.parallel.pp = 1, 2
+    assert cfg.layout_problems(2) == []  # pp over the group
+    assert [field for field, _ in cfg.layout_problems(4)] == ["parallel.pp"]  # pp 2 x FSDP2 2: not yet
+    cfg.parallel.pp = 1
+    cfg.parallel.tp = 1
     assert cfg.layout_problems(2) == []
     assert [field for field, _ in cfg.layout_problems(3)] == ["train.global_batch"]  # 6 = 3 shares x 2, not x 3
-    cfg.parallel.tp = 2
+    cfg.parallel.cp = 2
     with pytest.raises(ConfigError) as err:
         cfg.validate()
     assert [field for field, _ in err.value.problems] == ["elastic.enabled"]

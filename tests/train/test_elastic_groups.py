@@ -3,8 +3,10 @@ torchrun job running FSDP2 over its ranks, on gloo on one machine, with the ligh
 process. One rank of a group killed (SIGKILL) mid-run takes its group down (torchrun ends the
 other rank); the survivors go on in the same processes, the group restarted two steps later
 rejoins, each rank from the same rank of the live group; every (step, share) of the data order is
-trained exactly once, on the same tokens as an uninterrupted run, to the same weights. Not
-tested: several machines, NCCL, TP/PP/CP/HSDP inside a group, real node failures.
+trained exactly once, on the same tokens as an uninterrupted run, to the same weights. Beside
+them, uninterrupted, two groups of tp 2 and one group of pp 2 holding both shares train the same
+tokens to the same losses and weights. Not tested: several machines, NCCL, tp or pp x FSDP2,
+CP/HSDP inside a group, a tp or pp group killed, real node failures.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ ELASTIC = [
 ]  # fmt: skip
 
 
-def start_group(corpus: Path, run: Path, server, group: int, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC)
-    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group), "--elastic.min_groups", "1"]
+def start_group(corpus: Path, run: Path, server, group: int, *extra: str, min_groups: int = 1, **env: str):
+    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
+    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
+    args += ["--elastic.min_groups", str(min_groups)]
     log = run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log"
     return start_torchrun(RANKS, ["-m", "hlat", "train", *args], log, env)
 
@@ -68,12 +71,25 @@ def wait(proc, run: Path) -> None:
 
 def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_path):
     wait_for_shared_launch()
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    straight.mkdir()
-    faulty.mkdir()
+    straight, faulty, tp, pp = (tmp_path / name for name in ("straight", "faulty", "tp", "pp"))
+    for run in (straight, faulty, tp, pp):
+        run.mkdir()
     # the uninterrupted run: one group of two ranks holding both shares, at a lighthouse of its own
-    alone, shared = lighthouse(1), lighthouse(1)
+    alone, shared, both, alone_pp = lighthouse(1), lighthouse(1), lighthouse(GROUPS), lighthouse(1)
     reference = start_group(small_corpus, straight, alone, 0)
+    # beside it, uninterrupted too: two groups each running tp over its two ranks, both present every
+    # step, and one group of pp 2 holding both shares (a schedule step per share)
+    others = {
+        proc: run
+        for run, server, flag, groups in (
+            (tp, both, "tp", GROUPS),
+            (pp, alone_pp, "pp", 1),
+        )
+        for proc in [
+            start_group(small_corpus, run, server, g, f"--parallel.{flag}", str(RANKS), min_groups=groups)
+            for g in range(groups)
+        ]
+    }
     hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS}"}  # both at step 1, and again at KILL + 2
     fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
     procs = [start_group(small_corpus, faulty, shared, g, **hold, **(fault if g == 1 else {})) for g in range(GROUPS)]
@@ -90,10 +106,10 @@ def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_co
         time.sleep(0.2)
     survivors = workers(procs[0].pid)
     restarted = start_group(small_corpus, faulty, shared, 1, **hold)
-    for proc in (procs[0], restarted, reference):
-        wait(proc, faulty if proc is not reference else straight)
-    shared.shutdown()
-    alone.shutdown()
+    for proc, run in {procs[0]: faulty, restarted: faulty, reference: straight, **others}.items():
+        wait(proc, run)
+    for server in (shared, alone, both, alone_pp):
+        server.shutdown()
 
     got, want = records(faulty), records(straight)
     # every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens
@@ -129,6 +145,31 @@ def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_co
         assert weights.keys() == reference_weights.keys()
         for key, value in weights.items():
             torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-6, msg=key)
+    for run, groups in ((tp, "01"), (pp, "0")):
+        check_model_parallel_groups(run, groups, want, reference_log, reference_weights, tmp_path)
+
+
+def check_model_parallel_groups(
+    run: Path, groups: str, want: list[dict], reference_log: list[dict], reference_weights, scratch
+):
+    """Groups of tp 2 or pp 2 train what one group of FSDP2 over two ranks does: all ranks of a group
+    read the same micro-batches (the group's one dp rank), each rank's gradient shards are summed with
+    the same rank of the other group, and one rank per group records its shares."""
+    got = records(run)
+    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
+        (r["step"], r["share"], r["digest"]) for r in want
+    )  # every (step, share) once, on the uninterrupted run's tokens
+    by_step = [sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)]
+    assert all(g == sorted(groups * (GROUPS // len(groups))) for g in by_step), by_step
+    for g in groups:
+        for record in [json.loads(line) for line in (run / f"group{g}" / "metrics.jsonl").read_text().splitlines()]:
+            want_record = reference_log[record["step"] - 1]
+            assert abs(record["loss"] - want_record["loss"]) < 1e-5, (record, want_record)
+            assert sum(record["source_tokens"].values()) == record["tokens"] == want_record["tokens"], record
+        weights = final_weights(run / f"group{g}", scratch, STEPS)  # tp, pp and FSDP2 sum in different orders
+        assert weights.keys() == reference_weights.keys()
+        for key, value in weights.items():
+            torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-5, msg=key)
 
 
 class _Loader:
@@ -166,7 +207,7 @@ class _AloneReplicas:
 def test_a_groups_ranks_split_each_share_and_rank_0_records(tmp_path):
     got = {}
     for rank in (0, 1):
-        data = ElasticData(_Loader, 2, 4, tmp_path / "tokens.jsonl", rank, 2)
+        data = ElasticData(_Loader, 2, 4, tmp_path / "tokens.jsonl", rank, 2, records=rank == 0)
         for step in (1, 2):
             got[rank, step] = [int(b.tokens) for b in data.batches(0, 1, _AloneReplicas())]
             data.finish(True, step, "0")

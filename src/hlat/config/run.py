@@ -101,8 +101,8 @@ class RunConfig:
             raise ConfigError(problems)
 
     def elastic_problems(self) -> list[tuple[str, str]]:
-        """An elastic group is one process or FSDP2 over its ranks (no TP, PP, CP or HSDP inside it yet),
-        and splits the global batch into elastic.max_groups shares."""
+        """An elastic group is one process, or FSDP2, TP or PP over its ranks (no CP or HSDP inside it
+        yet), and splits the global batch into elastic.max_groups shares."""
         el, batch, micro = self.elastic, self.train.global_batch, self.train.micro_batch
         if not el.enabled or el.max_groups < 1 or micro < 1:
             return []
@@ -116,11 +116,11 @@ class RunConfig:
                 )
             )
         par = self.parallel
-        if (par.tp, par.pp, par.cp, par.dp_shard) != (1, 1, 1, 0):
+        if (par.cp, par.dp_shard) != (1, 0):
             problems.append(
                 (
                     "elastic.enabled",
-                    "a replica group is data parallel over its ranks only: set parallel.tp, pp and cp to 1 "
+                    "a replica group runs FSDP2, TP or PP over its ranks only: set parallel.cp to 1 "
                     "and parallel.dp_shard to 0",
                 )
             )
@@ -133,26 +133,36 @@ class RunConfig:
             )
         return problems
 
-    def _elastic_group_problems(self, world: int) -> list[tuple[str, str]]:
-        """A replica group of `world` processes: FSDP2 over them (what is tested), each share's
-        micro-batches dealt evenly over them."""
+    def _elastic_group_problems(self, world: int, dp: int) -> list[tuple[str, str]]:
+        """A replica group of `world` processes: FSDP2, tp or pp over all of them (what is tested; no two
+        of them yet), each share's micro-batches dealt evenly over its `dp` data-parallel ranks."""
         problems = []
-        if self.parallel.dp_sharding != "fsdp":
+        degrees = {"dp": dp, "tp": self.parallel.tp, "pp": self.parallel.pp}
+        if sum(d > 1 for d in degrees.values()) > 1:
+            mixed = " x ".join(f"{name} {d}" for name, d in degrees.items() if d > 1)
+            problems.append(
+                (
+                    "parallel.tp" if self.parallel.tp > 1 else "parallel.pp",
+                    f"{mixed} inside a replica group is not supported yet: run FSDP2 (--parallel.dp_sharding "
+                    f"fsdp), --parallel.tp {world} or --parallel.pp {world} over the whole group",
+                )
+            )
+        if dp > 1 and self.parallel.dp_sharding != "fsdp":
             problems.append(
                 (
                     "parallel.dp_sharding",
-                    f"a replica group of {world} processes runs FSDP2 over them: set --parallel.dp_sharding fsdp "
-                    f"(not {self.parallel.dp_sharding}), or launch one process per group",
+                    f"a replica group of {dp} data-parallel ranks runs FSDP2 over them: set --parallel.dp_sharding "
+                    f"fsdp (not {self.parallel.dp_sharding}), or launch one process (or one tp group) per group",
                 )
             )
         el, micro = self.elastic, self.train.micro_batch
-        if self.train.global_batch % (el.max_groups * micro * world):
+        if self.train.global_batch % (el.max_groups * micro * dp):
             problems.append(
                 (
                     "train.global_batch",
                     f"{self.train.global_batch} sequences do not split into elastic.max_groups={el.max_groups} "
-                    f"shares x {world} ranks per group x train.micro_batch={micro}; use a multiple of "
-                    f"{el.max_groups * micro * world}",
+                    f"shares x {dp} data-parallel ranks per group x train.micro_batch={micro}; use a multiple of "
+                    f"{el.max_groups * micro * dp}",
                 )
             )
         return problems
@@ -168,7 +178,7 @@ class RunConfig:
         pp, dp = degrees.pp, degrees.dp
         problems = []
         if self.elastic.enabled and world > 1:
-            problems += self._elastic_group_problems(world)
+            problems += self._elastic_group_problems(world, degrees.dp)
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
             lambda: check_context_parallel(degrees, self.parallel.dp_sharding, self.data.seq_len),

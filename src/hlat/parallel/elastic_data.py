@@ -6,9 +6,10 @@ the data order is the same whatever groups come and go: a group that leaves leav
 positions behind (every group holds every share's position as of the last committed step), the
 survivors continue them, and a group that joins is dealt its shares back. Each step the groups
 exchange the positions they advanced (one all-reduce of a few kilobytes); a step that does not
-commit leaves every position where it was. In a group of several ranks every rank reads its
-shares' micro-batches and keeps every ranks-th (so all hold the same positions); the global
-batch and the data order stay those of one process per group.
+commit leaves every position where it was. In a group of several data-parallel ranks every rank
+reads its shares' micro-batches and keeps every ranks-th (so all hold the same positions; the tp
+ranks of a dp rank keep the same ones); the global batch and the data order stay those of one
+process per group.
 
 The record (one JSON line per share per committed step: step, group, process id, wall-clock time, share, tokens, digest)
 says which group trained which batch; over the run every (step, share) appears once.
@@ -35,7 +36,8 @@ from hlat.parallel.elastic import Replicas
 class ElasticData:
     """`make_loader(share)`: a fresh loader of data-parallel rank `share` of `shares`;
     `per_share`: the micro-batches each share gives a step, dealt over the group's `ranks`
-    (this process is rank `rank`; rank 0 writes the record)."""
+    data-parallel ranks (this process is dp rank `rank`); `records`: this process writes the record
+    (one per group)."""
 
     def __init__(
         self,
@@ -45,9 +47,10 @@ class ElasticData:
         record: Path,
         rank: int = 0,
         ranks: int = 1,
+        records: bool = True,
     ):
         self.make_loader, self.shares, self.per_share, self.record = make_loader, shares, per_share, record
-        self.rank, self.ranks = rank, ranks
+        self.rank, self.ranks, self.records = rank, ranks, records
         first = make_loader(0)
         self.docs, self.loaders = first.docs, {0: first}  # the shares this group holds, positioned
         self.table: list[dict[str, Any] | None] = [None] * shares  # positions after the last commit (None: start)
@@ -106,7 +109,7 @@ class ElasticData:
                 self.loaders.pop(j).close()
             return
         self.table, pid, now = self._pending, os.getpid(), round(time.time(), 3)
-        if self.rank != 0:
+        if not self.records:
             return
         with self.record.open("a") as f:
             for j, digest, tokens in self._read:

@@ -60,6 +60,7 @@ class ParallelModel:
     bf16_cache: dict[nn.Parameter, torch.Tensor] | None = None
     grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
     tied: TiedEmbeddings | None = None  # tied embeddings under pp > 1: this rank's copy on the first or last stage
+    pipeline_microbatches: int = 1  # the micro-batches of one schedule step (pp > 1)
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -140,9 +141,13 @@ class ParallelModel:
     def _pipeline_step(self, batches: Sequence[Batch], scale: torch.Tensor, device: torch.device) -> torch.Tensor:
         self._loss_scale[:] = [scale]
         losses: list[torch.Tensor] = []
-        args, kwargs = self._schedule_io(batches, losses)
-        with self._context(device):
-            self.schedule.step(*args, **kwargs)
+        n = self.pipeline_microbatches  # an elastic group holding several data shares: one schedule per share
+        for start in range(0, len(batches), n):
+            step_losses: list[torch.Tensor] = []  # each step replaces its list's contents
+            args, kwargs = self._schedule_io(batches[start : start + n], step_losses)
+            with self._context(device):
+                self.schedule.step(*args, **kwargs)  # gradients accumulate over the calls
+            losses += step_losses
         if not losses:
             return torch.zeros((), device=device)
         return torch.stack([full_tensor(x.detach()) for x in losses]).sum() / self.layout.degrees.dp_cp
@@ -331,7 +336,7 @@ def build_parallel_model(
         grad_accumulator=accumulator,
     )
     if layout.pp > 1:
-        pm.tied = tie_across_stages(raw, indices, n_stages, layout)
+        pm.tied, pm.pipeline_microbatches = tie_across_stages(raw, indices, n_stages, layout), n_microbatches
         pm.schedule = build_schedule(
             parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule, n_microbatches, pm._pipeline_loss
         )

@@ -147,8 +147,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self._build_data()
         # an elastic group reads whole shares of the global batch (as many as the groups present leave
-        # it), each dealt over the group's ranks
-        shares = cfg.elastic.max_groups * self.layout.world if cfg.elastic.enabled else self.layout.dp
+        # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
+        shares = cfg.elastic.max_groups * self.layout.dp if cfg.elastic.enabled else self.layout.dp
         self.accum = cfg.train.global_batch // shares // cfg.train.micro_batch
         self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
         compiled = decide_compile(
@@ -308,7 +308,9 @@ class Trainer:
 
                 per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
                 record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
-                self.loader = ElasticData(share_loader, shares, per_share, record, lay.rank, lay.world)
+                self.loader = ElasticData(
+                    share_loader, shares, per_share, record, lay.dp_rank, lay.dp, records=lay.rank == 0
+                )
             else:
                 self.loader = build_loader(
                     cfg.data,
