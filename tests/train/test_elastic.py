@@ -60,6 +60,16 @@ def wait(proc: subprocess.Popen, run: Path) -> None:
     assert code == 0, "\n".join(f.read_text()[-3000:] for f in sorted(run.glob("*.log")))
 
 
+def assert_every_share_once(got: list[dict], want: list[dict], steps: int, shares: int) -> None:
+    """Every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens."""
+    assert Counter((r["step"], r["share"]) for r in got) == Counter(
+        (s, j) for s in range(1, steps + 1) for j in range(shares)
+    )
+    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
+        (r["step"], r["share"], r["digest"]) for r in want
+    )
+
+
 def final_weights(run: Path, scratch: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     path = CheckpointManager(run / "checkpoints", None).latest()
     assert path is not None and path.name == f"step_{steps:08d}", path
@@ -96,13 +106,7 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     alone.shutdown()
 
     got, want = records(faulty), records(straight)
-    # every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens
-    assert Counter((r["step"], r["share"]) for r in got) == Counter(
-        (s, j) for s in range(1, STEPS + 1) for j in range(GROUPS)
-    )
-    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
-        (r["step"], r["share"], r["digest"]) for r in want
-    )
+    assert_every_share_once(got, want, STEPS, GROUPS)
     # who trained what: group 1 before its death and after its restart, the survivors throughout in one process
     by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
     # (after KILL + 2 who trains which step varies: the intruder's refusal may fail a step, and a group

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 from subprocess import STDOUT
 
@@ -21,7 +20,7 @@ from torchft.coordination import LighthouseServer
 
 from hlat.checkpoint.manager import CheckpointManager
 from runs import Scenario, ScenarioResults, checkpoint_tensors, tiny_args, wait_for_shared_launch
-from test_elastic import DEADLINE_S, ELASTIC, final_weights, records, start_group, wait
+from test_elastic import DEADLINE_S, ELASTIC, assert_every_share_once, final_weights, records, start_group, wait
 
 GROUPS, STEPS, HANG = 3, 6, 3  # group 1 freezes inside step HANG
 TIMEOUT_S = 4  # elastic.timeout_s of the hang test
@@ -92,12 +91,7 @@ def test_hung_group_is_dropped_after_the_timeout_and_every_token_trained_once(sm
     assert (tmp_path / "froze").exists()
 
     got, want = records(faulty), records(straight)
-    assert Counter((r["step"], r["share"]) for r in got) == Counter(
-        (s, j) for s in range(1, STEPS + 1) for j in range(GROUPS)
-    )
-    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
-        (r["step"], r["share"], r["digest"]) for r in want
-    )
+    assert_every_share_once(got, want, STEPS, GROUPS)
     by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
     assert all(by_step[s] == ["0", "1", "2"] for s in range(1, HANG)), by_step
     assert all(set(by_step[s]) == {"0", "2"} for s in range(HANG, STEPS + 1)), by_step

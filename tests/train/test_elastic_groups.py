@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +20,7 @@ import torch
 
 from hlat.parallel.elastic_data import ElasticData
 from runs import start_torchrun, tiny_args, wait_for_shared_launch
-from test_elastic import DEADLINE_S, final_weights, lighthouse
+from test_elastic import DEADLINE_S, assert_every_share_once, final_weights, lighthouse
 
 GROUPS, RANKS, STEPS, KILL = 2, 2, 6, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
 ELASTIC = [
@@ -112,13 +111,7 @@ def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_co
         server.shutdown()
 
     got, want = records(faulty), records(straight)
-    # every (step, share) of the data order trained exactly once, on the uninterrupted run's tokens
-    assert Counter((r["step"], r["share"]) for r in got) == Counter(
-        (s, j) for s in range(1, STEPS + 1) for j in range(GROUPS)
-    )
-    assert sorted((r["step"], r["share"], r["digest"]) for r in got) == sorted(
-        (r["step"], r["share"], r["digest"]) for r in want
-    )
+    assert_every_share_once(got, want, STEPS, GROUPS)
     by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
     assert all(by_step[s] == ["0", "1"] for s in (1, 2, KILL + 2)), by_step
     assert all(by_step[s] == ["0", "0"] for s in (KILL, KILL + 1)), by_step
