@@ -19,10 +19,8 @@ Writes markdown with `--out`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -31,10 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+from run_conditions import Conditions
 from torchft.coordination import LighthouseServer
-
-from hlat.train.cpu_peak import read_cpu_facts
 
 MODEL = [
     "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2", "--model.n_heads", "4",
@@ -46,7 +42,8 @@ MODEL = [
 
 
 def hlat_train(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    # HLAT_FAULT acts only under HLAT_TESTING=1 (hlat.testing.faults)
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "HLAT_TESTING": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "hlat", "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environ
     )
@@ -116,6 +113,7 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args()
+    conditions = Conditions()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         corpus = opts.corpus or stdlib_corpus(root / "corpus")
@@ -134,9 +132,7 @@ def main() -> None:
     lines = [
         "# Time lost to one failure: elastic replica groups vs restart from the last checkpoint",
         "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- hardware: {read_cpu_facts().model}, {os.cpu_count()} CPUs (shared); Python {platform.python_version()}, "
-        f"torch {torch.__version__}",
+        *conditions.lines(),
         f"- run: {opts.steps} steps of {2 * opts.groups} x 32 tokens, a 0.1M-parameter model, fp32, eager; one process "
         f"killed (SIGKILL) before step {opts.kill}",
         f"- elastic: {opts.groups} groups of one process, the killed one restarted at once; restart: one process, "
