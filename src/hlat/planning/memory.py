@@ -47,7 +47,7 @@ from hlat.model import Llama, build_model, model_spec
 from hlat.parallel.data_parallel import DTYPES
 from hlat.parallel.pipeline import cut_stage, split_layers
 from hlat.parallel.tensor_parallel import apply_tensor_parallel
-from hlat.planning.throughput import System
+from hlat.planning.throughput import System, local_kv_width
 from hlat.precision import compute_dtype, param_dtype
 
 GIB = 1024**3
@@ -123,7 +123,7 @@ def ring_buffer_bytes(cfg: RunConfig, tp: int, cp: int) -> float:
     if cp == 1:
         return 0.0
     model = cfg.model
-    q, kv = model.n_heads * model.attn_head_dim / tp, max(model.n_kv_heads // tp, 1) * model.attn_head_dim
+    q, kv = model.n_heads * model.attn_head_dim / tp, local_kv_width(model, tp)
     width = compute_dtype(cfg.precision.mode).itemsize
     tokens = cfg.data.seq_len // cp * cfg.train.micro_batch
     return tokens * (2 * 2 * kv * width + 2 * 2 * kv * 4 + q * 4 + 2 * q * width)

@@ -218,14 +218,19 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
     return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s)
 
 
+def local_kv_width(model: ModelConfig, tp: int) -> int:
+    """Elements per token of a rank's K (or V) as ring attention passes and keeps it: its own
+    grouped-query heads, one per rank where tp exceeds them (hlat.parallel.tensor_parallel.ReplicatedKV)."""
+    return max(model.n_kv_heads // tp, 1) * model.attn_head_dim
+
+
 def _ring_s(cfg: RunConfig, lay: LayoutChoice, system: System) -> float:
     """Seconds of one layer's ring attention shifts per micro-batch on a rank (see the module docstring)."""
     if lay.cp == 1:
         return 0.0
     model = cfg.model
     width = compute_dtype(cfg.precision.mode).itemsize
-    heads = max(model.n_kv_heads // lay.tp, 1)  # grouped-query K/V travel with their own heads
-    kv = 2 * lay.micro_batch * cfg.data.seq_len // lay.cp * heads * model.attn_head_dim
+    kv = 2 * lay.micro_batch * cfg.data.seq_len // lay.cp * local_kv_width(model, lay.tp)
     replays = 1 if lay.recompute == "full" else 0
     volume = (2 + replays) * (lay.cp - 1) * kv * width + lay.cp * kv * 4
     return _seconds(volume, _bandwidth(system, lay.cp * lay.tp))
