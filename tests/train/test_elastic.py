@@ -24,7 +24,7 @@ from torchft.coordination import LighthouseServer
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.errors import UserError
-from hlat.parallel.elastic import import_torchft
+from hlat.train.elastic.replicas import import_torchft
 from runs import checkpoint_tensors, tiny_args, wait_for_shared_launch
 
 GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted after step KILL + 1

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from hlat.parallel.elastic_data import ElasticData
+from hlat.train.elastic.shares import ElasticData
 from runs import start_torchrun, tiny_args, wait_for_shared_launch
 from test_elastic import DEADLINE_S, assert_every_share_once, final_weights, lighthouse
 

@@ -50,7 +50,7 @@ def rank_state_for(
             raise CheckpointError(f"{path} lacks {rank_file(rank)} although it was saved with this layout")
         return own["loader"], own["rng"]
     # Tensor- and pipeline-parallel ranks of one data-parallel rank hold the same loader state; an
-    # elastic group's is already merged, from its data shares' states (hlat.parallel.elastic_data).
+    # elastic group's is already merged, from its data shares' states (hlat.train.elastic.shares).
     by_dp: dict[int | str, dict[str, Any]] = {}
     for saved_rank in saved_ranks:
         loader = manager.load_rank_state(path, saved_rank)["loader"]

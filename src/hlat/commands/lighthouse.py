@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.errors import UserError
-    from hlat.parallel.elastic import import_torchft
+    from hlat.train.elastic.replicas import import_torchft
 
     if args.min_groups < 1:
         raise UserError(f"--min-groups {args.min_groups}: a quorum needs at least 1 group")

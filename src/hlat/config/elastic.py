@@ -1,4 +1,4 @@
-"""`[elastic]`: data parallelism over replica groups that may leave and rejoin (torchft; hlat.parallel.elastic)."""
+"""`[elastic]`: data parallelism over replica groups that may leave and rejoin (torchft; hlat.train.elastic)."""
 
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ from hlat.device.resolve import resolve_device
 from hlat.device.runtime import device_count, device_name, mem_get_info, synchronize
 from hlat.errors import UserError
 from hlat.model import count_params
-from hlat.parallel.elastic import check_lighthouse as check_lighthouse_answers
-from hlat.parallel.elastic import import_torchft
 from hlat.parallel.hang import CollectiveTimeout, watch
 from hlat.parallel.mesh import Layout
 from hlat.precision import param_dtype
+from hlat.train.elastic.replicas import check_lighthouse as check_lighthouse_answers
+from hlat.train.elastic.replicas import import_torchft
 
 GB = 1e9
 

@@ -1,9 +1,10 @@
 """The model being trained as one object: the parallelized model, its optimizers and the optimizer
-step, with what a step leaves behind (this rank's loss shares, the skipped-step counter) kept on
-device inside it until a logging step reads them in one host sync.
+step, with what a step leaves behind (this rank's part of each step's loss, the skipped-step
+counter) kept on device inside it until a logging step reads them in one host sync.
 
 The trainer asks it to step, to read its losses, and for its state; it never touches the loss
-shares or the counter itself.
+parts or the counter itself. A train module that reduces over more than the model's own ranks
+(an elastic group: hlat.train.elastic.module) overrides the step's phases, not the step.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ from hlat.config.optim import OptimConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch
 from hlat.optim import adamw_class, build_adamw, decay_groups
-from hlat.parallel.elastic import Replicas
 from hlat.parallel.parallelize import ParallelModel
 from hlat.precision import bf16_rounding
 from hlat.train.optimizers import Optimizers
-from hlat.train.step import train_step
+from hlat.train.step import accumulate, clip, target_count, update
 
 
 @dataclass
 class StepOutput:
     lr: float
     grad_norm: torch.Tensor  # pre-clip global norm, on device (read on logging steps only)
+    committed: bool = True  # False: the step left weights, optimizer and losses as they were; retry it
 
 
 class TrainModule:
@@ -66,29 +67,42 @@ class TrainModule:
 
         self.optimizers = Optimizers(model.parts, build)
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
-        self._shares: list[torch.Tensor] = []  # this rank's share of each step's loss since the last read
+        self._rank_losses: list[torch.Tensor] = []  # this rank's part of each step's loss since the last read
 
     def train(self) -> None:
         self.model.train()
 
-    def step(self, micro_batches: Sequence[Batch], lr: float, replicas: Replicas | None = None) -> StepOutput:
-        """One optimizer step at learning rate `lr`; no host sync. With `replicas` (elastic), a step that
-        does not commit leaves the weights, the optimizer and the losses as they were."""
+    def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
+        """One optimizer step at learning rate `lr` (hlat.train.step); no host sync."""
         self.optimizers.set_lr(lr)
-        share, grad_norm = train_step(
-            self.model, self.optimizers, micro_batches, self.grad_clip, self._skipped, self.max_grad_norm, replicas
-        )
-        if replicas is None or replicas.committed:
-            self._shares.append(share)
-        return StepOutput(lr, grad_norm)
+        rank_loss = self._reduce(accumulate(self.model, micro_batches, self._target_count(micro_batches)))
+        grad_norm, bad = clip(self.model, self.grad_clip, self.max_grad_norm)
+        committed = self._commit()
+        if committed:
+            update(self.optimizers, bad, self._skipped)
+            self._rank_losses.append(rank_loss)
+        self.optimizers.zero_grad()
+        return StepOutput(lr, grad_norm, committed)
+
+    # --- the phases a subclass that reduces over more ranks overrides -------------------------
+    def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        return target_count(self.model, micro_batches)
+
+    def _reduce(self, rank_loss: torch.Tensor) -> torch.Tensor:
+        """After backward: the gradients and `rank_loss` as the optimizer step sees them."""
+        return rank_loss
+
+    def _commit(self) -> bool:
+        """Whether the step applies (every rank alike)."""
+        return True
 
     def read_losses(self) -> tuple[list[float], int]:
         """The global mean loss of each step since the last read, and the skipped-step counter:
         one collective and one host sync, for logging steps."""
         *losses, skipped = torch.cat(
-            [self.model.reduce_loss(torch.stack(self._shares)), self._skipped.reshape(1).to(torch.float32)]
+            [self.model.reduce_loss(torch.stack(self._rank_losses)), self._skipped.reshape(1).to(torch.float32)]
         ).tolist()
-        self._shares.clear()
+        self._rank_losses.clear()
         return losses, int(skipped)
 
     @property

@@ -1,16 +1,15 @@
-"""The training run: build every component from the config, then loop; everything besides the
-step itself (metrics, validation, checkpoints, recovery, ...) is a callback (hlat.train.callbacks).
+"""The training run's loop; everything besides the step itself (metrics, validation, checkpoints,
+recovery, ...) is a callback (hlat.train.callbacks).
 
-Where the run starts and what its checkpoints hold is hlat.train.resume; the model, its
-optimizers and the step, hlat.train.train_module. The same code runs as one process or under
-torchrun: the layout (hlat.parallel.mesh) says which rank does what, and only the global rank 0
-writes logs.
+What a run is made of is built by hlat.train.build; where it starts and what its checkpoints hold
+is hlat.train.resume; the model, its optimizers and the step, hlat.train.train_module. The same
+code runs as one process or under torchrun: the layout (hlat.parallel.mesh) says which rank does
+what, and only the global rank 0 writes logs.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -18,66 +17,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state
-from hlat.config.data import default_cache_dir
-from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
-from hlat.data import Validation, build_data_tokenizer, build_loader
 from hlat.data.batch import Batch
-from hlat.data.packing import PackedLoader
 from hlat.device.record import device_record
-from hlat.device.resolve import resolve_device
-from hlat.device.rounding import stochastic_rounding
-from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
-from hlat.eval.in_training import InTrainingTasks
-from hlat.float8 import check_float8, float8_line
-from hlat.model import count_params, flops_per_token
-from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
-from hlat.parallel.activation_checkpoint import attention_recomputed
-from hlat.parallel.compile import decide_compile
-from hlat.parallel.elastic_data import ElasticData
 from hlat.parallel.hang import watch
-from hlat.parallel.mesh import Layout, setup, world_from_env
-from hlat.parallel.parallelize import ParallelModel, build_parallel_model
-from hlat.parallel.slow_ranks import SlowRankReport
-from hlat.planning.device_layout import device_layout
-from hlat.precision import compute_dtype, state_bytes_per_param
-from hlat.progress import Heartbeat
+from hlat.parallel.mesh import world_from_env
+from hlat.parallel.parallelize import ParallelModel
 from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
-from hlat.train.callbacks.base import Callback, load_callback
-from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
-from hlat.train.callbacks.evaluation import Tasks, ValidationLoss
-from hlat.train.callbacks.metrics import LossPlot, Metrics
-from hlat.train.callbacks.profiler import Profiler
-from hlat.train.callbacks.recovery import SpikeRecovery
-from hlat.train.callbacks.sample import Sample
-from hlat.train.callbacks.slow_ranks import SlowRanks
+from hlat.train.build import build_run
+from hlat.train.callbacks.base import Callback
 from hlat.train.cost import cost_fields, node_count
-from hlat.train.elastic import ElasticGroup
-from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.interrupt import Interrupted, Interrupts
 from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
-from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
-from hlat.train.profiling import StepProfiler
-from hlat.train.resume import (
-    RESUME_MODES,
-    Progress,
-    RunState,
-    check_init_from,
-    check_run_dir,
-    prepare_run_dir,
-    record_run,
-)
+from hlat.train.resume import RESUME_MODES, Progress
 from hlat.train.run_lock import RunDirLock
 from hlat.train.sinks import perplexity
-from hlat.train.train_module import StepOutput, TrainModule
+from hlat.train.train_module import StepOutput
 from hlat.train.window import Window
 
 
@@ -122,216 +82,22 @@ class Trainer:
             self._lock.release()
 
     def _build(self, cfg: RunConfig, resume: str, out: Callable[[str], None], callbacks: list[Callback] | None) -> None:
-        check_run_dir(cfg, resume)
-        check_init_from(cfg, resume)
-        user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + list(callbacks or [])
-        self.device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
-        cfg, layout_line = device_layout(
-            cfg, world_from_env()[0], device_record(self.device.type), total_memory(self.device)
-        )
-        self.cfg, self.resume = cfg, resume
-        self.layout: Layout = setup(cfg.parallel, self.device)
-        narrow = float8_line(cfg.model.d_model, cfg.precision.float8_min_d_model) if cfg.precision.float8 else None
-        float8 = cfg.precision.float8 and narrow is None
-        if float8:  # before the data and the compile probe, which take minutes on large models
-            check_float8(self.device, self.layout.tp)
-        attention = attention_backend_problem(cfg.train.attention_backend, self.device)
-        if attention:
-            raise ConfigError([("train.attention_backend", attention)])
-        self.out = out if self.layout.is_main else (lambda _: None)
-        for line in (layout_line, narrow):
-            if line:
-                self.out(line)
-        self.run_dir = cfg.run_dir
-
-        torch.manual_seed(cfg.train.seed)
-        self._build_data()
-        # an elastic group reads whole shares of the global batch (as many as the groups present leave
-        # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
-        shares = cfg.elastic.max_groups * self.layout.dp if cfg.elastic.enabled else self.layout.dp
-        self.accum = cfg.train.global_batch // shares // cfg.train.micro_batch
-        self.tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
-        compiled = decide_compile(
-            cfg.parallel.compile,
-            cfg.model,
-            self.device,
-            cfg.precision.mode,
-            cfg.train.micro_batch,
-            cfg.data.seq_len,
-            cfg.data.document_masking,
-            self.layout.tp,
-            cfg.parallel.activation_checkpoint,
-            cfg.parallel.recompute_every_other_mm,
-            attention_recomputed(cfg.parallel.recompute_attention, self.device),
-            cfg.train.attention_backend,
-            cfg.parallel.compile_mode,
-            self.out,
-        )
-        self.out(compiled.line)
-        with Heartbeat(f"model: building and initialising {count_params(cfg.model) / 1e6:,.1f}M parameters", self.out):
-            model = build_parallel_model(
-                cfg.model,
-                cfg.parallel,
-                self.layout,
-                self.device,
-                cfg.train.seed,
-                self.accum,
-                cfg.precision,
-                compiled.enabled,
-                float8,
-                cfg.train.attention_backend,
-            )
-        tasks = (
-            InTrainingTasks(
-                cfg.eval, cfg.model, self.tokenizer, self.layout, self.device, cfg.precision.mode, cfg.data.bos
-            )
-            if cfg.eval.tasks_every
-            else None
-        )
-        rounding = stochastic_rounding(cfg.precision.mode, device_record(self.device.type), os.environ)
-        if rounding.line:
-            self.out(rounding.line)
-        self.module = TrainModule(
-            model,
-            cfg.optim,
-            cfg.precision,
-            cfg.parallel.dp_sharding,
-            cfg.train.seed,
-            cfg.recovery.max_grad_norm,
-            rounding.hardware,
-        )
-        self.state = RunState(cfg, self.layout, self.device, self.module, self.loader)
         self.step, self.tokens, self.train_s = 0, 0, 0.0
-        self.flops_per_token = flops_per_token(cfg.model, cfg.data.seq_len)
-        self.peak = self._peak()
-        lay = self.layout
-        self.out(
-            f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, {self.flops_per_token / 1e9:.3f} GFLOP/token; "
-            f"{cfg.precision.mode} precision ({state_bytes_per_param(self.model.parameters()):.0f} bytes/parameter of "
-            f"weights, grads and Adam state) on {lay.world} x {self.device.type} ({lay.describe}, "
-            f"{cfg.parallel.dp_sharding}); {self.peak.summary}"
-        )
-        for warning in (self.peak.warning, slow_bf16_warning(self.device, cfg.precision.mode)):
-            if warning:
-                self.out(warning)
-        if self.layout.is_main:  # only now: a start that fails leaves the run directory as it was
-            prepare_run_dir(cfg, resume)
-        self._set_progress(self.state.start(resume, self.out))
-        self.elastic = (
-            ElasticGroup(cfg, self.module, self.loader, self.progress, self._set_progress, self.out)
-            if isinstance(self.loader, ElasticData)
-            else None
-        )
-        if self.layout.is_main:  # the run directory is self-contained: evaluation and export read it
-            record_run(cfg, self.tokenizer)
-        self.recovery = SpikeRecovery(cfg.recovery, self.module.skipped_steps)
-        slow_ranks = SlowRanks(
-            SlowRankReport(self.layout, self.device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows)
-        )
-        self.callbacks = self._builtin_callbacks(tasks, slow_ranks) + user_callbacks + self._reporting_callbacks()
+        run = build_run(
+            cfg, resume=resume, out=out, callbacks=list(callbacks or []),
+            progress=self.progress, set_progress=self._set_progress,
+        )  # fmt: skip
+        self.cfg, self.resume, self.run_dir = run.cfg, resume, run.cfg.run_dir
+        self.device, self.layout, self.out, self.tokenizer = run.device, run.layout, run.out, run.tokenizer
+        self.data, self.loader, self.val_batches = run.data, run.data.loader, run.val_batches
+        self.module, self.state, self.accum, self.peak = run.module, run.state, run.accum, run.peak
+        self.recovery, self.callbacks, self.flops_per_token = run.recovery, run.callbacks, run.flops_per_token
+        self.tokens_per_step = run.cfg.train.global_batch * run.cfg.data.seq_len
+        self._set_progress(run.start)
         self.losses: list[float] = []  # this invocation's per-step losses, as logged
         self.window: Window  # the steps since the last logging step; from the start of fit
         self._rolled_back = False  # by a callback, in the window being judged
         self.stopping = False  # on an interrupt, after this step (hlat.train.interrupt)
-
-    def _builtin_callbacks(self, tasks: InTrainingTasks | None, slow_ranks: SlowRanks) -> list[Callback]:
-        """In the order their hooks run: a window is judged before it is logged, a step's
-        evaluations come before its checkpoint, and the final save commits before the profile
-        is written."""
-        cfg = self.cfg
-        profile_dir = Path(cfg.profile.dir) if cfg.profile.dir else self.run_dir / "profile"
-        callbacks: list[Callback] = [self.recovery, slow_ranks]
-        if cfg.eval.every:
-            callbacks.append(ValidationLoss(self.val_batches))
-        if tasks is not None:
-            callbacks.append(Tasks(tasks))
-        callbacks.append(Checkpointing())
-        if cfg.checkpoint.archive_every_tokens > 0:
-            callbacks.append(WeightArchives(cfg.checkpoint.archive_every_tokens))
-        callbacks.append(Profiler(StepProfiler(cfg.profile, profile_dir, self.device, self.layout.rank, self.out)))
-        return callbacks
-
-    def _reporting_callbacks(self) -> list[Callback]:
-        """After the user's: records are written once every callback has added its fields; the
-        loss plot, the run's last line and the sample come last."""
-        callbacks: list[Callback] = []
-        if self.layout.is_main:
-            callbacks += [LossPlot()] if self.cfg.train.plot else []
-            callbacks.append(Metrics())
-        return callbacks + ([Sample()] if self.cfg.train.sample_prompt else [])
-
-    def _peak(self) -> Peak:
-        """The MFU denominator, on the rank that logs (the others would only contend for the
-        cores while it times GEMMs on a cache miss)."""
-        cfg = self.cfg
-        if not self.layout.is_main:
-            return Peak(None, "")
-        shapes = model_shapes(
-            cfg.model.d_model, cfg.model.ffn_dim // self.layout.tp, cfg.train.micro_batch * cfg.data.seq_len
-        )
-        return resolve_peak(
-            self.device,
-            compute_dtype(cfg.precision.mode, self.device),
-            cfg.train.peak_tflops,
-            shapes,
-            default_cache_dir(),
-        )
-
-    def _build_data(self) -> None:
-        cfg, lay = self.cfg, self.layout
-        if lay.world > 1 and not lay.is_main:
-            dist.barrier()  # rank 0 trains or loads the tokenizer first; the others read its cache
-        what = (
-            "loading data.tokenizer"
-            if cfg.data.tokenizer
-            else "loading the token shards' tokenizer"
-            if entry_kind(source_entries(cfg.data.source)[0]) == "shards"
-            else "loading or training a byte-level BPE"
-        )
-        with Heartbeat(f"tokenizer: {what}", self.out):
-            self.tokenizer, tokenizer_line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
-        if lay.world > 1 and lay.is_main:
-            dist.barrier()
-        self.out(tokenizer_line)
-        self.loader: PackedLoader | ElasticData
-        with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", self.out):
-            if cfg.elastic.enabled:
-                shares, log = cfg.elastic.max_groups, self.out
-
-                def share_loader(share: int) -> PackedLoader:
-                    nonlocal log
-                    loader = build_loader(
-                        cfg.data, self.tokenizer, cfg.train.seed, cfg.train.micro_batch, share, shares, log_fn=log
-                    )
-                    log = None  # the data line once
-                    return loader
-
-                per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
-                record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
-                self.loader = ElasticData(
-                    share_loader, shares, per_share, record, lay.dp_rank, lay.dp, records=lay.rank == 0
-                )
-            else:
-                self.loader = build_loader(
-                    cfg.data,
-                    self.tokenizer,
-                    seed=cfg.train.seed,
-                    batch_size=cfg.train.micro_batch,
-                    dp_rank=lay.dp_rank,
-                    dp_size=lay.dp,
-                    log_fn=self.out,
-                )
-        # Built once: every evaluation sees the same held-out tokens.
-        self.val_batches = (
-            []
-            if cfg.eval.every == 0
-            else [
-                b.to(self.device)
-                for b in Validation(
-                    cfg.data, self.tokenizer, cfg.train.micro_batch, cfg.eval.batches, lay.dp_rank, lay.dp
-                ).batches()
-            ]
-        )
 
     # --- what callbacks and tests read -------------------------------------------------------
     @property
@@ -372,8 +138,7 @@ class Trainer:
         Collective; callbacks hear of it through on_rewind."""
         now = self.step
         self._set_progress(self.state.restore(path, self.out))
-        for _ in range((now - self.step) * self.accum):
-            self.loader.next_batch()
+        self.data.skip(now - self.step)
         del self.losses[max(self.step - self._first_step, 0) :]  # those steps are redone on new data
         self._rolled_back = True
         self.emit("on_rewind", self.step)
@@ -391,8 +156,7 @@ class Trainer:
             return TrainSummary(self.run_dir, self.step, self.tokens, None, [])
         self.out(
             f"training {total - self.step:,} steps of {cfg.train.global_batch} x {cfg.data.seq_len} tokens "
-            f"({self.accum} micro-batches of {cfg.train.micro_batch} per "
-            f"{'data share and rank' if cfg.elastic.enabled else 'data-parallel rank'}) into {self.run_dir}"
+            f"({self.accum} micro-batches of {cfg.train.micro_batch} per {self.data.per}) into {self.run_dir}"
         )
         final_loss, self._first_step = None, self.step
         interrupts = Interrupts(cfg.train.interrupt_save_s, self.layout)
@@ -431,9 +195,7 @@ class Trainer:
             self.emit("on_failure", error)
             raise
         finally:
-            self.loader.close()
-            if self.elastic is not None:
-                self.elastic.close()
+            self.data.close()
             self.release()
         return summary
 
@@ -452,24 +214,22 @@ class Trainer:
         )
 
     def _train_step(self, window: Window) -> StepOutput:
-        """One optimizer step (its LR and pre-clip grad norm on device). No host sync (but in an
-        elastic run, whose groups agree on each step on the host)."""
+        """One optimizer step (its LR and pre-clip grad norm on device). No host sync, unless the step
+        data or the train module needs one; a step the train module did not commit is read and run
+        again (its data positions are back where they were)."""
         maybe_kill("step", self.step + 1, self.layout.rank)
         while True:
-            if self.elastic is not None:
-                self.elastic.join()  # a rejoining group takes a peer's step and state here
             waited = time.perf_counter()
-            read = self.elastic.batches() if self.elastic else [self.loader.next_batch() for _ in range(self.accum)]
-            batches = [self._to_device(b) for b in read]
+            batches = [self._to_device(b) for b in self.data.read()]  # may set the counters (a heal)
             window.data_s += time.perf_counter() - waited
             maybe_kill("compute", self.step + 1, self.layout.rank)
             lr = self.cfg.optim.lr * lr_multiplier(self.cfg.schedule, self.step)
             computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
             with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
                 maybe_slow(self.step + 1, self.layout.rank)
-                output = self.module.step(batches, lr, self.elastic.replicas if self.elastic else None)
+                output = self.module.step(batches, lr)
             window.compute_s += time.thread_time() - computing
-            if self.elastic is None or self.elastic.finish(self.step + 1):
+            if output.committed:
                 break
         window.steps += 1
         self.step += 1
@@ -499,7 +259,7 @@ class Trainer:
         tokens_per_s = len(losses) * self.tokens_per_step / elapsed
         self.train_s += elapsed
         with watch(self.layout, "metric all-reduces (parameter norm, tokens per source)", self.step):
-            param_norm, source_tokens = self.module.param_norm().item(), self._source_tokens()
+            param_norm, source_tokens = self.module.param_norm().item(), self.data.tokens_by_source()
         achieved = tokens_per_s * self.flops_per_token
         steps_here = self.step - self._first_step  # this launch's: a resume's rate, not the first run's
         per_step = (time.perf_counter() - self._fit_started) / max(steps_here, 1)
@@ -532,11 +292,3 @@ class Trainer:
         )
         self.window.restart()
         return mean
-
-    def _source_tokens(self) -> dict[str, int]:
-        """Tokens consumed from each data source so far, over all data-parallel ranks (collective)."""
-        # host counts on the host where gloo carries them: not every device has float64
-        counts = torch.tensor(self.loader.tokens_emitted, dtype=torch.float64, device=collective_device(self.device))
-        if self.layout.dp > 1 and not isinstance(self.loader, ElasticData):  # an elastic group counts every share
-            dist.all_reduce(counts, group=self.layout.group("dp"))
-        return {docs.name: int(n) for docs, n in zip(self.loader.docs, counts.tolist())}

@@ -30,7 +30,7 @@ import torch
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader, merge_states
 from hlat.digests import short_sha256
-from hlat.parallel.elastic import Replicas
+from hlat.train.elastic.replicas import Replicas
 
 
 class ElasticData:

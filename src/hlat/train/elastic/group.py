@@ -1,7 +1,11 @@
-"""One replica group of an elastic run (elastic.enabled): the trainer's step joins the groups
-present, reads this group's data shares, and commits or retries (hlat.parallel.elastic,
-hlat.parallel.elastic_data). A rejoining group is refused when its configuration, data or number of
-ranks differ from the live group it would heal from: the fingerprint travels with the state."""
+"""One replica group of an elastic run (elastic.enabled), as the trainer sees it: the step's data.
+
+Reading a step's micro-batches joins the groups present (a rejoining group heals here, taking a
+peer's step and state) and deals this group its data shares (hlat.train.elastic.shares); the train
+module's commit vote (hlat.train.elastic.module) then keeps the shares' new positions or puts them
+back, and the trainer retries a step that did not commit. A rejoining group is refused when its
+configuration, data or number of ranks differ from the live group it would heal from: the
+fingerprint travels with the state."""
 
 from __future__ import annotations
 
@@ -13,11 +17,11 @@ from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.digests import short_sha256
 from hlat.errors import UserError
-from hlat.parallel.elastic import Replicas, like, local_tensors
-from hlat.parallel.elastic_data import ElasticData
 from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
+from hlat.train.elastic.module import ElasticTrainModule
+from hlat.train.elastic.replicas import Replicas, like, local_tensors
+from hlat.train.elastic.shares import ElasticData
 from hlat.train.resume import Progress
-from hlat.train.train_module import TrainModule
 
 # what every group must agree on (the rest names one group's files, devices and logging)
 _SHARED_SECTIONS = ("model", "data", "optim", "schedule", "precision", "parallel", "recovery")
@@ -32,12 +36,16 @@ def fingerprint(cfg: RunConfig, data: ElasticData, ranks: int) -> str:
 
 
 class ElasticGroup:
-    """`progress`/`set_progress`: the trainer's counters, sent to and received from peers."""
+    """The trainer's step data (hlat.train.step_data.StepData) in an elastic run; it also attaches
+    the replicas to `module`. `progress`/`set_progress`: the trainer's counters, sent to and
+    received from peers."""
+
+    per = "data share and rank"  # what the step's micro-batch count is counted per
 
     def __init__(
         self,
         cfg: RunConfig,
-        module: TrainModule,
+        module: ElasticTrainModule,
         data: ElasticData,
         progress: Callable[[], Progress],
         set_progress: Callable[[Progress], None],
@@ -49,6 +57,8 @@ class ElasticGroup:
         layout = module.model.layout
         self.fingerprint = fingerprint(cfg, data, layout.world)
         self.replicas = Replicas(cfg.elastic, self._state_dict, self._load_state_dict, layout.rank, layout.world)
+        module.group = self
+        self.loader = data  # the position a checkpoint holds (RunState)
         self.present = 0  # groups in the last quorum
         self.failed_s = 0.0  # wall time of steps that did not commit (a group left or joined mid-step)
 
@@ -75,8 +85,13 @@ class ElasticGroup:
             f"elastic: group {self.group} rejoined from group {state['group']} at step {state['progress']['step']:,}"
         )
 
-    def join(self) -> None:
-        """Start the step's quorum; a rejoining group takes its peer's state here."""
+    def read(self) -> list[Batch]:
+        """Join the step's quorum (a rejoining group takes its peer's step and state here), then read
+        this process's micro-batches of the shares this group is dealt."""
+        self._join()
+        return self.data.batches(self.rank, self.present, self.replicas)
+
+    def _join(self) -> None:
         self.rank, groups = self.replicas.join()
         deadline = time.monotonic() + HOLD_TIMEOUT_S
         while groups < hold_groups(self.progress().step + 1) and time.monotonic() < deadline:  # tests only
@@ -91,18 +106,22 @@ class ElasticGroup:
         self.present = groups
         self.started = time.perf_counter()
 
-    def batches(self) -> list[Batch]:
-        return self.data.batches(self.rank, self.present, self.replicas)
-
-    def finish(self, step: int) -> bool:
-        """After the commit vote of step `step`: record it, or note the time lost and retry."""
-        committed = self.replicas.committed
+    def finish(self, committed: bool) -> None:
+        """After the commit vote of the step read last: record it, or note the time lost (the trainer
+        retries it with the groups then present, from the same positions)."""
+        step = self.progress().step + 1
         self.data.finish(committed, step, self.group)
         if not committed:
             lost = time.perf_counter() - self.started
             self.failed_s += lost
             self.out(f"elastic: step {step:,} did not commit ({lost:.1f} s lost); retrying with the groups present")
-        return committed
+
+    def skip(self, steps: int) -> None:
+        raise AssertionError("rollbacks are refused for elastic runs (RunConfig.elastic_problems)")
+
+    def tokens_by_source(self) -> dict[str, int]:
+        """Every share's tokens of each source (the positions hold all groups')."""
+        return {docs.name: n for docs, n in zip(self.data.docs, self.data.tokens_emitted)}
 
     def close(self) -> None:
         self.data.close()

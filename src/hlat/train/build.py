@@ -1,0 +1,306 @@
+"""The composition root of a training run: every component built from the config, in the order
+their dependencies need, into one record (`Run`) the trainer loops over.
+
+Each rule about what may be combined is checked where the component it concerns is built (the
+config's own checks ran when it loaded); this module only wires. An elastic run (elastic.enabled)
+differs here and nowhere in the loop: its train module and step data wrap the core ones
+(hlat.train.elastic).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hlat.config.data import default_cache_dir
+from hlat.config.data_paths import entry_kind, source_entries
+from hlat.config.run import RunConfig
+from hlat.data import Validation, build_data_tokenizer, build_loader
+from hlat.data.batch import Batch
+from hlat.data.packing import PackedLoader
+from hlat.data.tokenizer import Tokenizer
+from hlat.device.record import device_record
+from hlat.device.resolve import resolve_device
+from hlat.device.rounding import stochastic_rounding
+from hlat.device.runtime import total_memory
+from hlat.errors import ConfigError
+from hlat.eval.in_training import InTrainingTasks
+from hlat.float8 import check_float8, float8_line
+from hlat.model import count_params, flops_per_token
+from hlat.model.attention import attention_backend_problem
+from hlat.parallel.activation_checkpoint import attention_recomputed
+from hlat.parallel.compile import decide_compile
+from hlat.parallel.mesh import Layout, setup, world_from_env
+from hlat.parallel.parallelize import ParallelModel, build_parallel_model
+from hlat.parallel.slow_ranks import SlowRankReport
+from hlat.planning.device_layout import device_layout
+from hlat.precision import compute_dtype, state_bytes_per_param
+from hlat.progress import Heartbeat
+from hlat.train.callbacks.base import Callback, load_callback
+from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
+from hlat.train.callbacks.evaluation import Tasks, ValidationLoss
+from hlat.train.callbacks.metrics import LossPlot, Metrics
+from hlat.train.callbacks.profiler import Profiler
+from hlat.train.callbacks.recovery import SpikeRecovery
+from hlat.train.callbacks.sample import Sample
+from hlat.train.callbacks.slow_ranks import SlowRanks
+from hlat.train.elastic.group import ElasticGroup
+from hlat.train.elastic.module import ElasticTrainModule
+from hlat.train.elastic.shares import ElasticData
+from hlat.train.gemm_ceiling import model_shapes
+from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
+from hlat.train.profiling import StepProfiler
+from hlat.train.resume import Progress, RunState, check_init_from, check_run_dir, prepare_run_dir, record_run
+from hlat.train.step_data import Accumulation, StepData
+from hlat.train.train_module import TrainModule
+
+Out = Callable[[str], None]
+
+
+@dataclass
+class Run:
+    """What a training run is made of. `start`: the counters it starts from (a resume's)."""
+
+    cfg: RunConfig
+    device: torch.device
+    layout: Layout
+    out: Out  # the global rank 0's log; a no-op elsewhere
+    tokenizer: Tokenizer
+    data: StepData
+    val_batches: list[Batch]  # built once: every evaluation sees the same held-out tokens
+    module: TrainModule
+    state: RunState
+    accum: int  # micro-batches per step and data-parallel rank (or data share)
+    flops_per_token: float
+    peak: Peak
+    recovery: SpikeRecovery
+    callbacks: list[Callback]
+    start: Progress
+
+
+def build_run(
+    cfg: RunConfig,
+    *,
+    resume: str,
+    out: Out,
+    callbacks: list[Callback],
+    progress: Callable[[], Progress],
+    set_progress: Callable[[Progress], None],
+) -> Run:
+    """`callbacks`: the caller's, run after the train.callbacks named in the config.
+    `progress`/`set_progress`: the trainer's counters (an elastic group sends and heals them)."""
+    check_run_dir(cfg, resume)
+    check_init_from(cfg, resume)
+    user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
+    device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
+    cfg, layout_line = device_layout(cfg, world_from_env()[0], device_record(device.type), total_memory(device))
+    layout = setup(cfg.parallel, device)
+    narrow = float8_line(cfg.model.d_model, cfg.precision.float8_min_d_model) if cfg.precision.float8 else None
+    float8 = cfg.precision.float8 and narrow is None
+    if float8:  # before the data and the compile probe, which take minutes on large models
+        check_float8(device, layout.tp)
+    attention = attention_backend_problem(cfg.train.attention_backend, device)
+    if attention:
+        raise ConfigError([("train.attention_backend", attention)])
+    out = out if layout.is_main else (lambda _: None)
+    for line in (layout_line, narrow):
+        if line:
+            out(line)
+
+    torch.manual_seed(cfg.train.seed)
+    tokenizer = _tokenizer(cfg, layout, out)
+    loader = _loader(cfg, tokenizer, layout, out)
+    val_batches = _validation(cfg, tokenizer, layout, device)
+    # an elastic group reads whole shares of the global batch (as many as the groups present leave
+    # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
+    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
+    accum = cfg.train.global_batch // shares // cfg.train.micro_batch
+    model = _model(cfg, layout, device, accum, float8, out)
+    tasks = (
+        InTrainingTasks(cfg.eval, cfg.model, tokenizer, layout, device, cfg.precision.mode, cfg.data.bos)
+        if cfg.eval.tasks_every
+        else None
+    )
+    rounding = stochastic_rounding(cfg.precision.mode, device_record(device.type), os.environ)
+    if rounding.line:
+        out(rounding.line)
+    module = (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
+        model,
+        cfg.optim,
+        cfg.precision,
+        cfg.parallel.dp_sharding,
+        cfg.train.seed,
+        cfg.recovery.max_grad_norm,
+        rounding.hardware,
+    )
+    state = RunState(cfg, layout, device, module, loader)
+    peak = _peak(cfg, layout, device)
+    _describe(cfg, layout, device, model, peak, out)
+    if layout.is_main:  # only now: a start that fails leaves the run directory as it was
+        prepare_run_dir(cfg, resume)
+    start = state.start(resume, out)
+    data: StepData = (
+        ElasticGroup(cfg, module, loader, progress, set_progress, out)
+        if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
+        else Accumulation(loader, accum, layout, device)
+    )
+    if layout.is_main:  # the run directory is self-contained: evaluation and export read it
+        record_run(cfg, tokenizer)
+    recovery = SpikeRecovery(cfg.recovery, module.skipped_steps)
+    slow_ranks = SlowRanks(SlowRankReport(layout, device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows))
+    profile_dir = Path(cfg.profile.dir) if cfg.profile.dir else cfg.run_dir / "profile"
+    profiler = Profiler(StepProfiler(cfg.profile, profile_dir, device, layout.rank, out))
+    all_callbacks = (
+        _builtin_callbacks(cfg, recovery, slow_ranks, val_batches, tasks, profiler)
+        + user_callbacks
+        + _reporting_callbacks(cfg, layout)
+    )
+    return Run(
+        cfg, device, layout, out, tokenizer, data, val_batches, module, state, accum,
+        flops_per_token(cfg.model, cfg.data.seq_len), peak, recovery, all_callbacks, start,
+    )  # fmt: skip
+
+
+def _tokenizer(cfg: RunConfig, layout: Layout, out: Out) -> Tokenizer:
+    """Rank 0 trains or loads the tokenizer first; the others then read its cache."""
+    if layout.world > 1 and not layout.is_main:
+        dist.barrier()
+    what = (
+        "loading data.tokenizer"
+        if cfg.data.tokenizer
+        else "loading the token shards' tokenizer"
+        if entry_kind(source_entries(cfg.data.source)[0]) == "shards"
+        else "loading or training a byte-level BPE"
+    )
+    with Heartbeat(f"tokenizer: {what}", out):
+        tokenizer, line = build_data_tokenizer(cfg.data, cfg.model.vocab_size)
+    if layout.world > 1 and layout.is_main:
+        dist.barrier()
+    out(line)
+    return tokenizer
+
+
+def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> PackedLoader | ElasticData:
+    """This rank's loader; an elastic group's holds every data share's position."""
+    with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", out):
+        if not cfg.elastic.enabled:
+            return build_loader(
+                cfg.data,
+                tokenizer,
+                seed=cfg.train.seed,
+                batch_size=cfg.train.micro_batch,
+                dp_rank=layout.dp_rank,
+                dp_size=layout.dp,
+                log_fn=out,
+            )
+        shares, log = cfg.elastic.max_groups, out
+
+        def share_loader(share: int) -> PackedLoader:
+            nonlocal log
+            loader = build_loader(cfg.data, tokenizer, cfg.train.seed, cfg.train.micro_batch, share, shares, log_fn=log)
+            log = None  # the data line once
+            return loader
+
+        per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
+        record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
+        return ElasticData(share_loader, shares, per_share, record, layout.dp_rank, layout.dp, records=layout.rank == 0)
+
+
+def _validation(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, device: torch.device) -> list[Batch]:
+    if cfg.eval.every == 0:
+        return []
+    held_out = Validation(cfg.data, tokenizer, cfg.train.micro_batch, cfg.eval.batches, layout.dp_rank, layout.dp)
+    return [b.to(device) for b in held_out.batches()]
+
+
+def _model(cfg: RunConfig, layout: Layout, device: torch.device, accum: int, float8: bool, out: Out) -> ParallelModel:
+    compiled = decide_compile(
+        cfg.parallel.compile,
+        cfg.model,
+        device,
+        cfg.precision.mode,
+        cfg.train.micro_batch,
+        cfg.data.seq_len,
+        cfg.data.document_masking,
+        layout.tp,
+        cfg.parallel.activation_checkpoint,
+        cfg.parallel.recompute_every_other_mm,
+        attention_recomputed(cfg.parallel.recompute_attention, device),
+        cfg.train.attention_backend,
+        cfg.parallel.compile_mode,
+        out,
+    )
+    out(compiled.line)
+    with Heartbeat(f"model: building and initialising {count_params(cfg.model) / 1e6:,.1f}M parameters", out):
+        return build_parallel_model(
+            cfg.model,
+            cfg.parallel,
+            layout,
+            device,
+            cfg.train.seed,
+            accum,
+            cfg.precision,
+            compiled.enabled,
+            float8,
+            cfg.train.attention_backend,
+        )
+
+
+def _peak(cfg: RunConfig, layout: Layout, device: torch.device) -> Peak:
+    """The MFU denominator, on the rank that logs (the others would only contend for the cores
+    while it times GEMMs on a cache miss)."""
+    if not layout.is_main:
+        return Peak(None, "")
+    shapes = model_shapes(cfg.model.d_model, cfg.model.ffn_dim // layout.tp, cfg.train.micro_batch * cfg.data.seq_len)
+    dtype = compute_dtype(cfg.precision.mode, device)
+    return resolve_peak(device, dtype, cfg.train.peak_tflops, shapes, default_cache_dir())
+
+
+def _describe(cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel, peak: Peak, out: Out) -> None:
+    out(
+        f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, "
+        f"{flops_per_token(cfg.model, cfg.data.seq_len) / 1e9:.3f} GFLOP/token; "
+        f"{cfg.precision.mode} precision ({state_bytes_per_param(model.parameters()):.0f} bytes/parameter of "
+        f"weights, grads and Adam state) on {layout.world} x {device.type} ({layout.describe}, "
+        f"{cfg.parallel.dp_sharding}); {peak.summary}"
+    )
+    for warning in (peak.warning, slow_bf16_warning(device, cfg.precision.mode)):
+        if warning:
+            out(warning)
+
+
+def _builtin_callbacks(
+    cfg: RunConfig,
+    recovery: SpikeRecovery,
+    slow_ranks: SlowRanks,
+    val_batches: list[Batch],
+    tasks: InTrainingTasks | None,
+    profiler: Profiler,
+) -> list[Callback]:
+    """In the order their hooks run: a window is judged before it is logged, a step's
+    evaluations come before its checkpoint, and the final save commits before the profile
+    is written."""
+    callbacks: list[Callback] = [recovery, slow_ranks]
+    if cfg.eval.every:
+        callbacks.append(ValidationLoss(val_batches))
+    if tasks is not None:
+        callbacks.append(Tasks(tasks))
+    callbacks.append(Checkpointing())
+    if cfg.checkpoint.archive_every_tokens > 0:
+        callbacks.append(WeightArchives(cfg.checkpoint.archive_every_tokens))
+    return callbacks + [profiler]
+
+
+def _reporting_callbacks(cfg: RunConfig, layout: Layout) -> list[Callback]:
+    """After the user's: records are written once every callback has added its fields; the
+    loss plot, the run's last line and the sample come last."""
+    callbacks: list[Callback] = []
+    if layout.is_main:
+        callbacks += [LossPlot()] if cfg.train.plot else []
+        callbacks.append(Metrics())
+    return callbacks + ([Sample()] if cfg.train.sample_prompt else [])
