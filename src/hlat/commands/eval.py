@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.list:
         for task in TASKS.values():
             print(
-                f"{task.name:14s} {task.family:18s} {task.kind:16s} {task.num_fewshot}-shot  {', '.join(task.metrics)}"
+                f"{task.name:14s} {task.category:18s} {task.kind:16s} {task.num_fewshot}-shot  {', '.join(task.metrics)}"
             )
         for name, members in SUITES.items():
             print(f"suite {name}: {', '.join(members)}")

@@ -36,7 +36,7 @@ class EvalOptions:
 @dataclass
 class TaskResult:
     task: str
-    family: str
+    family: str  # the task's category, under the results JSON's key "family"
     metrics: dict[str, dict[str, float | None]]  # metric -> {"value", "stderr"}
     n: int
     shots: int
@@ -121,7 +121,7 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
     if task.notes:
         notes.insert(0, task.notes)
     return TaskResult(
-        task.name, task.family, metrics, len(docs), shots, digest, time.perf_counter() - t0, notes, samples
+        task.name, task.category, metrics, len(docs), shots, digest, time.perf_counter() - t0, notes, samples
     )
 
 
