@@ -76,8 +76,8 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
             if layout.world > 1:
                 dist.barrier()
             start = time.perf_counter()
-        share, _ = train_step(model, optimizers, [batch], cfg.optim.grad_clip)
-    loss = model.reduce_loss(share).item()
+        rank_loss, _ = train_step(model, optimizers, [batch], cfg.optim.grad_clip)
+    loss = model.reduce_loss(rank_loss).item()
     elapsed = time.perf_counter() - start
     state = sum(local_tensor(t).nbytes for t in model.parameters()) * 2  # weights + grads
     for opt in optimizers.optimizers:

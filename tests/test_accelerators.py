@@ -81,7 +81,7 @@ def test_trainium_rows_are_the_chip_over_its_ranks(chip):
             chip.link_gbs / ranks,
             chip.network_gbs / ranks,
         )
-        assert row.family == "trainium" and chip.source in row.source and chip.node_source == row.node_source
+        assert row.calibration_group == "trainium" and chip.source in row.source and chip.node_source == row.node_source
     assert by_table_name(chip.name) == by_table_name(f"{chip.name} LNC={chip.lncs[0]}")  # the default LNC
 
 

@@ -151,7 +151,7 @@ def test_layout_problems_name_the_field_before_any_process_group(overrides, worl
 def test_context_parallel_layouts_load():
     cfg = load_config("tiny", None, ["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp"], world=4)
     degrees = resolve_degrees(cfg.parallel, 4)
-    assert (degrees.dp, degrees.cp, degrees.dp_cp, degrees.describe()) == (2, 2, 4, "pp 1 x dp 2 x cp 2 x tp 1")
+    assert (degrees.dp, degrees.cp, degrees.dp_cp, degrees.summary()) == (2, 2, 4, "pp 1 x dp 2 x cp 2 x tp 1")
 
 
 @pytest.mark.parametrize(
@@ -168,7 +168,7 @@ def test_context_parallel_layouts_load():
 )
 def test_degrees_are_named_and_logged_as_before(overrides, world, text):
     degrees = resolve_degrees(load_config("tiny", None, overrides).parallel, world)
-    assert degrees.describe() == text and degrees.world == world
+    assert degrees.summary() == text and degrees.world == world
     assert degrees.dp == degrees.dp_replicate * degrees.dp_shard and degrees.cp == 1
 
 

@@ -51,8 +51,8 @@ class Accelerator:
     aliases: tuple[str, ...] = ()  # other names `hlat plan --device` takes for this row
 
     @property
-    def family(self) -> str:
-        """The calibration family (hlat.planning.calibration): one efficiency constant each."""
+    def calibration_group(self) -> str:
+        """The calibration group (hlat.planning.calibration): one efficiency constant each."""
         return "trainium" if self.name.startswith("trn") else "gpu"
 
     def peak_tflops(self, dtype: torch.dtype, tf32: bool) -> float:

@@ -126,7 +126,7 @@ def write_manifest(path: str | os.PathLike[str], manifest: dict[str, Any]) -> No
     write_atomic(path, json.dumps(manifest, indent=1))
 
 
-def read_manifest(path: str | os.PathLike[str]) -> Any:
+def read_manifest_json(path: str | os.PathLike[str]) -> Any:
     """The parsed JSON of a manifest; OSError or ValueError (JSON or UTF-8) if it cannot be read.
     Callers check its shape and say what to do about a bad one."""
     return json.loads(Path(path).read_text())

@@ -115,9 +115,9 @@ def run(spec: Run, layout: Layout, out: Path) -> None:
         batches = [Batch(mine[i : i + MICRO], labels_for(mine[i : i + MICRO])) for i in range(0, per_dp, MICRO)]
         before = GATHERS[0]
         with recording_grads(model, grads) if step == 0 else contextlib.nullcontext():
-            share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
+            rank_loss, _ = train_step(model, optimizers, batches, grad_clip=1.0)
         gathers.append(GATHERS[0] - before)
-        losses.append(model.reduce_loss(share).item())
+        losses.append(model.reduce_loss(rank_loss).item())
     full = get_model_state_dict(model.parts[0], options=StateDictOptions(full_state_dict=True))
     tag = spec.id
     if layout.dp_rank == 0 and layout.coordinate("tp") == 0:  # each pipeline stage saves its own layers

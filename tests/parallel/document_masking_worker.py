@@ -37,8 +37,8 @@ def losses(ctx, schedules: list[str]) -> None:  # type: ignore[no-untyped-def]
             tokens = torch.randint(1, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen)
             tokens[torch.rand(GLOBAL_BATCH, SEQ, generator=gen) < 0.08] = EOS  # ~2.5 documents per row
             batches = [make_batch(tokens[i : i + MICRO], EOS, True, True) for i in range(0, GLOBAL_BATCH, MICRO)]
-            share, _ = train_step(model, optimizers, batches, grad_clip=1.0)
-            steps.append(model.reduce_loss(share).item())
+            rank_loss, _ = train_step(model, optimizers, batches, grad_clip=1.0)
+            steps.append(model.reduce_loss(rank_loss).item())
         val = model.validation_loss(batches)
         if ctx.rank == 0:
             (ctx.out / f"{schedule}.json").write_text(json.dumps({"losses": steps, "val": val}))

@@ -12,7 +12,7 @@ from hlat.config.load import load_config
 from hlat.config.run import RunConfig
 from hlat.errors import UserError
 from hlat.model import flops_per_token
-from hlat.planning.calibration import RUNS, efficiencies, errors, family_of, format_calibration
+from hlat.planning.calibration import RUNS, calibration_group_of, efficiencies, errors, format_calibration
 from hlat.planning.forecast import Figures, format_forecast, make_system
 from hlat.planning.layout_search import search
 from hlat.planning.throughput import LayoutChoice, System, executed_flops_per_token, step_time
@@ -126,8 +126,8 @@ def test_calibration_reproduces_its_fitted_rows_and_reports_held_out_ones():
     rows = errors()
     for run, predicted, error in rows:
         assert error == pytest.approx(predicted / run.tokens_per_s_per_rank - 1)
-        if run.fit and sum(r.fit and family_of(r) == family_of(run) for r in RUNS) == 1:
-            assert abs(error) < 1e-4, run.name  # one fitted row per family: reproduced
+        if run.fit and sum(r.fit and calibration_group_of(r) == calibration_group_of(run) for r in RUNS) == 1:
+            assert abs(error) < 1e-4, run.name  # one fitted row per group: reproduced
     held = [e for r, _, e in rows if not r.fit]
     assert len(held) >= 5 and all(math.isfinite(e) for e in held)
     table = format_calibration()
@@ -146,9 +146,14 @@ def test_the_system_is_a_table_row_with_custom_figures_on_top():
         12.5,
     )
     assert trn1.rank == "1 NeuronCore-v2 (16 GiB; 2 per chip)"
-    assert trn1.family == "trainium" and trn1.efficiency == efficiencies()["trainium"]
+    assert trn1.calibration_group == "trainium" and trn1.efficiency == efficiencies()["trainium"]
     custom = make_system(None, Figures(peak_tflops=400.0, memory_gib=64.0, per_node=8, efficiency=0.5), cfg, 8)
-    assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.family) == (400.0, 64.0, 0.5, "gpu")
+    assert (custom.peak_tflops, custom.memory_gib, custom.efficiency, custom.calibration_group) == (
+        400.0,
+        64.0,
+        0.5,
+        "gpu",
+    )
     assert make_system(None, Figures(), cfg, 8) is None  # memory only, as before
     with pytest.raises(UserError, match="--peak-tflops and --memory-gib"):
         make_system(None, Figures(peak_tflops=400.0), cfg, 8)

@@ -113,7 +113,7 @@ def _on_every_rank(what: str, group: dist.ProcessGroup | None = None) -> Iterato
     try:
         yield
     except Exception as err:
-        failure = f"failed {what}: {_describe(err)}"
+        failure = f"failed {what}: {_failure_line(err)}"
     _agree(failure, group)
 
 
@@ -140,7 +140,7 @@ def _disk_full(err: BaseException) -> bool:
     return False
 
 
-def _describe(err: BaseException) -> str:
+def _failure_line(err: BaseException) -> str:
     """One line for a failed save step: a full disk as such, anything else as it was raised."""
     return NO_SPACE if _disk_full(err) else repr(err)
 
@@ -231,7 +231,7 @@ class CheckpointManager:
             except (Exception, CheckpointException) as err:  # DCP's is a BaseException
                 if not _disk_full(err):
                     raise
-                raise CheckpointError(f"failed to write its data in {tmp}: {_describe(err)}") from err
+                raise CheckpointError(f"failed to write its data in {tmp}: {_failure_line(err)}") from err
             hashes = _gather_hashes(tmp, step, None)
             self._commit_on_rank0(tmp, final, step, hashes, None)
             elapsed = time.perf_counter() - started
@@ -259,7 +259,7 @@ class CheckpointManager:
             written.result()
             failure = None
         except (Exception, CheckpointException) as err:
-            failure = f"failed to write its data: {_describe(err)}"
+            failure = f"failed to write its data: {_failure_line(err)}"
         hashes = _gather_hashes(tmp, step, self._group, failure)
         self._commit_on_rank0(tmp, stats.path, step, hashes, self._group)
         stats.write_s = time.perf_counter() - started
@@ -341,7 +341,7 @@ class CheckpointManager:
         path = Path(path)
         failure, manifest = None, {}
         try:
-            manifest = read_manifest(path)
+            manifest = read_checkpoint_manifest(path)
             same_world = manifest["world"] == _world()
             for name in shares(manifest["files"], _world(), same_world)[_rank()]:
                 self._check_file(path, name, manifest["files"][name])
@@ -389,12 +389,12 @@ def _load(file: Path) -> dict[str, Any]:
         raise CheckpointError(f"cannot load {file}: {refusal(err)}") from err
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_checkpoint_manifest(path: Path) -> dict[str, Any]:
     """The manifest of checkpoint `path`, refused with CheckpointError unless it is well formed,
     of this hlat's format, and lists DCP's metadata."""
     file = path / MANIFEST
     try:
-        manifest = atomic_files.read_manifest(file)
+        manifest = atomic_files.read_manifest_json(file)
     except (OSError, ValueError) as err:  # ValueError: not UTF-8 or not JSON
         raise CheckpointError(f"unreadable {file}: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:

@@ -22,7 +22,7 @@ from hlat.checkpoint.completeness import (
     model_shapes,
 )
 from hlat.checkpoint.errors import CheckpointError
-from hlat.checkpoint.manager import CheckpointManager, rank_file, read_manifest
+from hlat.checkpoint.manager import CheckpointManager, rank_file, read_checkpoint_manifest
 from hlat.data import merge_states
 
 HF_PREFIX = "hf:"
@@ -72,7 +72,7 @@ def rank_state_for(
 def _listed_ranks(path: Path) -> list[int]:
     """The ranks whose files checkpoint `path`'s manifest lists; a rank file it does not list
     (copied in, or left by another save) is refused rather than read unverified."""
-    listed = {name for name in read_manifest(Path(path))["files"] if _RANK_FILE.fullmatch(name)}
+    listed = {name for name in read_checkpoint_manifest(Path(path))["files"] if _RANK_FILE.fullmatch(name)}
     unlisted = sorted(file.name for file in Path(path).glob("rank_*.pt") if file.name not in listed)
     if unlisted:
         raise CheckpointError(

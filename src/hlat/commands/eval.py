@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.list:
         for task in TASKS.values():
             print(
-                f"{task.name:14s} {task.family:18s} {task.kind:16s} {task.num_fewshot}-shot  {', '.join(task.metrics)}"
+                f"{task.name:14s} {task.category:18s} {task.kind:16s} {task.num_fewshot}-shot  {', '.join(task.metrics)}"
             )
         for name, members in SUITES.items():
             print(f"suite {name}: {', '.join(members)}")
@@ -89,14 +89,14 @@ def _evaluate(args: argparse.Namespace) -> int:
     from hlat.device.resolve import resolve_device
     from hlat.eval import EvalOptions, LanguageModel, SandboxLimits, evaluate, resolve_tasks
     from hlat.eval.results import load_baselines, markdown_table, results_dict, write_results
-    from hlat.eval.sandbox import describe, require_isolation
+    from hlat.eval.sandbox import isolation_summary, require_isolation
     from hlat.eval.sweep import sweep_run, write_sweep
     from hlat.eval.tasks.task_file import load_task_files
 
     tasks = resolve_tasks(args.tasks, args.suite, load_task_files(args.task_file))
     isolation = None
     if any(t.kind == "code" for t in tasks):  # refuse before loading a model, not after
-        isolation = describe(require_isolation(args.allow_unsafe_code))
+        isolation = isolation_summary(require_isolation(args.allow_unsafe_code))
         print(f"code isolation: {isolation}")
     baselines = load_baselines(args.baseline) if args.baseline else None
     device = resolve_device(args.device, "--device")

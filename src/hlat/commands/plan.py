@@ -108,7 +108,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if system is None:
         return 0
     print(format_fit(stages, system))
-    if degrees.cp > 1 and system.family != "cpu":
+    if degrees.cp > 1 and system.calibration_group != "cpu":
         print(
             "note: parallel.cp trains on the CPU only so far (ring attention over its flash kernel); "
             "the plan prices hlat's ring as it runs there"

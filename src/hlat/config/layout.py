@@ -37,7 +37,7 @@ class Degrees:
     def world(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
 
-    def describe(self) -> str:
+    def summary(self) -> str:
         """As the logs print them: pp 1 x dp 4 x tp 2, or under HSDP pp 1 x dp 4 (2 replicas x 2 shards) x tp 2."""
         hsdp = f" ({self.dp_replicate} replicas x {self.dp_shard} shards)" if self.dp_replicate > 1 else ""
         cp = f" x cp {self.cp}" if self.cp > 1 else ""

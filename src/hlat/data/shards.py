@@ -46,9 +46,9 @@ def shard_tokenizer_path(root: Path) -> Path:
     )
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_shard_manifest(root: Path) -> dict[str, Any]:
     try:
-        manifest = atomic_files.read_manifest(root / "manifest.json")
+        manifest = atomic_files.read_manifest_json(root / "manifest.json")
     except (OSError, ValueError) as e:
         raise DataError(f"cannot read {root / 'manifest.json'}: {e}; run `hlat prepare` again") from e
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
@@ -85,7 +85,7 @@ def prepare_shards(
     }
     manifest: dict[str, Any] = {**expected, "shards": [], "bad": {}, "complete": False}
     if (out / "manifest.json").is_file() and not overwrite:
-        old = read_manifest(out)
+        old = read_shard_manifest(out)
         changed = [k for k in expected if old.get(k) != expected[k]]
         if changed:
             raise DataError(
@@ -154,7 +154,7 @@ def prepare_shards(
 
 def verify_shards(root: Path) -> list[str]:
     """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
-    manifest = read_manifest(root)
+    manifest = read_shard_manifest(root)
     return [
         name
         for s in manifest["shards"]
@@ -167,7 +167,7 @@ class ShardDocuments:
     """Documents read from token shards by memory map: the same ``DocumentTokens`` as online."""
 
     def __init__(self, root: Path, tokenizer: Any, skip_bad: bool = False):
-        m = read_manifest(root)
+        m = read_shard_manifest(root)
         self.root, self.name = root, f"token shards {root} ({m['source']})"
         if not m["complete"]:
             raise DataError(

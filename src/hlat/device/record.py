@@ -90,10 +90,10 @@ def device_record(device_type: str) -> DeviceRecord:
     return RECORDS.get(device_type) or DeviceRecord(device_type)
 
 
-# hlat.accelerators' planning families (Accelerator.family) and the device type each one runs as.
-_FAMILY_TYPES = {"gpu": "cuda", "trainium": "neuron", "cpu": "cpu"}
+# hlat.accelerators' calibration groups (Accelerator.calibration_group) and the device type each one runs as.
+_GROUP_DEVICE_TYPES = {"gpu": "cuda", "trainium": "neuron", "cpu": "cpu"}
 
 
-def family_record(family: str) -> DeviceRecord:
-    """The record of the device type a planning family runs as (`hlat plan --device`'s row)."""
-    return device_record(_FAMILY_TYPES.get(family, family))
+def calibration_group_record(group: str) -> DeviceRecord:
+    """The record of the device type a calibration group runs as (`hlat plan --device`'s row)."""
+    return device_record(_GROUP_DEVICE_TYPES.get(group, group))

@@ -15,7 +15,7 @@ from typing import Any
 from hlat.digests import short_sha256
 from hlat.eval.lm import LanguageModel
 from hlat.eval.metrics import loglikelihood_perplexity, mean_stderr, perplexity_metrics
-from hlat.eval.sandbox import SandboxLimits, describe, isolation_mode
+from hlat.eval.sandbox import SandboxLimits, isolation_mode, isolation_summary
 from hlat.eval.scoring import score_code, score_generation, score_loglikelihood, score_multiple_choice, score_perplexity
 from hlat.eval.tasks import DataMissing, Doc, Task, choose_shots, load_split
 
@@ -36,7 +36,7 @@ class EvalOptions:
 @dataclass
 class TaskResult:
     task: str
-    family: str
+    family: str  # the task's category, under the results JSON's key "family"
     metrics: dict[str, dict[str, float | None]]  # metric -> {"value", "stderr"}
     n: int
     shots: int
@@ -99,7 +99,7 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
             options.workers,
             options.allow_unsafe_code,
         )
-        notes.append(f"code isolation: {describe(isolation_mode())}")
+        notes.append(f"code isolation: {isolation_summary(isolation_mode())}")
     else:
         scores, samples = score_perplexity(lm, task, docs)
     if task.kind == "perplexity":
@@ -121,7 +121,7 @@ def evaluate_task(lm: LanguageModel, task: Task, options: EvalOptions) -> TaskRe
     if task.notes:
         notes.insert(0, task.notes)
     return TaskResult(
-        task.name, task.family, metrics, len(docs), shots, digest, time.perf_counter() - t0, notes, samples
+        task.name, task.category, metrics, len(docs), shots, digest, time.perf_counter() - t0, notes, samples
     )
 
 

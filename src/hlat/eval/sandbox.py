@@ -86,7 +86,7 @@ def isolation_mode() -> str:
     return isolation.NAMESPACES if ok else isolation.NONE
 
 
-def describe(mode: str) -> str:
+def isolation_summary(mode: str) -> str:
     """One line for the console and the results: what the solution process runs inside."""
     if mode == isolation.NAMESPACES:
         who = "an unprivileged uid of its own" if os.geteuid() == 0 else "a user namespace"

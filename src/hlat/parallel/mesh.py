@@ -64,7 +64,7 @@ class Layout:
 
     @property
     def describe(self) -> str:
-        return self.degrees.describe()
+        return self.degrees.summary()
 
     def submesh(self, dim: str) -> DeviceMesh:
         # torch asks callers to keep a flattened mesh rather than slice it from the root again

@@ -79,22 +79,22 @@ class ParallelModel:
         return stack
 
     def forward_backward(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
-        """Accumulate the gradients of the global-batch mean loss; return this rank's share of it.
+        """Accumulate the gradients of the global-batch mean loss; return this rank's part of it, its rank loss.
 
         `n_targets` is the global target count; DDP/FSDP average gradients over dp, so each loss
-        is scaled by dp / n_targets. Summing the returned shares over dp and pp ranks gives the loss.
+        is scaled by dp / n_targets. Summing the rank losses over dp and pp ranks gives the loss.
         """
         device = batches[0].tokens.device
         try:
             self._fill_bf16_cache()
-            share = self._forward_backward(batches, n_targets, device)
+            rank_loss = self._forward_backward(batches, n_targets, device)
         finally:
             self._clear_bf16_cache()
         if self.grad_accumulator is not None:
             self.grad_accumulator.finish()
         if self.tied is not None:
             self.tied.sum_gradients()
-        return share
+        return rank_loss
 
     @torch.no_grad()
     def _fill_bf16_cache(self) -> None:
@@ -115,7 +115,7 @@ class ParallelModel:
     ) -> torch.Tensor:
         scale = self.layout.degrees.dp_cp / n_targets
         if self.schedule is not None:
-            share = self._pipeline_step(batches, scale, device)
+            rank_loss = self._pipeline_step(batches, scale, device)
         else:
             model, total = self.parts[0], torch.zeros((), device=device)
             for i, batch in enumerate(batches):
@@ -124,8 +124,8 @@ class ParallelModel:
                     loss = token_loss_sum(logits, labels)
                     (loss * scale).backward()
                 total += full_tensor(loss.detach())
-            share = total / n_targets
-        return share
+            rank_loss = total / n_targets
+        return rank_loss
 
     def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and the labels they are scored against: with context parallelism, of this cp
@@ -237,11 +237,11 @@ class ParallelModel:
     def param_norm(self) -> torch.Tensor:
         return self._global_norm([p.detach() for p in self._counted(self.parameters())])
 
-    def reduce_loss(self, share: torch.Tensor) -> torch.Tensor:
-        """Sum the per-rank loss shares over dp, cp and pp (tp ranks hold copies): one collective."""
+    def reduce_loss(self, rank_loss: torch.Tensor) -> torch.Tensor:
+        """Sum the rank losses over dp, cp and pp (tp ranks hold copies): one collective."""
         if self.layout.world == 1:
-            return share
-        total = share.clone()
+            return rank_loss
+        total = rank_loss.clone()
         dist.all_reduce(total)
         return total / self.layout.tp
 

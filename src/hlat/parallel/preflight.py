@@ -78,7 +78,7 @@ def check_layout(cfg: RunConfig, world: int) -> Check:
     problems = cfg.layout_problems(world)
     if problems:
         return Check("layout", None, "FAIL", f"{world} processes launched", "; ".join(f"{f}: {m}" for f, m in problems))
-    degrees = resolve_degrees(cfg.parallel, world).describe()
+    degrees = resolve_degrees(cfg.parallel, world).summary()
     return Check("layout", None, "ok", f"{degrees} = {world} process{'es' if world > 1 else ''}")
 
 

@@ -1,9 +1,10 @@
-"""Published training runs, and the one efficiency constant per device family fitted on them.
+"""Published training runs, and the one efficiency constant per calibration group fitted on them.
 
 Each run is described as hlat would run it (a preset with overrides, a layout, a device) with the
-tokens/s per rank its source reports. The fit picks, per family, the efficiency (fraction of the
-dense peak that compute reaches in hlat.planning.throughput) that minimises the squared log error
-over the family's `fit` rows; the other rows are held out and their error is reported.
+tokens/s per rank its source reports. The fit picks, per calibration group (gpu, trainium, cpu),
+the efficiency (fraction of the dense peak that compute reaches in hlat.planning.throughput) that
+minimises the squared log error over the group's `fit` rows; the other rows are held out and
+their error is reported.
 Conditions the step-time model does not see (torch.compile, power limits, kernels) are written in
 each row: they are what the held-out errors measure.
 """
@@ -297,12 +298,19 @@ def system_for(device: str, efficiency: float) -> System:
         return System("cpu", CPU_BENCHMARK_GFLOPS / 1e3, 0.0, 1, 0.0, 0.0, "cpu", efficiency)
     row = by_table_name(device)
     return System(
-        row.name, row.bf16_tflops, row.memory_gib, row.per_node, row.intra_gbs, row.inter_gbs, row.family, efficiency
+        row.name,
+        row.bf16_tflops,
+        row.memory_gib,
+        row.per_node,
+        row.intra_gbs,
+        row.inter_gbs,
+        row.calibration_group,
+        efficiency,
     )
 
 
-def family_of(run: Run) -> str:
-    return "cpu" if run.device == "cpu" else by_table_name(run.device).family
+def calibration_group_of(run: Run) -> str:
+    return "cpu" if run.device == "cpu" else by_table_name(run.device).calibration_group
 
 
 def predicted_per_rank(run: Run, efficiency: float) -> float:
@@ -312,11 +320,11 @@ def predicted_per_rank(run: Run, efficiency: float) -> float:
 
 @functools.cache
 def efficiencies() -> dict[str, float]:
-    """Family -> the efficiency that fits its `fit` rows best (least squared log error)."""
+    """Calibration group -> the efficiency that fits its `fit` rows best (least squared log error)."""
     fitted: dict[str, float] = {}
-    for family in sorted({family_of(r) for r in RUNS}):
-        rows = [r for r in RUNS if r.fit and family_of(r) == family]
-        fitted[family] = _minimise(
+    for group in sorted({calibration_group_of(r) for r in RUNS}):
+        rows = [r for r in RUNS if r.fit and calibration_group_of(r) == group]
+        fitted[group] = _minimise(
             lambda e: sum(math.log(predicted_per_rank(r, e) / r.tokens_per_s_per_rank) ** 2 for r in rows), 0.005, 1.0
         )
     return fitted
@@ -335,7 +343,7 @@ def errors() -> list[tuple[Run, float, float]]:
     """(run, predicted tokens/s per rank, relative error) for every run, at the fitted constants."""
     out = []
     for run in RUNS:
-        predicted = predicted_per_rank(run, efficiencies()[family_of(run)])
+        predicted = predicted_per_rank(run, efficiencies()[calibration_group_of(run)])
         out.append((run, predicted, predicted / run.tokens_per_s_per_rank - 1))
     return out
 
@@ -344,8 +352,9 @@ def format_calibration() -> str:
     """The table `hlat plan --calibration` prints."""
     fitted = efficiencies()
     lines = [
+        # "device family" is the printed name of a calibration group (docs/parallelism.md quotes this table)
         "efficiency per device family (fraction of the dense peak compute reaches): "
-        + ", ".join(f"{family} {value:.3f}" for family, value in fitted.items()),
+        + ", ".join(f"{group} {value:.3f}" for group, value in fitted.items()),
         f"{'run':<58} {'role':<8} {'published':>10} {'predicted':>10} {'error':>7}",
     ]
     rows = errors()

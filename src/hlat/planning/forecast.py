@@ -50,12 +50,12 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
             row.per_node or 1,
             row.intra_gbs,
             row.inter_gbs,
-            row.family,
+            row.calibration_group,
             0.0,
             row.rank,
         )
     elif figures.peak_tflops is not None and figures.memory_gib is not None:
-        base = System("custom", 0.0, 0.0, 1, 0.0, 0.0, "gpu", 0.0)  # the GPU family's constant unless --efficiency
+        base = System("custom", 0.0, 0.0, 1, 0.0, 0.0, "gpu", 0.0)  # the gpu group's constant unless --efficiency
     elif any(v is not None for v in vars(figures).values()):
         raise UserError(
             "custom figures without --device need at least --peak-tflops and --memory-gib "
@@ -71,8 +71,8 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
         pick(figures.per_node, base.per_node),
         pick(figures.intra_gbs, base.intra_gbs),
         pick(figures.inter_gbs, base.inter_gbs),
-        base.family,
-        pick(figures.efficiency, efficiencies()[base.family]),
+        base.calibration_group,
+        pick(figures.efficiency, efficiencies()[base.calibration_group]),
         base.rank,
     )
     if world > system.per_node and system.inter_gbs <= 0:
@@ -100,7 +100,7 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
     nodes = nodes_of(system, world)
     days, cost = days_and_cost(step.tokens_per_s, budget_tokens, nodes, price)
     lines = [
-        f"predicted on {world} x {system.name} ({nodes} node{'s' * (nodes > 1)} of {system.per_node}; {system.family} "
+        f"predicted on {world} x {system.name} ({nodes} node{'s' * (nodes > 1)} of {system.per_node}; {system.calibration_group} "
         f"efficiency {system.efficiency:.3f}, hlat plan --calibration): step {step.total_s:.3g} s = compute {step.compute_s:.3g} "
         f"+ tensor parallel {step.tp_s:.3g}{f' + context-parallel ring {step.cp_s:.3g}' if step.cp_s else ''} + data parallel (exposed) {step.dp_s:.3g} + pipeline sends {step.pp_s:.3g} "
         f"+ bubble {step.bubble_s:.3g}",

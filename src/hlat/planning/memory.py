@@ -255,7 +255,7 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees:
 
 def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[StagePlan]) -> str:
     lines = [
-        f"{cfg.name} on {world} ranks: {degrees.describe()}, {cfg.parallel.dp_sharding}, "
+        f"{cfg.name} on {world} ranks: {degrees.summary()}, {cfg.parallel.dp_sharding}, "
         f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}"
         + (f" ({cfg.data.seq_len // degrees.cp} tokens per cp rank)" if degrees.cp > 1 else ""),
         f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",

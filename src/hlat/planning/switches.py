@@ -6,7 +6,7 @@ Their measured effect comes from a GPU run (benchmarks/gpu_check.sh); these are 
 from __future__ import annotations
 
 from hlat.config.run import RunConfig
-from hlat.device.record import family_record
+from hlat.device.record import calibration_group_record
 from hlat.model import flops_per_token
 from hlat.planning.device_layout import device_layout
 from hlat.planning.memory import GIB
@@ -24,7 +24,7 @@ def attention_saved_bytes(cfg: RunConfig) -> float:
 
 
 def format_switches(cfg: RunConfig, world: int, system: System) -> str:
-    record = family_record(system.family)
+    record = calibration_group_record(system.calibration_group)
     lines = [f"speed switches on {system.name} (counted, not measured):"]
     laid_out, line = device_layout(cfg, world, record, int(system.memory_gib * GIB))
     if line:

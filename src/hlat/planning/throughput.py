@@ -5,7 +5,7 @@ Per rank and optimizer step (docs/parallelism.md, "Throughput and cost"):
   attention at half the 12 L d s that MFU counts, since the fused kernels skip the masked half,
   and what the recompute policy runs again, and the KV projections' copies when tp exceeds
   the KV heads), over world x peak x efficiency. The efficiency is the
-  one constant per device family that hlat.planning.calibration fits on published runs; MFU keeps
+  one constant per calibration group that hlat.planning.calibration fits on published runs; MFU keeps
   hlat.model.flops_per_token, the convention the trainer and the published MFUs use.
 - tensor parallel: with sequence parallel each block gathers and scatters its activations twice
   forward and twice backward, ring collectives of (t-1)/t of a micro-batch's b x s x d
@@ -59,7 +59,7 @@ class System:
     per_node: int  # ranks per node
     intra_gbs: float  # one-way bandwidth per rank within a node; 0 = not counted
     inter_gbs: float  # one-way bandwidth per rank across nodes
-    family: str  # calibration family
+    calibration_group: str  # hlat.accelerators.Accelerator.calibration_group, or "cpu"
     efficiency: float  # fraction of the peak that compute reaches
     rank: str = ""  # what a rank is where it is part of a chip (hlat.accelerators.Accelerator.rank)
 

@@ -39,7 +39,7 @@ class Dataset:
 @dataclass(frozen=True)
 class Task:
     name: str
-    family: str  # the paper's group: knowledge, reasoning, commonsense, world knowledge, math, code
+    category: str  # the paper's group: knowledge, reasoning, commonsense, world knowledge, math, code
     kind: Kind
     data: Dataset
     doc_to_text: Callable[[Doc], str]
