@@ -63,7 +63,7 @@ class Layout:
         return self.degrees.tp
 
     @property
-    def describe(self) -> str:
+    def summary(self) -> str:
         return self.degrees.summary()
 
     def submesh(self, dim: str) -> DeviceMesh:

@@ -140,7 +140,7 @@ def build_run(
     )
     state = RunState(cfg, layout, device, module, loader)
     peak = _peak(cfg, layout, device)
-    _describe(cfg, layout, device, model, peak, out)
+    _model_lines(cfg, layout, device, model, peak, out)
     if layout.is_main:  # only now: a start that fails leaves the run directory as it was
         prepare_run_dir(cfg, resume)
     start = state.start(resume, out)
@@ -261,12 +261,14 @@ def _peak(cfg: RunConfig, layout: Layout, device: torch.device) -> Peak:
     return resolve_peak(device, dtype, cfg.train.peak_tflops, shapes, default_cache_dir())
 
 
-def _describe(cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel, peak: Peak, out: Out) -> None:
+def _model_lines(
+    cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel, peak: Peak, out: Out
+) -> None:
     out(
         f"model: {count_params(cfg.model) / 1e6:,.1f}M parameters, "
         f"{flops_per_token(cfg.model, cfg.data.seq_len) / 1e9:.3f} GFLOP/token; "
         f"{cfg.precision.mode} precision ({state_bytes_per_param(model.parameters()):.0f} bytes/parameter of "
-        f"weights, grads and Adam state) on {layout.world} x {device.type} ({layout.describe}, "
+        f"weights, grads and Adam state) on {layout.world} x {device.type} ({layout.summary}, "
         f"{cfg.parallel.dp_sharding}); {peak.summary}"
     )
     for warning in (peak.warning, slow_bf16_warning(device, cfg.precision.mode)):

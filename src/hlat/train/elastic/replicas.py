@@ -7,7 +7,7 @@ the same index in the other groups. Each step starts a quorum at torchft's light
 that died is no longer in it); a group that comes back heals in that call, each rank from the
 same rank of a live peer (weights and optimizer state as this rank's local shards, counters, data
 positions) sent over HTTP and loaded with weights_only=True. Each rank's local gradient shards
-(FSDP2 inside a group: DTensor.to_local) and its loss share are summed across the groups present
+(FSDP2 inside a group: DTensor.to_local) and its part of the loss are summed across the groups present
 in one all-reduce, and the step commits only where every group's collectives succeeded
 (should_commit); a failed step is retried with the next quorum.
 
@@ -181,7 +181,7 @@ class Replicas:
         return self.manager.errored() is not None
 
     def reduce_gradients(self, params: Iterable[torch.nn.Parameter], share: torch.Tensor) -> torch.Tensor:
-        """Sum this rank's gradient shards and loss share over the groups present, in one all-reduce."""
+        """Sum this rank's gradient shards and its part of the loss over the groups present, in one all-reduce."""
         params = list(params)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         shards = [local_tensor(g) for g in grads]  # FSDP2: the same shard on the same rank of every group
