@@ -125,15 +125,16 @@ def test_narrow_blocks_keep_the_modes_dtype():
 
 def _trainer_start(*overrides: str) -> list[str]:
     """The trainer's start-up lines up to building the data (where this stops it)."""
+    import hlat.train.build as build_module
     import hlat.train.trainer as trainer_module
 
     lines: list[str] = []
 
-    def stop(self):  # type: ignore[no-untyped-def]
+    def stop(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("stop")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trainer_module.Trainer, "_build_data", stop)
+        patch.setattr(build_module, "_tokenizer", stop)
         cfg = load_config("tiny", overrides=["--train.device", "cpu", "--precision.float8", "true", *overrides])
         with pytest.raises(RuntimeError, match="stop"):
             trainer_module.Trainer(cfg, resume="fresh", out=lines.append)
