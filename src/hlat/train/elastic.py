@@ -13,9 +13,9 @@ from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.digests import short_sha256
 from hlat.errors import UserError
+from hlat.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.parallel.elastic import Replicas, like, local_tensors
 from hlat.parallel.elastic_data import ElasticData
-from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.train.resume import Progress
 from hlat.train.train_module import TrainModule
 

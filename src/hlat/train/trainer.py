@@ -35,6 +35,7 @@ from hlat.device.rounding import stochastic_rounding
 from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
+from hlat.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.float8 import check_float8, float8_line
 from hlat.model import count_params, flops_per_token
 from hlat.model.attention import attention_backend_problem
@@ -49,7 +50,6 @@ from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.planning.device_layout import device_layout
 from hlat.precision import compute_dtype, state_bytes_per_param
 from hlat.progress import Heartbeat
-from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.train.callbacks.base import Callback, load_callback
 from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
 from hlat.train.callbacks.evaluation import Tasks, ValidationLoss
