@@ -22,7 +22,7 @@ from compiling import compiling  # noqa: E402, F401  (the fixture, for every tes
 from flex_on_cpu import flex_on_cpu  # noqa: E402, F401  (the fixture, for every test module)
 from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
-pytest_plugins = ["pytester"]  # tests/test_compiling.py runs a pytest session of its own
+pytest_plugins = ["pytester"]  # tests/project/test_compiling.py runs a pytest session of its own
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
 
