@@ -2,7 +2,7 @@
 full restart from the last checkpoint, on the same CPU model, batch and steps.
 
 - elastic: `--groups` groups of one process at a lighthouse in this process; group 1 is killed
-  (SIGKILL, hlat.testing.faults) before step `--kill` and restarted at once, as a supervisor
+  (SIGKILL, hlat.faults) before step `--kill` and restarted at once, as a supervisor
   would; the others go on. Lost: the survivors' wall time over an uninterrupted elastic run's;
   steps redone: committed (step, share) records beyond one per share per step; seconds to rejoin:
   from the kill to the restarted group's first committed step (its token record).
@@ -42,7 +42,7 @@ MODEL = [
 
 
 def hlat_train(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-    # HLAT_FAULT acts only under HLAT_TESTING=1 (hlat.testing.faults)
+    # HLAT_FAULT acts only under HLAT_TESTING=1 (hlat.faults)
     environ = {**os.environ, "OMP_NUM_THREADS": "1", "HLAT_TESTING": "1", **(env or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "hlat", "train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environ

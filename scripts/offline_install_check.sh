@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 torch_spec="${1:-torch==2.13.0}"
-# the one list, as the docs state it (tests/test_offline_install.py checks it against the imports)
+# the one list, as the docs state it (tests/project/test_offline_install.py checks it against the imports)
 packages=$(grep '^Run-time imports of the training path' docs/parallelism.md | cut -d: -f2- | grep -o '`[a-z_]*`' | tr -d '`' | tr '\n' ' ')
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT

@@ -10,7 +10,7 @@ import pytest
 # (set before any test module imports them; subprocesses inherit it). Every run is eager
 # (torch.compile is a no-op; parallel.compile auto means eager): compiling costs seconds per
 # process. Tests of compilation turn it back on with the `compiling` fixture. HLAT_TESTING=1 lets
-# HLAT_FAULT inject faults (hlat.testing.faults), here and in every process the tests start.
+# HLAT_FAULT inject faults (hlat.faults), here and in every process the tests start.
 os.environ.update(
     HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TORCH_COMPILE_DISABLE="1", HLAT_TESTING="1"
 )
@@ -22,7 +22,7 @@ from compiling import compiling  # noqa: E402, F401  (the fixture, for every tes
 from flex_on_cpu import flex_on_cpu  # noqa: E402, F401  (the fixture, for every test module)
 from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
-pytest_plugins = ["pytester"]  # tests/test_compiling.py runs a pytest session of its own
+pytest_plugins = ["pytester"]  # tests/project/test_compiling.py runs a pytest session of its own
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
 

@@ -1,4 +1,4 @@
-"""Fault injection (hlat.testing.faults) acts only under HLAT_TESTING=1, and a malformed
+"""Fault injection (hlat.faults) acts only under HLAT_TESTING=1, and a malformed
 HLAT_FAULT there is one line, exit 2."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
-from hlat.testing.faults import FaultSpecError, fault_spec
+from hlat.faults import FaultSpecError, fault_spec
 
 
 def _save(directory):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deps import require
-from hf_logits import HF_LOGIT_TOLERANCE
+from hf_reference import HF_LOGIT_TOLERANCE, perturbed_model
 from hlat.checkpoint.hf_import import ImportRefused
 from hlat.checkpoint.loading import load_model
 from hlat.cli import main
@@ -59,7 +59,6 @@ def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB", **v
     `variant`: LlamaConfig keys over the plain LLaMA's."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=96,
         hidden_size=64,
@@ -73,10 +72,7 @@ def _hf_llama(directory: Path, n_kv_heads: int, max_shard_size: str = "5GB", **v
         **{"tie_word_embeddings": False, **variant},
     )
     config._attn_implementation = "eager"
-    model = transformers.LlamaForCausalLM(config).float().eval()
-    with torch.no_grad():  # perturb everything, norms included, so a swapped mapping shows
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    model = perturbed_model(transformers.LlamaForCausalLM, config)
     model.save_pretrained(directory, max_shard_size=max_shard_size, safe_serialization=True)
     tk = Tokenizer(
         models.WordLevel({"</s>": 0, "<unk>": 1, "<s>": 2, **{f"w{i}": i + 3 for i in range(93)}}, unk_token="<unk>")

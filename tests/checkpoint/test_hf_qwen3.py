@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from deps import require
-from hf_logits import HF_LOGIT_TOLERANCE
+from hf_reference import HF_LOGIT_TOLERANCE, perturbed_model
 from hlat.checkpoint.loading import load_model
 from hlat.cli import main
 
@@ -20,7 +20,6 @@ def _hf_qwen3(directory: Path, **variant) -> torch.nn.Module:
     with a WordLevel tokenizer.json ending documents with <|endoftext|>, as Qwen3's does."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    torch.manual_seed(0)
     config = transformers.Qwen3Config(
         vocab_size=96,
         hidden_size=64,
@@ -34,10 +33,7 @@ def _hf_qwen3(directory: Path, **variant) -> torch.nn.Module:
         rms_norm_eps=1e-6,
         **{"tie_word_embeddings": False, **variant},
     )
-    model = transformers.Qwen3ForCausalLM(config).float().eval()
-    with torch.no_grad():  # perturb everything, the QK-norms included, so a swapped mapping shows
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    model = perturbed_model(transformers.Qwen3ForCausalLM, config)  # the QK-norms perturbed too
     model.save_pretrained(directory, safe_serialization=True)
     tk = Tokenizer(
         models.WordLevel({"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(94)}}, unk_token="<unk>")

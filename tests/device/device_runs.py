@@ -14,10 +14,10 @@ from unittest import mock
 from hlat import precision
 from hlat.config.load import load_config
 from hlat.device import record
-from hlat.testing import simulated_device
 from hlat.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from device import simulated_device  # noqa: E402
 from runs import ScenarioContext, tiny_args  # noqa: E402
 from train import layout_runs  # noqa: E402
 

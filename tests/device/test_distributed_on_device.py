@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hlat.testing import simulated_device
+from device import simulated_device
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors
 
 LAYOUTS = {"ddp": ["--parallel.dp_sharding", "ddp"], "fsdp": ["--parallel.dp_sharding", "fsdp"]}

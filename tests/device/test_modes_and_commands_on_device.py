@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from hlat.cli import main
-from hlat.testing import simulated_device
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from device import simulated_device  # noqa: E402
 from device.device_runs import accelerator_compute_on_cpu, foreach_adamw_on_cpu, train_here  # noqa: E402
 from eval.task_files import write_tiny_tasks  # noqa: E402
 from runs import assert_same_tensors, checkpoint_tensors  # noqa: E402

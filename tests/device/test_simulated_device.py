@@ -1,4 +1,4 @@
-"""The simulated accelerator (hlat.testing.simulated_device) is a device apart from the CPU: what it
+"""The simulated accelerator (tests/device/simulated_device.py) is a device apart from the CPU: what it
 refuses and keeps separately is what lets the device tests catch host/device bugs, and its numbers
 are the CPU's bit for bit, which lets them compare runs exactly."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hlat.testing import simulated_device
+from device import simulated_device
 
 simulated_device.register()
 SIM = torch.device(simulated_device.TYPE, 0)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hlat.testing import simulated_device
-
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from device import simulated_device  # noqa: E402
 from device.device_runs import foreach_adamw_on_cpu, train_here  # noqa: E402
 
 simulated_device.register()

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from deps import require
-from hf_logits import HF_LOGIT_TOLERANCE
+from hf_reference import HF_LOGIT_TOLERANCE, perturbed_model
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.model import Llama, count_params
@@ -70,14 +70,9 @@ CONFIGS = {
 
 
 def hf_model(cfg: ModelConfig) -> torch.nn.Module:
-    torch.manual_seed(0)
     hf_cfg = transformers.LlamaConfig(**hf_config_dict(cfg))
     hf_cfg._attn_implementation = "eager"  # compare against HF's own matmul/softmax path
-    model = transformers.LlamaForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():  # perturb everything, norms included, so a swapped mapping shows
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model
+    return perturbed_model(transformers.LlamaForCausalLM, hf_cfg)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deps import require
-from hf_logits import HF_LOGIT_TOLERANCE
+from hf_reference import HF_LOGIT_TOLERANCE, perturbed_model
 from hlat.config.fields import choices
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
@@ -41,12 +41,7 @@ CONFIGS = {
 def _transformers_model(cfg: ModelConfig) -> torch.nn.Module:
     """A Qwen3ForCausalLM of `cfg` with every weight perturbed (norms included, so a swapped or
     missing QK-norm shows)."""
-    torch.manual_seed(0)
-    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**QWEN3.hf.config_dict(cfg))).float().eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return hf
+    return perturbed_model(transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**QWEN3.hf.config_dict(cfg)))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -4,7 +4,7 @@ drops out, the survivors go on in the same processes, the group restarted two st
 from a live peer; every (step, share) of the data order is trained exactly once, on the same
 tokens as an uninterrupted run, to the same weights (groups of several processes:
 tests/train/test_elastic_groups.py). Not tested: several machines, NCCL, real node failures (the
-kill is injected: hlat.testing.faults).
+kill is injected: hlat.faults).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Failures: a rank killed (SIGKILL) during training or while a checkpoint is being committed,
-under torchrun --max-restarts; a NaN gradient; a loss spike. Injected with hlat.testing.faults
+under torchrun --max-restarts; a NaN gradient; a loss spike. Injected with hlat.faults
 (HLAT_FAULT) or by patching one step in-process.
 """
 

@@ -2,7 +2,7 @@
 where a resume starts, and the resume continues exactly (the final weights equal an uninterrupted
 run's); under torchrun a signal that reaches one rank stops every rank after the same step. A
 second signal, or a save that cannot finish in time, stops at once and names the checkpoint a
-resume uses. Other commands only say they were interrupted. Signals come from hlat.testing.faults
+resume uses. Other commands only say they were interrupted. Signals come from hlat.faults
 (HLAT_FAULT=sigint|sigterm:STEP:RANK[:COUNT], sent before optimizer step STEP)."""
 
 from pathlib import Path

@@ -57,8 +57,8 @@ from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, 
 from hlat.checkpoint import safe_dcp
 from hlat.checkpoint.errors import CheckpointError, refusal
 from hlat.checkpoint.safe_metadata import read_metadata
+from hlat.faults import maybe_fail, maybe_kill
 from hlat.parallel.mesh import collective_timeout
-from hlat.testing.faults import maybe_fail, maybe_kill
 
 MANIFEST = "manifest.json"
 SHARED_FILE = "shared.pt"

@@ -23,11 +23,11 @@ from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.device.record import device_record
 from hlat.errors import ConfigError
+from hlat.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.optim import lr_multiplier
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import world_from_env
 from hlat.parallel.parallelize import ParallelModel
-from hlat.testing.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.train.build import build_run
 from hlat.train.callbacks.base import Callback
 from hlat.train.cost import cost_fields, node_count

@@ -17,7 +17,7 @@ from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.digests import short_sha256
 from hlat.errors import UserError
-from hlat.testing.faults import HOLD_TIMEOUT_S, hold_groups
+from hlat.faults import HOLD_TIMEOUT_S, hold_groups
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.replicas import Replicas, like, local_tensors
 from hlat.train.elastic.shares import ElasticData

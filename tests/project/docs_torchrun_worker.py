@@ -1,7 +1,7 @@
 """A documented `torchrun ... -m hlat ARGS` command as a scenario of the shared launch (tests/runs.py):
 each rank runs hlat.cli.main(ARGS) in the scenario's directory, the way `python -m hlat` does
 under torchrun (same environment: WORLD_SIZE, RANK, the process group hlat's setup joins).
-tests/test_docs_commands.py reads the outcome; torchrun's own argument handling is PyTorch's.
+tests/project/test_docs_commands.py reads the outcome; torchrun's own argument handling is PyTorch's.
 """
 
 import contextlib

@@ -10,7 +10,7 @@ import pytest
 from hlat.cli import main
 from hlat.config.reference import REFERENCE_COMMAND, reference_page
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_explain_a_field(capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,6 +2,7 @@
 it, whatever ran before, and leaves the suite's eager setting as it was. Each order runs as a pytest
 session of its own (one process, as the suite is), with this suite's conftest setting."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,8 @@ def test_eager_between():
 def test_compile_tests_in_a_row_both_compile(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, order: tuple[str, ...]
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    here = Path(__file__).parent  # test_compiling, and compiling in tests/
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(map(str, (here, here.parent))))
     pytester.makepyfile(test_inner=INNER)
     result = pytester.runpytest_subprocess(
         "-v", "-p", "no:cacheprovider", *(f"test_inner.py::test_{name}" for name in order)

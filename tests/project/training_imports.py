@@ -1,6 +1,6 @@
 """Run a tiny `hlat train` and print, as JSON, the top-level modules hlat's own code imports
-outside the standard library and torch (tests/test_offline_install.py). torch.utils.tensorboard
-counts as tensorboard, which it imports. Usage: python tests/training_imports.py WORK_DIR"""
+outside the standard library and torch (tests/project/test_offline_install.py). torch.utils.tensorboard
+counts as tensorboard, which it imports. Usage: python tests/project/training_imports.py WORK_DIR"""
 
 import builtins
 import json

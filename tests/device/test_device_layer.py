@@ -17,7 +17,7 @@ from hlat.device.rounding import stochastic_rounding
 from hlat.errors import UserError
 from hlat.train.memory import MemoryMeter
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "hlat"
+SRC = Path(__file__).resolve().parents[2] / "src" / "hlat"
 LAYER = SRC / "device"
 DEVICE_WORDS = ("cuda", "nccl", "neuron", "xpu", "mps")  # device types and backends only the layer names
 DEVICE_ATTRIBUTES = ("cuda", "is_cuda")  # torch.cuda, tensor.cuda(), tensor.is_cuda

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = "Run-time imports of the training path"
 
 
@@ -19,7 +19,7 @@ def test_the_documented_list_is_what_training_imports(tmp_path: Path) -> None:
     """A tiny `hlat train` (with its default loss plot and TensorBoard events, a checkpoint) in a
     fresh interpreter, recording each import statement hlat's own modules run."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "training_imports.py"), str(tmp_path)],
+        [sys.executable, str(ROOT / "tests" / "project" / "training_imports.py"), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=170,

@@ -5,7 +5,7 @@ Commands come from the ```bash blocks (one per line, `&&` and `;` separating sev
 stands for any text). They run in document order in one working directory, so `hlat export
 runs/tiny` finds what `hlat train` wrote. `hlat ...` runs through hlat.cli.main in this process;
 `torchrun --nproc_per_node N -m hlat ...` runs hlat.cli.main on N gloo ranks as a scenario of the
-shared launch (tests/docs_torchrun_worker.py), in a directory of its own. Commands that would train for
+shared launch (tests/project/docs_torchrun_worker.py), in a directory of its own. Commands that would train for
 minutes get overrides appended that shorten them (SHORTENED); the few that need the network or
 the user's own files are listed in EXCLUDED with the reason. Both tables must name commands the
 docs show, so neither can drift from them.
@@ -28,7 +28,7 @@ from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 from runs import Scenario, ScenarioResults
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # one step, no validation pass: the commands' own settings (preset, layout, file) are what is tested
 STEPS = ["--train.steps", "1", "--train.log_every", "1", "--eval.every", "0"]
@@ -122,7 +122,7 @@ def torchrun_scenario(index: int, shown: Shown) -> Scenario:
     options, module, args = argv[1 : argv.index("-m")], argv[argv.index("-m") + 1], argv[argv.index("-m") + 2 :]
     assert module == "hlat", f"{shown.where}: {shown.text}: torchrun of a module other than hlat"
     nproc = int(options[options.index("--nproc_per_node") + 1])
-    return Scenario(f"docs-torchrun-{index}", "docs_torchrun_worker.py:run", nproc, {"argv": args})
+    return Scenario(f"docs-torchrun-{index}", "project/docs_torchrun_worker.py:run", nproc, {"argv": args})
 
 
 TORCHRUN = {s.text: torchrun_scenario(i, s) for i, s in enumerate(x for x in RUN if x.argv[0] == "torchrun")}

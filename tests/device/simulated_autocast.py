@@ -1,4 +1,4 @@
-"""Autocast for the simulated accelerator (hlat.testing.simulated_device): the CPU's cast lists and
+"""Autocast for the simulated accelerator (tests/device/simulated_device.py): the CPU's cast lists and
 weight cache on the AutocastPrivateUse1 key, so `mixed` on the simulated device gives the CPU's
 numbers bit for bit."""
 

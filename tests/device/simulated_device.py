@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch.utils._pytree import tree_map
 
-from hlat.testing.simulated_autocast import register_autocast
+from device.simulated_autocast import register_autocast
 
 TYPE = "simdev"
 BACKEND = "simgloo"

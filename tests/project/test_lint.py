@@ -9,7 +9,7 @@ import pytest
 
 from deps import require
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("command", [["format", "--check"], ["check"]], ids=["format", "check"])
