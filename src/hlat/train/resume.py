@@ -171,6 +171,8 @@ class RunState:
         """Restore the newest checkpoint that holds training state, or load the weights the run
         starts from (a weights-only checkpoint in the run directory, else checkpoint.init_from)."""
         path = None if resume == "fresh" else self.checkpoints.latest()
+        if resume != "fresh":
+            self._keep_verified(path)
         if path is not None and holds_training_state(path):
             return self.restore(path, out)
         if resume == "require":
@@ -187,6 +189,21 @@ class RunState:
                 source = init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)
             out(f"initialised from {source} (new optimizer)")
         return Progress()
+
+    def _keep_verified(self, path: Path | None) -> None:
+        """A run whose checkpoints all fail verification stops (a silent start from step 0 would
+        overwrite its metrics, and retention would then delete each new checkpoint in favour of the
+        failed ones); newer ones that failed beside an older good one are set aside."""
+        rejected = self.checkpoints.rejected
+        if rejected and path is None:
+            lines = "".join(f"\n  {failed.name}: {why}" for failed, why in rejected)
+            raise ResumeError(
+                f"{self.checkpoints.directory}: no checkpoint passes verification, so this run cannot resume:"
+                f"{lines}\nrepair or restore the files named and run the same command again, or start over with "
+                "--fresh (deletes every checkpoint of this run)"
+            )
+        if rejected and self.layout.is_main:
+            self.checkpoints.set_aside()
 
     def latest_resumable(self) -> Path | None:
         """The newest checkpoint a rollback can restore (weights-only ones cannot), once the
