@@ -25,6 +25,7 @@ from hlat.checkpoint.manager import CheckpointManager
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.digests import sha256_file
 from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
@@ -35,7 +36,13 @@ from hlat.train.optimizers import Optimizers
 def build(layout: Layout, sharding: str = "ddp"):
     cfg = load_config("small")
     model = build_parallel_model(
-        cfg.model, ParallelConfig(dp_sharding=sharding), layout, torch.device("cpu"), 0, 1, "fp32"
+        cfg.model,
+        parallel=ParallelConfig(dp_sharding=sharding),
+        layout=layout,
+        device=torch.device("cpu"),
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
     )
     optimizers = Optimizers(model.parts, lambda part: build_adamw(part, cfg.optim))
     for p in model.parameters():  # one update with a fake gradient creates the Adam state

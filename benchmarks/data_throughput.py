@@ -61,7 +61,7 @@ def main() -> None:
     ref, total = tokens_per_s(plain)
 
     def through_loader(docs) -> int:
-        loader = PackedLoader(docs, tok, args.seq, 8, seed=0)
+        loader = PackedLoader(docs, tok, seq_len=args.seq, batch_size=8, seed=0)
         rows = total // (args.seq * 8)
         for _ in range(rows):
             loader.next_batch()

@@ -34,6 +34,7 @@ import torch
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch, make_batch
 from hlat.device.record import device_record
@@ -258,7 +259,16 @@ def _loss_and_grads(
     gradients by canonical name, on the CPU in fp32."""
     par = ParallelConfig(activation_checkpoint=build.pop("recompute", "none"))
     build["compiled"] = build.get("compiled", False) and not compile_disabled_by_torch()
-    model = build_parallel_model(model_cfg, par, _layout(device), device, 0, 1, mode, **build)
+    model = build_parallel_model(
+        model_cfg,
+        parallel=par,
+        layout=_layout(device),
+        device=device,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode=mode),
+        **build,
+    )
     batches = [batch.to(device)]
     loss = model.forward_backward(batches, global_target_count(batches, model.layout)).item()
     grads = {
@@ -392,17 +402,24 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
     compiled = spec.compiled and not compile_disabled_by_torch()  # TORCH_COMPILE_DISABLE: eager, as hlat runs
     model = build_parallel_model(
         cfg.model,
-        cfg.parallel,
-        _layout(device),
-        device,
-        0,
-        len(batches),
-        cfg.precision,
-        compiled,
-        spec.float8,
-        cfg.train.attention_backend,
+        parallel=cfg.parallel,
+        layout=_layout(device),
+        device=device,
+        seed=0,
+        n_microbatches=len(batches),
+        precision=cfg.precision,
+        compiled=compiled,
+        float8=spec.float8,
+        attention=cfg.train.attention_backend,
     )
-    module = TrainModule(model, cfg.optim, cfg.precision, cfg.parallel.dp_sharding, 0, 0.0)
+    module = TrainModule(
+        model,
+        optim=cfg.optim,
+        precision=cfg.precision,
+        dp_sharding=cfg.parallel.dp_sharding,
+        seed=0,
+        max_grad_norm=0.0,
+    )
     meter = MemoryMeter(device)
     times = []
     for _ in range(sizes.steps):

@@ -59,7 +59,13 @@ def start_up(cfg, layout, init_fn) -> tuple[float, float]:  # type: ignore[no-un
     dist.barrier()
     start = time.perf_counter()
     model = parallelize.build_parallel_model(
-        cfg.model, ParallelConfig(dp_sharding="fsdp"), layout, torch.device("cpu"), 0, 1, cfg.precision
+        cfg.model,
+        parallel=ParallelConfig(dp_sharding="fsdp"),
+        layout=layout,
+        device=torch.device("cpu"),
+        seed=0,
+        n_microbatches=1,
+        precision=cfg.precision,
     )
     total = time.perf_counter() - start
     del model

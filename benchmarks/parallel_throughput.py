@@ -39,6 +39,7 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
 
     from hlat.config.load import load_config
     from hlat.config.parallel import ParallelConfig
+    from hlat.config.precision import PrecisionConfig
     from hlat.data.batch import Batch, labels_for
     from hlat.dtensor import local_tensor
     from hlat.optim import build_adamw, decay_groups
@@ -50,7 +51,15 @@ def worker(out: Path, tp: int, sharding: str, steps: int, micro_batch: int) -> N
     cfg = load_config("small")
     par = ParallelConfig(tp=tp, dp_sharding=sharding)
     layout = setup(par, torch.device("cpu"))
-    model = build_parallel_model(cfg.model, par, layout, torch.device("cpu"), 0, 1, "fp32")
+    model = build_parallel_model(
+        cfg.model,
+        parallel=par,
+        layout=layout,
+        device=torch.device("cpu"),
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+    )
     o = cfg.optim
 
     def build(part):  # type: ignore[no-untyped-def]

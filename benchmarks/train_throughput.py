@@ -25,8 +25,12 @@ from collections.abc import Callable
 
 import torch
 
+from hlat.config.data import DataConfig
 from hlat.config.load import load_config
 from hlat.config.optim import OptimConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.config.train import TrainConfig
 from hlat.model import Llama, count_params, flops_per_token
 from hlat.model.hf import hf_config_dict
 from hlat.optim import build_adamw
@@ -64,7 +68,14 @@ def implementations(
     cfg = load_config(preset, None, ["--model.vocab_size", vocab] if vocab else [])
     seq = cfg.data.seq_len
     tokens = torch.randint(0, cfg.model.vocab_size, (micro_batch, seq), generator=torch.Generator().manual_seed(0))
-    decision = decide_compile("auto", cfg.model, CPU, "fp32", micro_batch, seq, document_masking=False)
+    decision = decide_compile(
+        model=cfg.model,
+        parallel=ParallelConfig(compile="auto"),
+        precision=PrecisionConfig(mode="fp32"),
+        train=TrainConfig(micro_batch=micro_batch),
+        data=DataConfig(seq_len=seq, document_masking=False),
+        device=CPU,
+    )
     print(f"{spec}: hlat default {decision.line}", flush=True)
 
     def hlat(compiled: bool) -> Callable[[], None]:

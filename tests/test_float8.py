@@ -10,6 +10,7 @@ from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8, float8_line
 from hlat.model import Llama
@@ -59,8 +60,25 @@ def test_trainer_path_converts_before_recompute_and_initialises_the_same(monkeyp
 
     monkeypatch.setattr(parallelize, "check_float8", lambda device, tp=1: None)  # let the CPU through
     layout, cpu = Layout(1, 0, Degrees(), None), torch.device("cpu")
-    plain = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32")
-    f8 = build_parallel_model(CFG, ParallelConfig(activation_checkpoint="full"), layout, cpu, 0, 1, "fp32", float8=True)
+    plain = build_parallel_model(
+        CFG,
+        parallel=ParallelConfig(activation_checkpoint="full"),
+        layout=layout,
+        device=cpu,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+    )
+    f8 = build_parallel_model(
+        CFG,
+        parallel=ParallelConfig(activation_checkpoint="full"),
+        layout=layout,
+        device=cpu,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+        float8=True,
+    )
     assert sum(type(m).__name__ == "Float8Linear" for m in f8.raw_parts[0].modules()) == 7 * CFG.n_layers
     for (name, a), (_, b) in zip(plain.raw_parts[0].named_parameters(), f8.raw_parts[0].named_parameters()):
         assert torch.equal(a, b), name  # same names, same seeded initialisation
@@ -85,7 +103,14 @@ def test_refused_without_float8_matmuls(monkeypatch):
     # The trainer's path refuses before any model is built.
     with pytest.raises(ConfigError, match=r"precision\.float8"):
         build_parallel_model(
-            CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32", float8=True
+            CFG,
+            parallel=ParallelConfig(),
+            layout=Layout(1, 0, Degrees(), None),
+            device=torch.device("cpu"),
+            seed=0,
+            n_microbatches=1,
+            precision=PrecisionConfig(mode="fp32"),
+            float8=True,
         )
 
 
@@ -100,15 +125,16 @@ def test_narrow_blocks_keep_the_modes_dtype():
 
 def _trainer_start(*overrides: str) -> list[str]:
     """The trainer's start-up lines up to building the data (where this stops it)."""
+    import hlat.train.build as build_module
     import hlat.train.trainer as trainer_module
 
     lines: list[str] = []
 
-    def stop(self):  # type: ignore[no-untyped-def]
+    def stop(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("stop")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(trainer_module.Trainer, "_build_data", stop)
+        patch.setattr(build_module, "_tokenizer", stop)
         cfg = load_config("tiny", overrides=["--train.device", "cpu", "--precision.float8", "true", *overrides])
         with pytest.raises(RuntimeError, match="stop"):
             trainer_module.Trainer(cfg, resume="fresh", out=lines.append)

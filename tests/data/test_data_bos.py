@@ -88,10 +88,10 @@ def test_packing_with_bos(source, l3):
     same documents pack as before (no BOS)."""
     ref = bos_stream(source, l3, 7, 2)
     n = int(1.2 * len(bos_stream(source, l3, 7, 1)) / (SEQ * BATCH))
-    got = stream_of(PackedLoader(source, l3, SEQ, BATCH, seed=7, bos_id=l3.bos_id), n)
+    got = stream_of(PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=7, bos_id=l3.bos_id), n)
     assert got == ref[: len(got)]
     assert got.count(l3.bos_id) == got.count(l3.eos_id) + (got[-1] != l3.eos_id) > len(source)
-    plain = stream_of(PackedLoader(source, l3, SEQ, BATCH, seed=7), n)
+    plain = stream_of(PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=7), n)
     assert l3.bos_id not in plain and plain == [t for t in ref if t != l3.bos_id][: len(plain)]
 
 
@@ -105,7 +105,7 @@ def test_document_ids_with_bos(source, l3):
     kept = make_batch(row, eos, document_masking=True, mask_eos_target=False)
     assert kept.labels[0, 1] == bos and torch.equal(kept.doc_ids, batch.doc_ids)
     # through the loader: every BOS starts a document (position 0) whose tokens follow it
-    loader = PackedLoader(source, l3, SEQ, BATCH, seed=1, bos_id=bos, document_masking=True)
+    loader = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=1, bos_id=bos, document_masking=True)
     for _ in range(20):
         batch = loader.next_batch()
         at = batch.tokens == bos
@@ -121,7 +121,7 @@ def test_exact_resume_mid_document_with_bos(source, l3, streamed, monkeypatch):
     if streamed:
         monkeypatch.setattr(documents, "STREAM_CHARS", 64)
     ahead, n = 2, int(1.1 * len(bos_stream(source, l3, 11, 1)) / (SEQ * BATCH))
-    base = PackedLoader(source, l3, SEQ, BATCH, seed=11, bos_id=l3.bos_id)
+    base = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=11, bos_id=l3.bos_id)
     got, states = [], [roundtrip(base.state_dict())]
     for _ in range(n + ahead):
         got.append(base.next_batch().tokens)
@@ -134,7 +134,7 @@ def test_exact_resume_mid_document_with_bos(source, l3, streamed, monkeypatch):
     ]
     assert len(in_long) >= 2
     for k in inside[:: max(1, len(inside) // 5)] + in_long[:2]:
-        resumed = PackedLoader(source, l3, SEQ, BATCH, seed=11, bos_id=l3.bos_id)
+        resumed = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=11, bos_id=l3.bos_id)
         resumed.load_state_dict(states[k])
         for j in range(ahead):
             assert torch.equal(resumed.next_batch().tokens, got[k + j]), (k, j)
@@ -143,8 +143,8 @@ def test_exact_resume_mid_document_with_bos(source, l3, streamed, monkeypatch):
 
 
 def test_resume_with_data_bos_changed_is_refused(source, l3):
-    with_bos = PackedLoader(source, l3, SEQ, BATCH, seed=0, bos_id=l3.bos_id)
-    without = PackedLoader(source, l3, SEQ, BATCH, seed=0)
+    with_bos = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=0, bos_id=l3.bos_id)
+    without = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=0)
     with_bos.next_batch()
     without.next_batch()
     for state, other in ((with_bos.state_dict(), without), (without.state_dict(), with_bos)):
@@ -157,23 +157,23 @@ def test_shards_and_mixtures_with_bos(tmp_path, source, l3, corpus_factory):
     mixture every document of every source begins with BOS, and resume is exact."""
     prepare_shards(OnlineDocuments(source, l3), tmp_path / "shards", docs_per_shard=16)
     shards = ShardDocuments(tmp_path / "shards", l3)
-    online = PackedLoader(source, l3, SEQ, BATCH, seed=3, bos_id=l3.bos_id)
+    online = PackedLoader(source, l3, seq_len=SEQ, batch_size=BATCH, seed=3, bos_id=l3.bos_id)
     stream_of(online, 10)
     state = online.state_dict()
-    from_shards = PackedLoader(shards, l3, SEQ, BATCH, seed=3, bos_id=l3.bos_id)
+    from_shards = PackedLoader(shards, l3, seq_len=SEQ, batch_size=BATCH, seed=3, bos_id=l3.bos_id)
     from_shards.load_state_dict(state)
     assert stream_of(from_shards, 10) == stream_of(online, 10)
 
     corpus_factory(tmp_path / "other", n_docs=12, seed=5, long_chars=0)
     sources = [source, TextFiles(tmp_path / "other")]
-    mixed = PackedLoader(sources, l3, SEQ, BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
+    mixed = PackedLoader(sources, l3, seq_len=SEQ, batch_size=BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
     stream = stream_of(mixed, 40)
     state = mixed.state_dict()
     bos, eos = l3.bos_id, l3.eos_id
     assert stream[0] == bos and all(stream[i + 1] == bos for i, t in enumerate(stream[:-1]) if t == eos)
     assert all(stream[i - 1] == eos for i, t in enumerate(stream) if t == bos and i)
     assert min(mixed.tokens_emitted) > 0
-    resumed = PackedLoader(sources, l3, SEQ, BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
+    resumed = PackedLoader(sources, l3, seq_len=SEQ, batch_size=BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
     resumed.load_state_dict(roundtrip(state))
     assert stream_of(resumed, 5) == stream_of(mixed, 5)
 
@@ -188,7 +188,7 @@ def test_data_bos_through_the_config(corpus_dir, llama3_file, l3, tok, tmp_path)
         val_fraction=0.1,
     )
     assert build_loader(cfg, l3, seed=0, batch_size=2).next_batch().tokens[0, 0] == l3.bos_id
-    assert Validation(cfg, l3, 2, 1).batches()[0].tokens[0, 0] == l3.bos_id
+    assert Validation(cfg, l3, batch_size=2, num_batches=1).batches()[0].tokens[0, 0] == l3.bos_id
     bpe = tmp_path / "bpe.json"
     tok.save(bpe)
     with pytest.raises(ConfigError) as err:

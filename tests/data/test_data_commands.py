@@ -51,7 +51,7 @@ def test_sentencepiece_model(tmp_path, source):
     assert "sp.model" in line and loaded.fingerprint() == tok.fingerprint()
     with pytest.raises(ValueError, match="has 400 tokens but the model's vocab_size is 300"):
         build_tokenizer(DataConfig(tokenizer=str(tmp_path / "sp.model")), 300, None)
-    batch = PackedLoader(source, tok, 256, 4, seed=0).next_batch()
+    batch = PackedLoader(source, tok, seq_len=256, batch_size=4, seed=0).next_batch()
     assert batch.tokens.max() < 400 and (batch.tokens == tok.eos_id).any()
     (tmp_path / "bad.model").write_bytes(b"\x00not a model")
     with pytest.raises(ValueError, match="bad.model as a SentencePiece model"):

@@ -69,8 +69,8 @@ def test_shards_equal_online_packing_and_resume_across(tmp_path, source, tok):
     assert manifest["complete"] and len(manifest["shards"]) == 5 and sum(seen) == len(source)
     assert manifest["dtype"] == "uint16" and verify_shards(tmp_path / "shards") == []
     shards = ShardDocuments(tmp_path / "shards", tok)
-    online = PackedLoader(online_docs, tok, SEQ, BATCH, seed=4)
-    offline = PackedLoader(shards, tok, SEQ, BATCH, seed=4)
+    online = PackedLoader(online_docs, tok, seq_len=SEQ, batch_size=BATCH, seed=4)
+    offline = PackedLoader(shards, tok, seq_len=SEQ, batch_size=BATCH, seed=4)
     n = 3 * sum(len(online_docs.tokens([i])[0]) for i in range(len(source))) // (SEQ * BATCH)
     again = None
     for k in range(n):  # three epochs
@@ -81,7 +81,7 @@ def test_shards_equal_online_packing_and_resume_across(tmp_path, source, tok):
         if k == n // 2:  # an online state resumes on the shards
             state = online.state_dict()
             assert state == offline.state_dict()
-            again = PackedLoader(shards, tok, SEQ, BATCH, seed=4)
+            again = PackedLoader(shards, tok, seq_len=SEQ, batch_size=BATCH, seed=4)
             again.load_state_dict(state)
     # an interrupted prepare resumes; other tokenizers and damaged shards are refused
     m = json.loads((tmp_path / "shards" / "manifest.json").read_text())
@@ -117,7 +117,7 @@ def _mixture(tmp_path, corpus_factory):
 def test_mixture_proportions_and_exact_resume(tmp_path, corpus_factory, tok):
     sources = _mixture(tmp_path, corpus_factory)
     weights = [0.6, 0.3, 0.1]
-    loader = PackedLoader(sources, tok, 64, 4, seed=9, weights=weights)
+    loader = PackedLoader(sources, tok, seq_len=64, batch_size=4, seed=9, weights=weights)
     batches, states = [], []
     for _ in range(400):
         states.append(loader.state_dict())
@@ -128,12 +128,12 @@ def test_mixture_proportions_and_exact_resume(tmp_path, corpus_factory, tok):
         assert abs(share - w) < 0.01
     assert loader.streams[1].epoch >= 3  # the small source was repeated over several epochs
     for k in (0, 57, 233):
-        resumed = PackedLoader(sources, tok, 64, 4, seed=9, weights=weights)
+        resumed = PackedLoader(sources, tok, seq_len=64, batch_size=4, seed=9, weights=weights)
         resumed.load_state_dict(states[k])
         for j in range(k, k + 20):
             assert torch.equal(resumed.next_batch().tokens, batches[j]), (k, j)
     with pytest.raises(ValueError, match="different mixture weights"):
-        PackedLoader(sources, tok, 64, 4, seed=9, weights=[1, 1, 1]).load_state_dict(states[5])
+        PackedLoader(sources, tok, seq_len=64, batch_size=4, seed=9, weights=[1, 1, 1]).load_state_dict(states[5])
 
 
 @pytest.mark.parametrize("before,after", [(4, 2), (2, 4)])
@@ -147,14 +147,18 @@ def test_resharding_continues_without_skips_or_repeats(source, tok, before, afte
                 ld.next_batch()
 
     old = [
-        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=before, prefetch=False, virtual_shards=8)
+        PackedLoader(
+            source, tok, seq_len=8, batch_size=1, seed=3, dp_rank=r, dp_size=before, prefetch=False, virtual_shards=8
+        )
         for r in range(before)
     ]
     run(old, 15)
     started = {v: p for ld in old for v, p in ld.streams[0].state_dict().items()}
     merged = merge_states([ld.state_dict() for ld in old])
     new = [
-        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=r, dp_size=after, prefetch=False, virtual_shards=8)
+        PackedLoader(
+            source, tok, seq_len=8, batch_size=1, seed=3, dp_rank=r, dp_size=after, prefetch=False, virtual_shards=8
+        )
         for r in range(after)
     ]
     for ld in new:
@@ -182,9 +186,9 @@ def test_resharding_continues_without_skips_or_repeats(source, tok, before, afte
     assert len(set(continued)) == len(continued) and not set(continued) & set(finished)
     assert sorted(finished + continued) == list(range(len(source)))
     with pytest.raises(ValueError, match="merge_states"):
-        PackedLoader(source, tok, 8, 1, seed=3, dp_rank=0, dp_size=after, virtual_shards=8).load_state_dict(
-            old[0].state_dict()
-        )
+        PackedLoader(
+            source, tok, seq_len=8, batch_size=1, seed=3, dp_rank=0, dp_size=after, virtual_shards=8
+        ).load_state_dict(old[0].state_dict())
     with pytest.raises(ValueError, match="states of all"):
         merge_states([ld.state_dict() for ld in old[:-1]])
 
@@ -214,7 +218,12 @@ def test_build_loader_validation_and_tokenizer(tmp_path, corpus_factory, tok):
     first, second = val.batches(), val.batches()
     assert all(torch.equal(x.tokens, y.tokens) for x, y in zip(first, second))
     with pytest.raises(ValueError, match="no validation data"):
-        Validation(DataConfig(seq_len=SEQ, tokenizer=cfg.tokenizer, source=str(tmp_path / "a")), tk, 1, 1)
+        Validation(
+            DataConfig(seq_len=SEQ, tokenizer=cfg.tokenizer, source=str(tmp_path / "a")),
+            tk,
+            batch_size=1,
+            num_batches=1,
+        )
     # token shards as data.source: the tokenizer comes from the shard directory
     prepare_shards(OnlineDocuments(sources[2], tk, 100_000), tmp_path / "sh", docs_per_shard=16)
     shard_cfg = DataConfig(source=str(tmp_path / "sh"), seq_len=SEQ)

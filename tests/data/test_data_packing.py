@@ -45,7 +45,7 @@ def roundtrip(state):
 def test_packing_matches_reference(source, tok, dp_rank, dp_size):
     per_epoch = tokens_per_epoch(source, tok) / dp_size
     n_batches = int(2.5 * per_epoch / (SEQ * BATCH)) + 1  # runs well into the third epoch
-    loader = PackedLoader(source, tok, SEQ, BATCH, seed=7, dp_rank=dp_rank, dp_size=dp_size)
+    loader = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=7, dp_rank=dp_rank, dp_size=dp_size)
     ref = reference_stream(source, tok, 7, 4, dp_rank, dp_size)
     got = []
     for _ in range(n_batches):
@@ -61,7 +61,7 @@ def test_packing_matches_reference(source, tok, dp_rank, dp_size):
 
 def test_stream_structure(source, tok):
     """No BOS anywhere, exactly one EOS per non-empty document, empty documents skipped."""
-    loader = PackedLoader(source, tok, SEQ, BATCH, seed=1)
+    loader = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=1)
     docs = reference_docs(source, tok, 1, 1)
     total = sum(len(t) for _, _, t in docs)
     n_batches = -(-total // (SEQ * BATCH))
@@ -96,7 +96,7 @@ def test_position_is_what_was_returned(source, tok):
     for e, c, toks in docs:
         starts[(e, c)] = (pos, len(toks))
         pos += len(toks)
-    loader = PackedLoader(source, tok, SEQ, BATCH, seed=3)
+    loader = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=3)
     for k in range(1, 120):
         loader.next_batch()
         s = loader.state_dict()
@@ -114,7 +114,7 @@ def test_exact_resume_everywhere(source, tok):
     per_epoch = tokens_per_epoch(source, tok)
     n = int(2.2 * per_epoch / (SEQ * BATCH)) + 1
     ahead = 3
-    base = PackedLoader(source, tok, SEQ, BATCH, seed=11)
+    base = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=11)
     batches, states = [], [roundtrip(base.state_dict())]
     for _ in range(n + ahead):
         batches.append(base.next_batch())
@@ -128,7 +128,7 @@ def test_exact_resume_everywhere(source, tok):
         epoch, cursor, offset = head_of(s)
         order = base.documents_for_epoch(epoch)
         inside_long += offset > 0 and order[cursor] == long_index
-        resumed = PackedLoader(source, tok, SEQ, BATCH, seed=11)
+        resumed = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=11)
         resumed.load_state_dict(s)
         for j in range(ahead):
             b = resumed.next_batch()
@@ -140,43 +140,43 @@ def test_exact_resume_everywhere(source, tok):
 
 
 def test_resume_refuses_other_layouts(source, tok, tmp_path, corpus_factory):
-    loader = PackedLoader(source, tok, SEQ, BATCH, seed=0)
+    loader = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=0)
     loader.next_batch()
     state = loader.state_dict()
     with pytest.raises(ValueError, match="different seq_len"):
-        PackedLoader(source, tok, SEQ * 2, BATCH, seed=0).load_state_dict(state)
+        PackedLoader(source, tok, seq_len=SEQ * 2, batch_size=BATCH, seed=0).load_state_dict(state)
     with pytest.raises(ValueError, match="rank 0 of 1.*merge_states"):
-        PackedLoader(source, tok, SEQ, BATCH, seed=0, dp_size=2).load_state_dict(state)
+        PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=0, dp_size=2).load_state_dict(state)
     with pytest.raises(ValueError, match="different seed"):
-        PackedLoader(source, tok, SEQ, BATCH, seed=1).load_state_dict(state)
+        PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=1).load_state_dict(state)
     with pytest.raises(ValueError, match="virtual_shards"):
-        PackedLoader(source, tok, SEQ, BATCH, seed=0, virtual_shards=64).load_state_dict(state)
+        PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=0, virtual_shards=64).load_state_dict(state)
     corpus_factory(tmp_path / "other", n_docs=5)
     other = TextFiles(tmp_path / "other")
     with pytest.raises(ValueError, match="different data"):
-        PackedLoader(other, tok, SEQ, BATCH, seed=0).load_state_dict(state)
+        PackedLoader(other, tok, seq_len=SEQ, batch_size=BATCH, seed=0).load_state_dict(state)
     # a different batch size is fine: the position is in tokens, not batches
-    resumed = PackedLoader(source, tok, SEQ, 2 * BATCH, seed=0)
+    resumed = PackedLoader(source, tok, seq_len=SEQ, batch_size=2 * BATCH, seed=0)
     resumed.load_state_dict(state)
     assert torch.equal(resumed.next_batch().tokens[:BATCH], loader.next_batch().tokens)
 
 
 def test_epochs_reshuffle_and_seeds(source, tok):
-    loader = PackedLoader(source, tok, SEQ, BATCH, seed=5)
+    loader = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=5)
     e0, e1 = loader.documents_for_epoch(0), loader.documents_for_epoch(1)
     assert sorted(e0) == sorted(e1) == list(range(len(source)))
     assert e0 != e1
-    a = [PackedLoader(source, tok, SEQ, BATCH, seed=5).next_batch().tokens for _ in range(1)]
-    b = [PackedLoader(source, tok, SEQ, BATCH, seed=5).next_batch().tokens for _ in range(1)]
-    c = [PackedLoader(source, tok, SEQ, BATCH, seed=6).next_batch().tokens for _ in range(1)]
+    a = [PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=5).next_batch().tokens for _ in range(1)]
+    b = [PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=5).next_batch().tokens for _ in range(1)]
+    c = [PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=6).next_batch().tokens for _ in range(1)]
     assert torch.equal(a[0], b[0])
     assert not torch.equal(a[0], c[0])
-    assert PackedLoader(source, tok, SEQ, BATCH, seed=6).documents_for_epoch(0) != e0
+    assert PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=6).documents_for_epoch(0) != e0
 
 
 def test_dp_ranks_partition_each_epoch(source, tok):
-    r0 = PackedLoader(source, tok, SEQ, BATCH, seed=2, dp_rank=0, dp_size=2)
-    r1 = PackedLoader(source, tok, SEQ, BATCH, seed=2, dp_rank=1, dp_size=2)
+    r0 = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=2, dp_rank=0, dp_size=2)
+    r1 = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=2, dp_rank=1, dp_size=2)
     for epoch in range(3):
         d0, d1 = set(r0.documents_for_epoch(epoch)), set(r1.documents_for_epoch(epoch))
         assert not d0 & d1
@@ -197,7 +197,7 @@ def test_long_document_split(tmp_path, tok):
     assert "".join(pieces) == text and len(pieces) > 10
     assert all(len(p) <= max_chars for p in pieces)
     assert all(p.endswith("\n") for p in pieces[:-3])
-    loader = PackedLoader(src, tok, SEQ, 1, seed=0, max_doc_chars=max_chars)
+    loader = PackedLoader(src, tok, seq_len=SEQ, batch_size=1, seed=0, max_doc_chars=max_chars)
     got = loader.document_tokens(0).tolist()
     expected = [t for p in pieces for t in tok.encode(p)] + [tok.eos_id]
     assert got == expected
@@ -221,18 +221,18 @@ def test_bad_shards(tmp_path, tok):
     (tmp_path / "one.txt").write_text("only one document\n")
     src = TextFiles(tmp_path / "one.txt")
     with pytest.raises(ValueError, match="fewer than dp_size=2"):
-        PackedLoader(src, tok, SEQ, BATCH, seed=0, dp_rank=1, dp_size=2)
+        PackedLoader(src, tok, seq_len=SEQ, batch_size=BATCH, seed=0, dp_rank=1, dp_size=2)
     (tmp_path / "blank").mkdir()
     (tmp_path / "blank" / "a.txt").write_text("  \n")
     (tmp_path / "blank" / "b.txt").write_text("")
     with pytest.raises(ValueError, match="empty"):
-        PackedLoader(TextFiles(tmp_path / "blank"), tok, SEQ, BATCH, seed=0).next_batch()
+        PackedLoader(TextFiles(tmp_path / "blank"), tok, seq_len=SEQ, batch_size=BATCH, seed=0).next_batch()
 
 
 def test_single_file_source_loops(tmp_path, tok):
     text = "a single small document, repeated every epoch\n"
     (tmp_path / "one.txt").write_text(text)
-    loader = PackedLoader(TextFiles(tmp_path / "one.txt"), tok, SEQ, BATCH, seed=0)
+    loader = PackedLoader(TextFiles(tmp_path / "one.txt"), tok, seq_len=SEQ, batch_size=BATCH, seed=0)
     doc = tok.encode(text) + [tok.eos_id]
     stream = loader.next_batch().tokens.flatten().tolist()
     reps = -(-len(stream) // len(doc))

@@ -132,10 +132,12 @@ def test_bad_rows_error_or_counted_skip(tmp_path, tok):
         src[1]
     with pytest.raises(BadDocument, match=r"b\.arrow, row 2: the text field is null"):
         src[2]
-    strict = PackedLoader(src, tok, 8, 1, seed=0, prefetch=False)
+    strict = PackedLoader(src, tok, seq_len=8, batch_size=1, seed=0, prefetch=False)
     with pytest.raises(BadDocument, match="b.arrow, row"):
         [strict.next_batch() for _ in range(3)]
-    lenient = PackedLoader(src, tok, 8, 1, seed=0, bad_documents="skip", prefetch=False, log_fn=(logged := []).append)
+    lenient = PackedLoader(
+        src, tok, seq_len=8, batch_size=1, seed=0, bad_documents="skip", prefetch=False, log_fn=(logged := []).append
+    )
     rows_out = [lenient.next_batch().tokens for _ in range(3)]
     epochs = lenient.epoch + 1  # both bad rows are met (and counted) once per epoch
     assert lenient.bad_skipped in (2 * epochs - 2, 2 * epochs, 2 * epochs - 1)
@@ -173,7 +175,7 @@ def test_huge_single_document_is_split_not_hung(tmp_path, tok):
     text = ("a line of text that repeats\n" * 22_000)[:600_000]
     write_jsonl(tmp_path / "big.jsonl", [{"text": "small"}, {"text": text}])
     src = open_entry(str(tmp_path / "big.jsonl"), cfg(tmp_path))
-    loader = PackedLoader(src, tok, 64, 2, seed=0, max_doc_chars=50_000, prefetch=False)
+    loader = PackedLoader(src, tok, seq_len=64, batch_size=2, seed=0, max_doc_chars=50_000, prefetch=False)
     toks = loader.document_tokens(1)
     assert int((toks == tok.eos_id).sum()) == 1 and len(toks) > 100_000
     assert loader.next_batch().tokens.shape == (2, 64)
@@ -198,7 +200,7 @@ def peak(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 line = np.array(tok.encode({line!r}), dtype=np.int64)
 base = peak()
 total = {8_000_000 // len(line)} * len(line) + 1
-loader = PackedLoader(TextFiles({str(tmp_path / "full.txt")!r}), tok, 4096, 16, seed=0)
+loader = PackedLoader(TextFiles({str(tmp_path / "full.txt")!r}), tok, seq_len=4096, batch_size=16, seed=0)
 seen = 0
 while seen < total:  # the document's tokens: the line's, repeated, then one EOS
     toks = loader.next_batch().tokens.flatten().numpy()[: total - seen]
@@ -207,7 +209,7 @@ while seen < total:  # the document's tokens: the line's, repeated, then one EOS
     seen += len(toks)
 loader.close()
 full = peak() - base
-loader = PackedLoader(TextFiles({str(tmp_path / "huge.txt")!r}), tok, 4096, 16, seed=0)
+loader = PackedLoader(TextFiles({str(tmp_path / "huge.txt")!r}), tok, seq_len=4096, batch_size=16, seed=0)
 assert all(loader.next_batch().tokens.shape == (16, 4096) for _ in range(4))
 print(total, full, peak() - base)
 """

@@ -57,21 +57,21 @@ def test_streamed_documents_pack_and_resume_identically(tmp_path, source, tok, m
             pa.record_batch([pa.array([source[i] for i in range(len(source))], pa.large_string())], names=["text"])
         )
     rows = open_entry(str(arrow), DataConfig(cache_dir=str(tmp_path / "c")))
-    held = batches(PackedLoader(source, tok, SEQ, BATCH, seed=5, max_doc_chars=40), N)
+    held = batches(PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=5, max_doc_chars=40), N)
     monkeypatch.setattr(documents, "STREAM_CHARS", 64)
     docs = OnlineDocuments(source, tok, max_doc_chars=40)
     long = [i for i in range(len(source)) if isinstance(docs.tokens([i])[0], TokenPieces)]
     assert len(long) > len(source) // 2  # most documents take the streaming path
     for src in (rows, source):
         for prefetch in (True, False):
-            loader = PackedLoader(src, tok, SEQ, BATCH, seed=5, max_doc_chars=40, prefetch=prefetch)
+            loader = PackedLoader(src, tok, seq_len=SEQ, batch_size=BATCH, seed=5, max_doc_chars=40, prefetch=prefetch)
             states = []  # the text files' states are the ones resumed below
             for k in range(N):
                 states.append(loader.state_dict())
                 assert np.array_equal(loader.next_batch().tokens, held[k]), (src, prefetch, k)
             loader.close()
     for k in range(0, N, 7):  # resume inside streamed documents
-        resumed = PackedLoader(source, tok, SEQ, BATCH, seed=5, max_doc_chars=40, prefetch=False)
+        resumed = PackedLoader(source, tok, seq_len=SEQ, batch_size=BATCH, seed=5, max_doc_chars=40, prefetch=False)
         resumed.load_state_dict(states[k])
         assert all(np.array_equal(b, held[k + j]) for j, b in enumerate(batches(resumed, 3)))
 
@@ -82,9 +82,12 @@ def test_shards_of_long_documents_stream(tmp_path, source, tok, small_windows):
     from_shards = ShardDocuments(tmp_path / "sh", tok)
     assert any(isinstance(t, TokenPieces) for t in from_shards.tokens(list(range(len(source)))))
     for i in range(len(source)):
-        a, b = (PackedLoader(d, tok, SEQ, 1, seed=0, prefetch=False).document_tokens(i) for d in (online, from_shards))
+        a, b = (
+            PackedLoader(d, tok, seq_len=SEQ, batch_size=1, seed=0, prefetch=False).document_tokens(i)
+            for d in (online, from_shards)
+        )
         assert np.array_equal(a, b)
-    a, b = (batches(PackedLoader(d, tok, SEQ, BATCH, seed=2), 10) for d in (online, from_shards))
+    a, b = (batches(PackedLoader(d, tok, seq_len=SEQ, batch_size=BATCH, seed=2), 10) for d in (online, from_shards))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
@@ -100,7 +103,9 @@ def test_long_bad_or_blank_document_is_one_unit(tmp_path, tok, small_windows):
     assert isinstance(bad, BadDocument) and "a_bad.txt (document 0): not UTF-8 (invalid start byte at byte 300)" in str(
         bad
     )
-    loader = PackedLoader(src, tok, SEQ, BATCH, seed=0, bad_documents="skip", prefetch=False, log_fn=lambda m: None)
+    loader = PackedLoader(
+        src, tok, seq_len=SEQ, batch_size=BATCH, seed=0, bad_documents="skip", prefetch=False, log_fn=lambda m: None
+    )
     stream = np.concatenate([b.flatten() for b in batches(loader, 4)])
     ok = np.array(tok.encode("fine\n" * 20) + [tok.eos_id])
     assert np.array_equal(stream, np.tile(ok, -(-len(stream) // len(ok)))[: len(stream)])

@@ -18,6 +18,7 @@ from hlat.config.eval import EvalConfig
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.errors import ConfigError
 from hlat.eval import EvalOptions, LanguageModel, evaluate_task
 from hlat.eval.in_training import InTrainingTasks
@@ -89,7 +90,15 @@ def test_tasks_logged_at_their_steps_and_training_unchanged(small_corpus, task_d
 
 def test_run_reads_documents_once_and_draws_no_randomness(model_config, tokenizer, task_dir) -> None:
     layout = Layout(1, 0, Degrees(), None)
-    model = build_parallel_model(model_config, ParallelConfig(), layout, CPU, 0, 1, "fp32")
+    model = build_parallel_model(
+        model_config,
+        parallel=ParallelConfig(),
+        layout=layout,
+        device=CPU,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+    )
     cfg = EvalConfig(tasks=",".join(TASK_NAMES), tasks_every=1, tasks_limit=4, data_dir=str(task_dir))
     probe = InTrainingTasks(cfg, model_config, tokenizer, layout, CPU, "fp32")
     expected = direct_scores(model.raw_parts[0], tokenizer, task_dir)

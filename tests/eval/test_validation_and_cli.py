@@ -16,6 +16,7 @@ from hlat.config.eval import EvalConfig
 from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch, labels_for
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
@@ -25,7 +26,13 @@ from task_files import ARC_ROWS, write_jsonl
 def test_validation_loss_is_the_mean_target_loss() -> None:
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
     model = build_parallel_model(
-        cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "fp32"
+        cfg,
+        parallel=ParallelConfig(),
+        layout=Layout(1, 0, Degrees(), None),
+        device=torch.device("cpu"),
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
     )
     gen = torch.Generator().manual_seed(0)
     tokens = [torch.randint(0, 64, (2, 16), generator=gen) for _ in range(3)]

@@ -103,7 +103,13 @@ def run(spec: Run, layout: Layout, out: Path) -> None:
     precision = PrecisionConfig(mode=spec.mode, fp32_grad_accum=spec.fp32_grad_accum)
     per_dp = GLOBAL_BATCH // layout.dp
     model = build_parallel_model(
-        MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=per_dp // MICRO, precision_mode=precision
+        MODEL,
+        parallel=par,
+        layout=layout,
+        device=torch.device("cpu"),
+        seed=7,
+        n_microbatches=per_dp // MICRO,
+        precision=precision,
     )
     optimizers = Optimizers(
         model.parts,

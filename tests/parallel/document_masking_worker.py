@@ -10,6 +10,7 @@ from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import make_batch
 from hlat.optim import build_adamw
 from hlat.parallel.mesh import Layout, make_layout
@@ -28,7 +29,13 @@ def losses(ctx, schedules: list[str]) -> None:  # type: ignore[no-untyped-def]
         layout = Layout(1, 0, Degrees(), None) if pp == 1 else make_layout(Degrees(pp=pp), torch.device("cpu"))
         par = ParallelConfig(pp=pp, pp_schedule=schedule, pp_stages_per_rank=2 if schedule == "interleaved-1f1b" else 1)
         model = build_parallel_model(
-            MODEL, par, layout, torch.device("cpu"), seed=7, n_microbatches=GLOBAL_BATCH // MICRO, precision_mode="fp32"
+            MODEL,
+            parallel=par,
+            layout=layout,
+            device=torch.device("cpu"),
+            seed=7,
+            n_microbatches=GLOBAL_BATCH // MICRO,
+            precision=PrecisionConfig(mode="fp32"),
         )
         optimizers = Optimizers(model.parts, lambda part: build_adamw(part, OptimConfig(lr=1e-3)))
         gen = torch.Generator().manual_seed(1)

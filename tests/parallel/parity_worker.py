@@ -122,16 +122,23 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     torch._dynamo.utils.counters.clear()
     model = build_parallel_model(
         model_cfg,
-        par,
-        layout,
-        torch.device("cpu"),
+        parallel=par,
+        layout=layout,
+        device=torch.device("cpu"),
         seed=7,
         n_microbatches=per_dp // micro,
-        precision_mode="fp32",
+        precision=PrecisionConfig(mode="fp32"),
         compiled=compiled,
     )
     # the optimizers as the trainer builds them (ZeRO-1's sharded one included), stepped as it steps them
-    module = TrainModule(model, OptimConfig(lr=LR), PrecisionConfig(mode="fp32"), sharding, seed=0, max_grad_norm=0.0)
+    module = TrainModule(
+        model,
+        optim=OptimConfig(lr=LR),
+        precision=PrecisionConfig(mode="fp32"),
+        dp_sharding=sharding,
+        seed=0,
+        max_grad_norm=0.0,
+    )
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]

@@ -15,6 +15,7 @@ from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch
 from hlat.errors import ConfigError
 from hlat.parallel.activation_checkpoint import attention_recomputed
@@ -39,7 +40,16 @@ class _Ops(TorchDispatchMode):
 
 def _step_ops(par: ParallelConfig, attention: str = "auto") -> Counter:
     """The aten ops one forward and backward of a tiny model runs."""
-    model = build_parallel_model(CFG, par, Layout(1, 0, Degrees(), None), CPU, 0, 1, "fp32", attention=attention)
+    model = build_parallel_model(
+        CFG,
+        parallel=par,
+        layout=Layout(1, 0, Degrees(), None),
+        device=CPU,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+        attention=attention,
+    )
     tokens = torch.randint(0, CFG.vocab_size, (2, 17), generator=torch.Generator().manual_seed(0))
     batch = Batch(tokens[:, :-1], tokens[:, 1:])
     with _Ops() as ops:
@@ -70,7 +80,16 @@ def test_a_backend_the_device_lacks_is_refused_naming_the_field():
         ConfigError,
         match=r"train\.attention_backend: got .cudnn., which cpu does not offer; choose one of auto, flash, math$",
     ):
-        build_parallel_model(CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), CPU, 0, 1, "fp32", attention="cudnn")
+        build_parallel_model(
+            CFG,
+            parallel=ParallelConfig(),
+            layout=Layout(1, 0, Degrees(), None),
+            device=CPU,
+            seed=0,
+            n_microbatches=1,
+            precision=PrecisionConfig(mode="fp32"),
+            attention="cudnn",
+        )
     with pytest.raises(ConfigError, match=r"train\.attention_backend: .*cpu does not offer"):
         trainer_module.Trainer(
             load_config("tiny", overrides=["--train.device", "cpu", "--train.attention_backend", "cudnn"]),

@@ -40,7 +40,13 @@ def _step(cache: bool, activation_checkpoint: str = "none") -> tuple[int, list[t
     precision = PrecisionConfig(mode="mixed", bf16_weight_cache=cache)
     par = ParallelConfig(activation_checkpoint=activation_checkpoint)
     model = build_parallel_model(
-        CFG, par, Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, MICRO_BATCHES, precision
+        CFG,
+        parallel=par,
+        layout=Layout(1, 0, Degrees(), None),
+        device=torch.device("cpu"),
+        seed=0,
+        n_microbatches=MICRO_BATCHES,
+        precision=precision,
     )
     tokens = torch.randint(0, CFG.vocab_size, (MICRO_BATCHES, 17), generator=torch.Generator().manual_seed(0))
     batches = [Batch(tokens[i : i + 1, :-1], tokens[i : i + 1, 1:]) for i in range(MICRO_BATCHES)]
@@ -56,7 +62,13 @@ def test_one_cast_per_weight_and_step_with_the_same_gradients(activation_checkpo
     n_params = len(
         list(
             build_parallel_model(
-                CFG, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 0, 1, "mixed"
+                CFG,
+                parallel=ParallelConfig(),
+                layout=Layout(1, 0, Degrees(), None),
+                device=torch.device("cpu"),
+                seed=0,
+                n_microbatches=1,
+                precision=PrecisionConfig(mode="mixed"),
             ).parameters()
         )
     )

@@ -12,8 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from hlat.config.data import DataConfig
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.config.train import TrainConfig
 from hlat.errors import ConfigError, UserError
 from hlat.parallel import compile as compile_mod
 from hlat.parallel.compile import decide_compile
@@ -27,8 +31,15 @@ CPU = torch.device("cpu")
 MODEL = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 
 
-def decide(setting: str, device: torch.device = CPU):
-    return decide_compile(setting, MODEL, device, "fp32", micro_batch=2, seq_len=32, document_masking=False)
+def decide(setting: str, device: torch.device = CPU, tp: int = 1):
+    return decide_compile(
+        model=MODEL,
+        parallel=ParallelConfig(compile=setting, tp=tp),
+        precision=PrecisionConfig(mode="fp32"),
+        train=TrainConfig(micro_batch=2),
+        data=DataConfig(seq_len=32, document_masking=False),
+        device=device,
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,9 +77,9 @@ def test_no_compile_backend(compiling):
 
 def test_tensor_parallel_runs_eager(compiling):
     """Compiled tensor-parallel blocks fail in backward on torch 2.13 (hlat.parallel.compile.TP_UNSUPPORTED)."""
-    assert not decide_compile("auto", MODEL, CPU, "fp32", 2, 32, False, tp=2).enabled
+    assert not decide("auto", tp=2).enabled
     with pytest.raises(UserError, match=r"parallel\.compile=true with parallel\.tp=2: .*set --parallel\.compile false"):
-        decide_compile("true", MODEL, CPU, "fp32", 2, 32, False, tp=2)
+        decide("true", tp=2)
 
 
 def test_bf16_storage_compiles_with_recompute(compiling):

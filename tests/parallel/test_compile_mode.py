@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hlat.config.data import DataConfig
 from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.config.train import TrainConfig
 from hlat.device.record import DeviceRecord
 from hlat.errors import ConfigError
 from hlat.parallel import compile as compile_mod
@@ -36,7 +39,14 @@ def compile_calls(monkeypatch):
 
 
 def _decide(mode: str):  # type: ignore[no-untyped-def]
-    return compile_mod.decide_compile("true", MODEL, CPU, "fp32", 2, 16, False, mode=mode)
+    return compile_mod.decide_compile(
+        model=MODEL,
+        parallel=ParallelConfig(compile="true", compile_mode=mode),
+        precision=PrecisionConfig(mode="fp32"),
+        train=TrainConfig(micro_batch=2),
+        data=DataConfig(seq_len=16, document_masking=False),
+        device=CPU,
+    )
 
 
 @pytest.mark.parametrize(("mode", "passed"), [("default", {}), (AUTOTUNE, {"mode": AUTOTUNE})])
@@ -44,7 +54,16 @@ def test_the_mode_reaches_the_probe_and_every_block(compile_calls, mode: str, pa
     decision = _decide(mode)
     assert decision.enabled and (AUTOTUNE in decision.line) == (mode == AUTOTUNE)
     par = ParallelConfig(compile_mode=mode)
-    build_parallel_model(MODEL, par, Layout(1, 0, Degrees(), None), CPU, 0, 1, "fp32", compiled=True)
+    build_parallel_model(
+        MODEL,
+        parallel=par,
+        layout=Layout(1, 0, Degrees(), None),
+        device=CPU,
+        seed=0,
+        n_microbatches=1,
+        precision=PrecisionConfig(mode="fp32"),
+        compiled=True,
+    )
     assert len(compile_calls) == 1 + MODEL.n_layers
     for kwargs in compile_calls:
         assert {k: v for k, v in kwargs.items() if k == "mode"} == passed

@@ -12,6 +12,7 @@ import torch
 
 from hlat.config.layout import Degrees
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.errors import ConfigError
 from hlat.model.ring_attention import RingContext, _pairs
 from hlat.parallel.mesh import Layout
@@ -61,4 +62,12 @@ def test_load_balancing_gives_every_rank_the_same_causal_work(cp: int) -> None:
 def test_context_parallel_off_the_cpu_is_refused_naming_the_field() -> None:
     layout = Layout(2, 0, Degrees(cp=2), None)
     with pytest.raises(ConfigError, match=re.escape("parallel.cp: cp=2 runs on the CPU only so far")):
-        build_parallel_model(MODEL, ParallelConfig(cp=2), layout, torch.device("meta"), 0, 1, "fp32")
+        build_parallel_model(
+            MODEL,
+            parallel=ParallelConfig(cp=2),
+            layout=layout,
+            device=torch.device("meta"),
+            seed=0,
+            n_microbatches=1,
+            precision=PrecisionConfig(mode="fp32"),
+        )

@@ -11,6 +11,7 @@ from hlat.config.layout import Degrees
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
 from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch
 from hlat.model import Llama
 from hlat.parallel.mesh import Layout
@@ -45,7 +46,13 @@ def test_loss_is_independent_of_micro_batch_split():
     results = []
     for micro in (8, 4, 1):
         model = build_parallel_model(
-            cfg, ParallelConfig(), Layout(1, 0, Degrees(), None), torch.device("cpu"), 1, 8 // micro, "fp32"
+            cfg,
+            parallel=ParallelConfig(),
+            layout=Layout(1, 0, Degrees(), None),
+            device=torch.device("cpu"),
+            seed=1,
+            n_microbatches=8 // micro,
+            precision=PrecisionConfig(mode="fp32"),
         )
         # SGD with lr 1: the update is the gradient, so weights compare gradients exactly.
         opt = Optimizers(model.parts, lambda part: torch.optim.SGD(part.parameters(), lr=1.0))

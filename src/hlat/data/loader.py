@@ -132,6 +132,7 @@ def _split(cfg: DataConfig, tokenizer: Any) -> tuple[list[DocumentTokens], Docum
 def build_loader(
     cfg: DataConfig,
     tokenizer: Any,
+    *,
     seed: int,
     batch_size: int,
     dp_rank: int = 0,
@@ -143,11 +144,11 @@ def build_loader(
     loader = PackedLoader(
         docs,
         tokenizer,
-        cfg.seq_len,
-        batch_size,
-        seed,
-        dp_rank,
-        dp_size,
+        seq_len=cfg.seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
         weights=cfg.weight_list(),
         virtual_shards=cfg.virtual_shards,
         document_masking=cfg.document_masking,
@@ -166,7 +167,7 @@ class Validation:
     """Validation batches: the same rows, from the same position, at every evaluation."""
 
     def __init__(
-        self, cfg: DataConfig, tokenizer: Any, batch_size: int, num_batches: int, dp_rank: int = 0, dp_size: int = 1
+        self, cfg: DataConfig, tokenizer: Any, *, batch_size: int, num_batches: int, dp_rank: int = 0, dp_size: int = 1
     ):
         _, docs = _split(cfg, tokenizer)
         if docs is None:
@@ -178,11 +179,11 @@ class Validation:
         loader = PackedLoader(
             self.docs,
             self.tokenizer,
-            self.cfg.seq_len,
-            self.batch_size,
-            VAL_SEED,
-            self.dp_rank,
-            self.dp_size,
+            seq_len=self.cfg.seq_len,
+            batch_size=self.batch_size,
+            seed=VAL_SEED,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
             virtual_shards=self.cfg.virtual_shards,
             document_masking=self.cfg.document_masking,
             mask_eos_target=self.cfg.mask_eos_target,

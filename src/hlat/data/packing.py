@@ -51,6 +51,7 @@ class PackedLoader:
         self,
         sources: DocumentSource | DocumentTokens | Sequence[DocumentSource | DocumentTokens],
         tokenizer: Any,
+        *,
         seq_len: int,
         batch_size: int,
         seed: int,

@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from hlat.device.record import device_record
+from hlat.errors import ConfigError
 from hlat.model.ring_attention import RingContext, ring_attention
 
 # What the model accepts as a mask: None (causal), a dense bool mask, a BlockMask, or a RingContext
@@ -57,13 +58,14 @@ SDPA_BACKENDS = {
 }
 
 
-def attention_backend_problem(name: str, device: torch.device) -> str | None:
-    """Why SDPA cannot be restricted to backend `name` on `device` (None when it can)."""
+def check_attention_backend(name: str, device: torch.device) -> None:
+    """Refuse train.attention_backend `name` where `device` does not offer that SDPA backend."""
     offered = device_record(device.type).sdpa_backends
-    if name == "auto" or name in offered:
-        return None
-    choices = ", ".join(("auto", *offered))
-    return f"got {name!r}, which {device.type} does not offer; choose one of {choices}"
+    if name != "auto" and name not in offered:
+        choices = ", ".join(("auto", *offered))
+        raise ConfigError(
+            [("train.attention_backend", f"got {name!r}, which {device.type} does not offer; choose one of {choices}")]
+        )
 
 
 def attention_backend(name: str) -> contextlib.AbstractContextManager:

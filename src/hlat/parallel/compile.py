@@ -18,7 +18,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hlat.config.data import DataConfig
 from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.config.train import TrainConfig
 from hlat.device.record import device_record
 from hlat.device.runtime import collective_device, fork_rng
 from hlat.errors import ConfigError, UserError
@@ -26,7 +30,7 @@ from hlat.model.attention import attention_backend as attention_backend_context
 from hlat.model.attention import document_mask
 from hlat.model.llama import rope_tables
 from hlat.model.spec import model_spec
-from hlat.parallel.activation_checkpoint import checkpoint_block
+from hlat.parallel.activation_checkpoint import attention_recomputed, checkpoint_block
 from hlat.precision import autocast, cast_parameters, param_dtype
 from hlat.progress import Heartbeat
 
@@ -53,26 +57,21 @@ TP_UNSUPPORTED = (
 
 
 def decide_compile(
-    setting: str,
-    model_cfg: ModelConfig,
+    *,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    train: TrainConfig,
+    data: DataConfig,
     device: torch.device,
-    precision_mode: str,
-    micro_batch: int,
-    seq_len: int,
-    document_masking: bool,
-    tp: int = 1,
-    recompute: str = "none",
-    every_other_mm: bool = False,
-    recompute_attention: bool = True,
-    attention_backend: str = "auto",
-    mode: str = "default",
     out: Callable[[str], None] = lambda _: None,
 ) -> CompileDecision:
-    """Collective when a process group exists (every rank must call it). `setting`: auto/true/false;
-    `recompute`/`every_other_mm`/`recompute_attention`: the run's activation-checkpoint policy, and
-    `attention_backend` its SDPA kernel (train.attention_backend), and `mode` torch.compile's
-    (parallel.compile_mode), which the probe applies too; `out`: where the probe's start line and
-    heartbeat go (it can take minutes)."""
+    """Collective when a process group exists (every rank must call it). Decides parallel.compile
+    (auto/true/false) for parallel.tp; the probe compiles a block as the run will: its
+    activation-checkpoint policy, parallel.compile_mode, precision.mode, train.micro_batch and
+    train.attention_backend, data.seq_len and data.document_masking. `out`: where the probe's
+    start line and heartbeat go (it can take minutes)."""
+    setting, tp, mode = parallel.compile, parallel.tp, parallel.compile_mode
     if setting == "false":
         return CompileDecision(False, "compile: off (parallel.compile false)")
     if compile_disabled_by_torch():
@@ -110,20 +109,9 @@ def decide_compile(
     try:
         with (
             Heartbeat(f"compile probe: one transformer block through torch.compile ({backend})", out),
-            attention_backend_context(attention_backend),
+            attention_backend_context(train.attention_backend),
         ):
-            probe_block(
-                model_cfg,
-                device,
-                precision_mode,
-                micro_batch,
-                seq_len,
-                document_masking,
-                recompute,
-                every_other_mm,
-                recompute_attention,
-                mode,
-            )
+            probe_block(model=model, parallel=parallel, precision=precision, train=train, data=data, device=device)
         error = None
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err
@@ -156,41 +144,47 @@ def compile_blocks(module: nn.Module, device_type: str, backend: str | None = No
 
 
 def probe_block(
-    model_cfg: ModelConfig,
+    *,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    train: TrainConfig,
+    data: DataConfig,
     device: torch.device,
-    precision_mode: str,
-    micro_batch: int,
-    seq_len: int,
-    document_masking: bool,
-    recompute: str = "none",
-    every_other_mm: bool = False,
-    recompute_attention: bool = True,
-    mode: str = "default",
 ) -> None:
     """Compile one block with the run's shapes and recompute policy and run forward and backward.
     The same shapes and inputs as Llama.forward gives its blocks, so the real blocks reuse this
     compilation; a combination the compiler cannot take fails here, not at the first step."""
+    mode, precision_mode = parallel.compile_mode, precision.mode
+    micro_batch, seq_len = train.micro_batch, data.seq_len
+    recompute_attention = attention_recomputed(parallel.recompute_attention, device)
     with fork_rng(device):  # the run's RNG untouched
         with torch.device("meta"):
-            block = cast_parameters(model_spec(model_cfg).model.block_class(model_cfg), precision_mode)
+            block = cast_parameters(model_spec(model).model.block_class(model), precision_mode)
         block.to_empty(device=device)
         for param in block.parameters():
-            nn.init.normal_(param, std=model_cfg.init_std)
+            nn.init.normal_(param, std=model.init_std)
         backend = device_record(device.type).compile_backend
         compiled = torch.compile(
-            checkpoint_block(block, recompute, every_other_mm, compiled=True, recompute_attention=recompute_attention),
+            checkpoint_block(
+                block,
+                parallel.activation_checkpoint,
+                parallel.recompute_every_other_mm,
+                compiled=True,
+                recompute_attention=recompute_attention,
+            ),
             fullgraph=True,
             backend=backend,
             **compile_options(backend, mode),
         )
-        cos, sin = rope_tables(model_cfg, device=device)
+        cos, sin = rope_tables(model, device=device)
         # The block's input as the model makes it: an embedding lookup under the precision mode, whose
         # dtype (fp32 under bf16-sr's upcast on CPU, bf16 under mixed's weight casts) the graph depends on.
-        table = nn.Parameter(torch.randn(16, model_cfg.d_model, device=device, dtype=param_dtype(precision_mode)))
+        table = nn.Parameter(torch.randn(16, model.d_model, device=device, dtype=param_dtype(precision_mode)))
         ids = torch.randint(0, 16, (micro_batch, seq_len), device=device)
         with autocast(precision_mode, device):
             x = nn.functional.embedding(ids, table).detach().requires_grad_()
-        if document_masking:
+        if data.document_masking:
             positions = torch.arange(seq_len, device=device).expand(micro_batch, seq_len)
             cos, sin = cos[positions][:, :, None], sin[positions][:, :, None]
             # one document per row, through the run's masking backend

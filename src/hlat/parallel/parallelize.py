@@ -29,7 +29,7 @@ from hlat.dtensor import full_tensor
 from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
-from hlat.model.attention import attention_backend, attention_backend_problem
+from hlat.model.attention import attention_backend, check_attention_backend
 from hlat.model.ring_attention import RingContext
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint, attention_recomputed
 from hlat.parallel.compile import compile_blocks
@@ -263,45 +263,41 @@ def check_layout(model_cfg: ModelConfig, par: ParallelConfig, layout: Layout) ->
 
 def build_parallel_model(
     model_cfg: ModelConfig,
-    par: ParallelConfig,
+    *,
+    parallel: ParallelConfig,
     layout: Layout,
     device: torch.device,
     seed: int,
     n_microbatches: int,
-    precision_mode: str | PrecisionConfig,
+    precision: PrecisionConfig,
     compiled: bool = False,
     float8: bool = False,
     attention: str = "auto",
 ) -> ParallelModel:
-    """`precision_mode`: the run's precision settings, or a mode name with the others' defaults.
-    `compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
+    """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
     `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported).
     `attention`: the SDPA backend (train.attention_backend), refused where the device lacks it."""
-    precision = PrecisionConfig(mode=precision_mode) if isinstance(precision_mode, str) else precision_mode
-    precision_mode = precision.mode
-    check_layout(model_cfg, par, layout)
-    check_grad_accum(precision, par.dp_sharding, layout.degrees.dp_cp)
+    check_layout(model_cfg, parallel, layout)
+    check_grad_accum(precision, parallel.dp_sharding, layout.degrees.dp_cp)
     if float8:
         check_float8(device, layout.tp)
-    problem = attention_backend_problem(attention, device)
-    if problem:
-        raise ConfigError([("train.attention_backend", problem)])
-    recompute_attention = attention_recomputed(par.recompute_attention, device)
+    check_attention_backend(attention, device)
+    recompute_attention = attention_recomputed(parallel.recompute_attention, device)
     if layout.cp > 1 and not device_record(device.type).ring_attention:
         raise ConfigError(
             [("parallel.cp", f"cp={layout.cp} runs on the CPU only so far; use --train.device cpu or --parallel.cp 1")]
         )
     with torch.device("meta"):
-        full = cast_parameters(build_model(model_cfg), precision_mode)  # bf16 modes store bf16 weights
+        full = cast_parameters(build_model(model_cfg), precision.mode)  # bf16 modes store bf16 weights
     init_std_of = full.init_std_of
     if layout.pp > 1:
-        n_stages = layout.pp * par.pp_stages_per_rank
+        n_stages = layout.pp * parallel.pp_stages_per_rank
         bounds = split_layers(model_cfg.n_layers, n_stages, *model_spec(model_cfg).stage_costs(model_cfg))
-        indices = stage_indices(layout.pp_rank, layout.pp, par.pp_stages_per_rank)
+        indices = stage_indices(layout.pp_rank, layout.pp, parallel.pp_stages_per_rank)
         raw = [cut_stage(copy.deepcopy(full), bounds[i], i == 0, i == n_stages - 1) for i in indices]
     else:
         n_stages, indices, raw = 1, [0], [full]
-    sharded = par.dp_sharding in ("zero2", "fsdp")
+    sharded = parallel.dp_sharding in ("zero2", "fsdp")
     parts = []
     for module in raw:
         if layout.tp > 1:
@@ -309,16 +305,16 @@ def build_parallel_model(
         if float8:
             convert_to_float8(module)
         apply_activation_checkpoint(
-            module, par.activation_checkpoint, par.recompute_every_other_mm, compiled, recompute_attention
+            module, parallel.activation_checkpoint, parallel.recompute_every_other_mm, compiled, recompute_attention
         )
         if compiled:
-            compile_blocks(module, device.type, mode=par.compile_mode)
+            compile_blocks(module, device.type, mode=parallel.compile_mode)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
-            apply_data_parallel(module, layout, par.dp_sharding, precision)
+            apply_data_parallel(module, layout, parallel.dp_sharding, precision)
         module.to_empty(device=device)
         init_parameters(module, init_std_of, seed)
         module.reset_rope()
-        parts.append(module if sharded else apply_data_parallel(module, layout, par.dp_sharding, precision))
+        parts.append(module if sharded else apply_data_parallel(module, layout, parallel.dp_sharding, precision))
     fsdp = sharded and layout.degrees.dp_cp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
     accumulator = (
         Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
@@ -327,10 +323,10 @@ def build_parallel_model(
         parts,
         raw,
         layout,
-        precision_mode,
+        precision.mode,
         is_first_stage=0 in indices,
         is_last_stage=n_stages - 1 in indices,
-        reshard_after_backward=par.reshard_after_backward,
+        reshard_after_backward=parallel.reshard_after_backward,
         attention_backend=attention,
         bf16_cache={} if precision.bf16_weight_cache else None,
         grad_accumulator=accumulator,
@@ -338,6 +334,13 @@ def build_parallel_model(
     if layout.pp > 1:
         pm.tied, pm.pipeline_microbatches = tie_across_stages(raw, indices, n_stages, layout), n_microbatches
         pm.schedule = build_schedule(
-            parts, indices, n_stages, device, layout.group("pp"), par.pp_schedule, n_microbatches, pm._pipeline_loss
+            parts,
+            indices,
+            n_stages,
+            device,
+            layout.group("pp"),
+            parallel.pp_schedule,
+            n_microbatches,
+            pm._pipeline_loss,
         )
     return pm

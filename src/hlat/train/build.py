@@ -2,9 +2,9 @@
 their dependencies need, into one record (`Run`) the trainer loops over.
 
 Each rule about what may be combined is checked where the component it concerns is built (the
-config's own checks ran when it loaded); this module only wires. An elastic run (elastic.enabled)
-differs here and nowhere in the loop: its train module and step data wrap the core ones
-(hlat.train.elastic).
+config's own checks ran when it loaded); this module only wires, and makes two of those refusals
+early, before the slow steps (build_run). An elastic run (elastic.enabled) differs here and
+nowhere in the loop: its train module and step data wrap the core ones (hlat.train.elastic).
 """
 
 from __future__ import annotations
@@ -28,12 +28,10 @@ from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
 from hlat.device.runtime import total_memory
-from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8, float8_line
 from hlat.model import count_params, flops_per_token
-from hlat.model.attention import attention_backend_problem
-from hlat.parallel.activation_checkpoint import attention_recomputed
+from hlat.model.attention import check_attention_backend
 from hlat.parallel.compile import decide_compile
 from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
@@ -102,11 +100,12 @@ def build_run(
     layout = setup(cfg.parallel, device)
     narrow = float8_line(cfg.model.d_model, cfg.precision.float8_min_d_model) if cfg.precision.float8 else None
     float8 = cfg.precision.float8 and narrow is None
-    if float8:  # before the data and the compile probe, which take minutes on large models
+    # build_parallel_model refuses these too, for its direct callers; here they fail before the data
+    # and the compile probe, which take minutes on large models (and the probe, restricted to an SDPA
+    # backend the device lacks, would fail as if the compiler had)
+    if float8:
         check_float8(device, layout.tp)
-    attention = attention_backend_problem(cfg.train.attention_backend, device)
-    if attention:
-        raise ConfigError([("train.attention_backend", attention)])
+    check_attention_backend(cfg.train.attention_backend, device)
     out = out if layout.is_main else (lambda _: None)
     for line in (layout_line, narrow):
         if line:
@@ -131,12 +130,12 @@ def build_run(
         out(rounding.line)
     module = (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
         model,
-        cfg.optim,
-        cfg.precision,
-        cfg.parallel.dp_sharding,
-        cfg.train.seed,
-        cfg.recovery.max_grad_norm,
-        rounding.hardware,
+        optim=cfg.optim,
+        precision=cfg.precision,
+        dp_sharding=cfg.parallel.dp_sharding,
+        seed=cfg.train.seed,
+        max_grad_norm=cfg.recovery.max_grad_norm,
+        hardware_rounding=rounding.hardware,
     )
     state = RunState(cfg, layout, device, module, loader)
     peak = _peak(cfg, layout, device)
@@ -202,7 +201,15 @@ def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> P
 
         def share_loader(share: int) -> PackedLoader:
             nonlocal log
-            loader = build_loader(cfg.data, tokenizer, cfg.train.seed, cfg.train.micro_batch, share, shares, log_fn=log)
+            loader = build_loader(
+                cfg.data,
+                tokenizer,
+                seed=cfg.train.seed,
+                batch_size=cfg.train.micro_batch,
+                dp_rank=share,
+                dp_size=shares,
+                log_fn=log,
+            )
             log = None  # the data line once
             return loader
 
@@ -214,40 +221,40 @@ def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> P
 def _validation(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, device: torch.device) -> list[Batch]:
     if cfg.eval.every == 0:
         return []
-    held_out = Validation(cfg.data, tokenizer, cfg.train.micro_batch, cfg.eval.batches, layout.dp_rank, layout.dp)
+    held_out = Validation(
+        cfg.data,
+        tokenizer,
+        batch_size=cfg.train.micro_batch,
+        num_batches=cfg.eval.batches,
+        dp_rank=layout.dp_rank,
+        dp_size=layout.dp,
+    )
     return [b.to(device) for b in held_out.batches()]
 
 
 def _model(cfg: RunConfig, layout: Layout, device: torch.device, accum: int, float8: bool, out: Out) -> ParallelModel:
     compiled = decide_compile(
-        cfg.parallel.compile,
-        cfg.model,
-        device,
-        cfg.precision.mode,
-        cfg.train.micro_batch,
-        cfg.data.seq_len,
-        cfg.data.document_masking,
-        layout.tp,
-        cfg.parallel.activation_checkpoint,
-        cfg.parallel.recompute_every_other_mm,
-        attention_recomputed(cfg.parallel.recompute_attention, device),
-        cfg.train.attention_backend,
-        cfg.parallel.compile_mode,
-        out,
+        model=cfg.model,
+        parallel=cfg.parallel,
+        precision=cfg.precision,
+        train=cfg.train,
+        data=cfg.data,
+        device=device,
+        out=out,
     )
     out(compiled.line)
     with Heartbeat(f"model: building and initialising {count_params(cfg.model) / 1e6:,.1f}M parameters", out):
         return build_parallel_model(
             cfg.model,
-            cfg.parallel,
-            layout,
-            device,
-            cfg.train.seed,
-            accum,
-            cfg.precision,
-            compiled.enabled,
-            float8,
-            cfg.train.attention_backend,
+            parallel=cfg.parallel,
+            layout=layout,
+            device=device,
+            seed=cfg.train.seed,
+            n_microbatches=accum,
+            precision=cfg.precision,
+            compiled=compiled.enabled,
+            float8=float8,
+            attention=cfg.train.attention_backend,
         )
 
 

@@ -43,6 +43,7 @@ class TrainModule:
     def __init__(
         self,
         model: ParallelModel,
+        *,
         optim: OptimConfig,
         precision: PrecisionConfig,
         dp_sharding: str,
