@@ -41,7 +41,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,9 +165,13 @@ class _Pending:
 
 
 class CheckpointManager:
-    def __init__(self, directory: Path, keep_last: int | None, verify: bool = True):
-        """keep_last None keeps every checkpoint (archives)."""
+    def __init__(
+        self, directory: Path, keep_last: int | None, verify: bool = True, guard: Callable[[], None] | None = None
+    ):
+        """keep_last None keeps every checkpoint (archives). `guard`: called on rank 0 before each
+        save writes anything; what it raises stops the save on every rank (the run's lock check)."""
         self.directory = Path(directory)
+        self.guard = guard
         self.keep_last = keep_last
         self.rejected: list[tuple[Path, str]] = []  # what the last `latest` skipped, and why
         self.verify = verify
@@ -212,6 +216,10 @@ class CheckpointManager:
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
         rank = _rank()
+        if self.guard is not None:
+            with _on_every_rank("to save"):
+                if rank == 0:
+                    self.guard()
         with _on_every_rank(f"to create {tmp}"):
             if rank == 0:
                 maybe_fail("mkdir", step, rank)

@@ -89,9 +89,11 @@ def build_run(
     callbacks: list[Callback],
     progress: Callable[[], Progress],
     set_progress: Callable[[Progress], None],
+    guard: Callable[[], None] | None = None,
 ) -> Run:
     """`callbacks`: the caller's, run after the train.callbacks named in the config.
-    `progress`/`set_progress`: the trainer's counters (an elastic group sends and heals them)."""
+    `progress`/`set_progress`: the trainer's counters (an elastic group sends and heals them).
+    `guard`: rank 0's check before each checkpoint writes (the run directory's lock)."""
     check_run_dir(cfg, resume)
     check_init_from(cfg, resume)
     user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
@@ -137,7 +139,7 @@ def build_run(
         max_grad_norm=cfg.recovery.max_grad_norm,
         hardware_rounding=rounding.hardware,
     )
-    state = RunState(cfg, layout, device, module, loader)
+    state = RunState(cfg, layout, device, module, loader, guard)
     peak = _peak(cfg, layout, device)
     _model_lines(cfg, layout, device, model, peak, out)
     if layout.is_main:  # only now: a start that fails leaves the run directory as it was

@@ -22,7 +22,6 @@ from hlat.checkpoint.restore import holds_training_state, init_weights, rank_sta
 from hlat.config.data_paths import source_entries
 from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.run import RunConfig
-from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ConfigError, ResumeError
@@ -159,13 +158,23 @@ class Progress:
 class RunState:
     """The state of a run that its checkpoints hold; every method is collective."""
 
-    def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, module: TrainModule, loader: PackedLoader):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        layout: Layout,
+        device: torch.device,
+        module: TrainModule,
+        loader: Any,
+        guard: Callable[[], None] | None = None,
+    ):
+        """`loader`: the stateful data position; `guard`: rank 0's check before each save writes
+        (the run directory's lock, hlat.train.run_lock)."""
         self.cfg, self.layout, self.device = cfg, layout, device
         self.module, self.loader = module, loader
         self.checkpoints = CheckpointManager(
-            cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify
+            cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify, guard
         )
-        self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
+        self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify, guard)  # never pruned
 
     def start(self, resume: str, out: Callable[[str], None]) -> Progress:
         """Restore the newest checkpoint that holds training state, or load the weights the run
