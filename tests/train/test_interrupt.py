@@ -5,6 +5,7 @@ second signal, or a save that cannot finish in time, stops at once and names the
 resume uses. Other commands only say they were interrupted. Signals come from hlat.testing.faults
 (HLAT_FAULT=sigint|sigterm:STEP:RANK[:COUNT], sent before optimizer step STEP)."""
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,12 @@ def _train(corpus: Path, run: Path, capsys, monkeypatch, fault: str = "", *extra
     capsys.readouterr()
     code = main(["train", *tiny_args(corpus, run, *STEPS, *extra)])
     return code, capsys.readouterr().err
+
+
+def test_sighup_saves_the_step_as_sigterm_does(small_corpus, tmp_path, capsys, monkeypatch):
+    """A closed terminal or ssh session: the step is saved and the run says where it resumes."""
+    code, err = _train(small_corpus, tmp_path / "run", capsys, monkeypatch, "sighup:3:0")
+    assert (code, err.splitlines()[-1]) == (128 + signal.SIGHUP, "hlat train: " + SAVED_3.format("SIGHUP"))
 
 
 def test_sigint_saves_the_step_and_the_resume_is_exact(small_corpus, tmp_path, capsys, monkeypatch):
