@@ -11,8 +11,8 @@ HLAT_FAULT="FAULT:STEP:RANK" strikes global rank RANK, once:
               and before it is committed (the manifest and the rename);
   - "writing": SIGKILL while the background (checkpoint.async_save) save of step STEP is in
               flight: DCP's writer thread started, training went on, nothing hashed or committed;
-  - "sigint", "sigterm": that signal, sent to itself before optimizer step STEP runs (a Ctrl-C or
-              a preemption; "sigint:STEP:RANK:N" sends it N times back to back);
+  - "sigint", "sigterm", "sighup": that signal, sent to itself before optimizer step STEP runs (a
+              Ctrl-C, a preemption, a closed terminal; "sigint:STEP:RANK:N" sends it N times back to back);
   - "hang":   before optimizer step STEP, the rank sleeps forever (alive but silent, like a
               stuck node), so the others' collectives time out (hlat.parallel.hang);
   - "hang-compute": the same, inside optimizer step STEP once its data is read (in an elastic
@@ -45,7 +45,7 @@ from hlat.errors import UserError
 
 _SAVE_STEPS = ("mkdir", "write", "hash", "commit")
 HOLD_TIMEOUT_S = 300.0  # a process started on a loaded machine may take a minute to join
-_SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
+_SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sighup": signal.SIGHUP}
 _POINT = {
     "hang": "step",
     "hang-compute": "compute",
@@ -57,7 +57,7 @@ _POINT = {
 TESTING_ENV = "HLAT_TESTING"
 _KILLS = ("step", "commit", "writing")
 _USAGE = (
-    "FAULT:STEP:RANK with FAULT one of " + ", ".join([*_KILLS, *_POINT]) + " (sigint/sigterm take an optional "
+    "FAULT:STEP:RANK with FAULT one of " + ", ".join([*_KILLS, *_POINT]) + " (sigint/sigterm/sighup take an optional "
     ":COUNT), or slow:STEP:RANK:SECONDS"
 )
 
@@ -68,7 +68,7 @@ class FaultSpecError(UserError, ValueError):
 
 def fault_spec() -> tuple[str, int, int, float | None] | None:
     """(fault, step, rank, extra) of HLAT_FAULT, or None when there is none or HLAT_TESTING is not
-    1; `extra` is sigint/sigterm's count or slow's seconds. Malformed: FaultSpecError."""
+    1; `extra` is sigint/sigterm/sighup's count or slow's seconds. Malformed: FaultSpecError."""
     spec = os.environ.get("HLAT_FAULT")
     if not spec or os.environ.get(TESTING_ENV) != "1":
         return None

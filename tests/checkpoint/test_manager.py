@@ -170,7 +170,8 @@ def test_rank_files_the_manifest_does_not_list_are_refused(tmp_path):
     path = mgr.save(1, {"model": {"w": torch.zeros(4)}}, {"loader": {"dp_rank": 0, "dp_size": 1}, "rng": None}, {}).path
     assert rank_state_for(mgr, path, 0, 0, 1, same_layout=False)[0]["dp_rank"] == 0  # the listed file alone
     torch.save({"loader": {"dp_rank": 1, "dp_size": 1}, "rng": None}, path / "rank_00001.pt")
-    mgr.check(path)  # the manifest's files are all intact: only the listing shows the stranger
+    with pytest.raises(CheckpointError, match="holds files its manifest does not list: rank_00001.pt"):
+        mgr.check(path)  # the manifest's files are all intact: verification sees the stranger too
     for same_layout in (False, True):
         with pytest.raises(CheckpointError, match="holds rank_00001.pt, which its manifest does not list"):
             rank_state_for(mgr, path, 0, 0, 1, same_layout)

@@ -18,6 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from hlat import __version__
 from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.loading import load_model
 from hlat.checkpoint.manager import FORMAT_VERSION, CheckpointManager
@@ -163,7 +164,7 @@ def test_tampered_manifests_are_refused(trained, tmp_path):
     )
     refused(
         lambda m: m.update(format=1),
-        f"checkpoint format 1, this hlat reads format {FORMAT_VERSION}: use the hlat version that wrote it",
+        f"checkpoint format 1, and hlat {__version__} reads format {FORMAT_VERSION}: hlat {__version__} reads it",
     )
     refused(lambda m: m["files"].update({"../outside": m["files"]["shared.pt"]}), "manifest.json is malformed")
     refused(lambda m: m["files"].pop("dcp/.metadata"), "does not list dcp/.metadata")

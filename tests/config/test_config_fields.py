@@ -27,6 +27,7 @@ CHOICES = {  # every fixed-choice field and its values, in the order the message
     "model.rope_scaling": ("none", "linear", "llama3"),
     "model.family": ("llama", "qwen3"),
     "data.bad_documents": ("error", "skip"),
+    "data.verify_shards": ("cached", "full"),
     "optim.weight_decay_scope": ("matrices", "all"),
     "schedule.name": ("hlat-cosine", "cosine", "wsd", "constant"),
     "precision.mode": ("fp32", "mixed", "bf16-sr", "bf16"),
@@ -71,6 +72,7 @@ def test_choices_are_the_literal_annotations() -> None:
         ("wandb.mode", "got 'x'; choose one of online, offline, disabled, or \"\" for WANDB_MODE"),
         ("model.rope_scaling", "rope_scaling='x' is not one of none, linear, llama3 (transformers' rope_type names)"),
         ("model.family", "family='x' is not one of llama, qwen3"),
+        ("data.verify_shards", "'x': use cached or full"),
         ("data.bad_documents", "'x': use error or skip"),
     ],
 )

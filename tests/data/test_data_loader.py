@@ -21,10 +21,10 @@ from hlat.data import (
     Validation,
     build_data_tokenizer,
     build_loader,
+    check_shard_sources,
     make_batch,
     merge_states,
     prepare_shards,
-    verify_shards,
 )
 from hlat.model import Llama
 
@@ -67,7 +67,10 @@ def test_shards_equal_online_packing_and_resume_across(tmp_path, source, tok):
     seen = []
     manifest = prepare_shards(online_docs, tmp_path / "shards", docs_per_shard=10, progress=lambda d, t: seen.append(d))
     assert manifest["complete"] and len(manifest["shards"]) == 5 and sum(seen) == len(source)
-    assert manifest["dtype"] == "uint16" and verify_shards(tmp_path / "shards") == []
+    assert (
+        manifest["dtype"] == "uint16"
+        and check_shard_sources([str(tmp_path / "shards")], tok.vocab_size, True, tmp_path / "cache") is None
+    )
     shards = ShardDocuments(tmp_path / "shards", tok)
     online = PackedLoader(online_docs, tok, seq_len=SEQ, batch_size=BATCH, seed=4)
     offline = PackedLoader(shards, tok, seq_len=SEQ, batch_size=BATCH, seed=4)
@@ -92,7 +95,7 @@ def test_shards_equal_online_packing_and_resume_across(tmp_path, source, tok):
     resumed = []
     prepare_shards(online_docs, tmp_path / "shards", docs_per_shard=10, progress=lambda d, t: resumed.append(d))
     assert resumed[0] == 20 and sum(resumed) == len(source)
-    assert verify_shards(tmp_path / "shards") == []
+    assert check_shard_sources([str(tmp_path / "shards")], tok.vocab_size, True, tmp_path / "cache") is None
     from hlat.data import train_bpe
 
     other = train_bpe(source, vocab_size=300, max_chars=50_000)
@@ -268,4 +271,6 @@ def test_prepare_killed_mid_shard_resumes_to_the_same_shards(tmp_path, source, t
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "clean").iterdir())
     for name in (s[k] for s in clean["shards"] for k in ("tokens", "offsets")):
         assert (out / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
-    assert verify_shards(out) == [] and len(ShardDocuments(out, tok)) == len(source)
+    assert check_shard_sources([str(out)], tok.vocab_size, True, tmp_path / "cache") is None and len(
+        ShardDocuments(out, tok)
+    ) == len(source)

@@ -5,6 +5,10 @@ second signal, or a save that cannot finish in time, stops at once and names the
 resume uses. Other commands only say they were interrupted. Signals come from hlat.faults
 (HLAT_FAULT=sigint|sigterm:STEP:RANK[:COUNT], sent before optimizer step STEP)."""
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +49,19 @@ def _train(corpus: Path, run: Path, capsys, monkeypatch, fault: str = "", *extra
     capsys.readouterr()
     code = main(["train", *tiny_args(corpus, run, *STEPS, *extra)])
     return code, capsys.readouterr().err
+
+
+def test_sighup_saves_the_step_as_sigterm_does(small_corpus, tmp_path):
+    """A closed terminal or ssh session: the step is saved and the run says where it resumes. In a
+    process of its own: unhandled, the signal would end the test session."""
+    run = tmp_path / "run"
+    env = {**os.environ, "HLAT_TESTING": "1", "HLAT_FAULT": "sighup:3:0", "HLAT_FAULT_MARKER": str(tmp_path / "m")}
+    done = subprocess.run(
+        [sys.executable, "-m", "hlat", "train", *tiny_args(small_corpus, run, *STEPS)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 128 + signal.SIGHUP, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == "hlat train: " + SAVED_3.format("SIGHUP")
 
 
 def test_sigint_saves_the_step_and_the_resume_is_exact(small_corpus, tmp_path, capsys, monkeypatch):

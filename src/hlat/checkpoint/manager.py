@@ -41,7 +41,7 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +52,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from hlat import atomic_files
+from hlat import __version__, atomic_files
 from hlat.atomic_files import atomic_path, file_entry, file_problem, fsync_dir, make_dir, write_manifest
 from hlat.checkpoint import safe_dcp
 from hlat.checkpoint.errors import CheckpointError, refusal
@@ -65,6 +65,7 @@ SHARED_FILE = "shared.pt"
 DCP_DIR = "dcp"
 METADATA = f"{DCP_DIR}/{safe_dcp.METADATA_FILE}"
 FORMAT_VERSION = 2
+REJECTED_DIR = "rejected"  # checkpoints that failed verification, set aside (CheckpointManager.set_aside)
 
 
 @contextlib.contextmanager
@@ -164,10 +165,15 @@ class _Pending:
 
 
 class CheckpointManager:
-    def __init__(self, directory: Path, keep_last: int | None, verify: bool = True):
-        """keep_last None keeps every checkpoint (archives)."""
+    def __init__(
+        self, directory: Path, keep_last: int | None, verify: bool = True, guard: Callable[[], None] | None = None
+    ):
+        """keep_last None keeps every checkpoint (archives). `guard`: called on rank 0 before each
+        save writes anything; what it raises stops the save on every rank (the run's lock check)."""
         self.directory = Path(directory)
+        self.guard = guard
         self.keep_last = keep_last
+        self.rejected: list[tuple[Path, str]] = []  # what the last `latest` skipped, and why
         self.verify = verify
         self._pending: _Pending | None = None
         self._group: dist.ProcessGroup | None = None  # background saves talk on their own group
@@ -210,6 +216,10 @@ class CheckpointManager:
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
         rank = _rank()
+        if self.guard is not None:
+            with _on_every_rank("to save"):
+                if rank == 0:
+                    self.guard()
         with _on_every_rank(f"to create {tmp}"):
             if rank == 0:
                 maybe_fail("mkdir", step, rank)
@@ -296,7 +306,10 @@ class CheckpointManager:
             if path.is_file() and name not in files:  # shared.pt, DCP's .metadata
                 files[name] = file_entry(path)
         files = dict(sorted(files.items()))
-        manifest = {"format": FORMAT_VERSION, "step": step, "world": _world(), "time": time.time(), "files": files}
+        manifest = {
+            "format": FORMAT_VERSION, "hlat": __version__, "step": step, "world": _world(), "time": time.time(),
+            "files": files,
+        }  # fmt: skip
         write_manifest(tmp / MANIFEST, manifest)
         if final.exists() or final.is_symlink():  # a re-save of the same step replaces it
             _remove(final)
@@ -313,22 +326,45 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         """Collective: the newest checkpoint that passes `check` on every rank's share.
 
-        Corrupt, partial or unsafe checkpoints are reported (by rank 0) and skipped by every rank
-        together in favour of the previous one.
+        Corrupt, partial, incomplete or unsafe checkpoints are reported (by rank 0) and skipped by
+        every rank together in favour of the previous one; `rejected` then lists each skipped one
+        with why (newest first), for the caller to stop on (none left) or set aside (set_aside).
         """
-        found = [str(p) for p in self.checkpoints()]
+        found = [str(p) for p in self._step_dirs()]
         if _distributed():  # every rank tries the same candidates, in the same order
             listing = [found]
             dist.broadcast_object_list(listing, src=0)
             found = listing[0]
+        self.rejected = []
         for path in map(Path, reversed(found)):
             try:
                 self.check(path)
                 return path
             except CheckpointError as err:
+                self.rejected.append((path, str(err)))
                 if _rank() == 0:
                     print(f"warning: skipping checkpoint {path}: {err}", flush=True)
         return None
+
+    def _step_dirs(self) -> list[Path]:
+        """Every checkpoint directory, committed or not (a step directory always holds a manifest
+        once committed: one without it is damaged, not in progress)."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(p for p in self.directory.glob("step_*") if p.is_dir() and not p.is_symlink())
+
+    def set_aside(self) -> None:
+        """Global rank 0, once a resume chose an older checkpoint: move the newer ones that failed
+        verification to rejected/ (kept for inspection), so that retention, which keeps the newest
+        step directories, never deletes a checkpoint that verified in favour of one that did not."""
+        aside = self.directory / REJECTED_DIR
+        for path, _ in self.rejected:
+            make_dir(aside)
+            target = aside / path.name
+            if target.exists():
+                _remove(target)
+            os.replace(path, target)
+            print(f"moved {path} aside to {target}: it failed verification (above)", flush=True)
 
     def check(self, path: Path) -> dict[str, Any]:
         """Collective: verify checkpoint `path` against its manifest and return the manifest.
@@ -343,6 +379,8 @@ class CheckpointManager:
         try:
             manifest = read_checkpoint_manifest(path)
             same_world = manifest["world"] == _world()
+            if _rank() == 0:
+                _check_complete(path, manifest)
             for name in shares(manifest["files"], _world(), same_world)[_rank()]:
                 self._check_file(path, name, manifest["files"][name])
         except (CheckpointError, OSError) as err:  # OSError: a file this rank cannot read
@@ -399,9 +437,11 @@ def read_checkpoint_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"unreadable {file}: {err}") from err
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_VERSION:
         found = manifest.get("format") if isinstance(manifest, dict) else None
+        writer = manifest.get("hlat") if isinstance(manifest, dict) else None
+        reader = f"hlat {writer}" if isinstance(writer, str) else "the hlat version that wrote it"
         raise CheckpointError(
-            f"{file}: checkpoint format {found}, this hlat reads format {FORMAT_VERSION}: use the hlat version that "
-            "wrote it (to resume, or to `hlat export` its weights and start from them here with "
+            f"{file}: checkpoint format {found}, and hlat {__version__} reads format {FORMAT_VERSION}: {reader} "
+            "reads it (to resume, or to `hlat export` its weights and start from them here with "
             "--checkpoint.init_from hf:DIR)"
         )
     files = manifest.get("files")
@@ -424,6 +464,28 @@ def read_checkpoint_manifest(path: Path) -> dict[str, Any]:
     if METADATA not in files:
         raise CheckpointError(f"{file} does not list {METADATA}")
     return manifest
+
+
+def _check_complete(path: Path, manifest: dict[str, Any]) -> None:
+    """Every file the checkpoint holds is in its manifest, and so is every file it needs: the
+    shared file, DCP's metadata and each data file that metadata names, and a rank file for each
+    rank that saved (or none, as in a weights-only archive). A file left out of the manifest would
+    otherwise load unverified."""
+    listed = set(manifest["files"])
+    held = {str(f.relative_to(path)) for f in path.rglob("*") if f.is_symlink() or not f.is_dir()} - {MANIFEST}
+    unlisted = sorted(held - listed)
+    if unlisted:
+        raise CheckpointError(f"{path} holds files its manifest does not list: {', '.join(unlisted[:8])}")
+    ranks = {rank_file(r) for r in range(manifest["world"])}
+    needed = {SHARED_FILE, METADATA} | (ranks if ranks & listed else set())
+    try:
+        metadata = read_metadata(path / METADATA)
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"unsafe or unreadable {path / METADATA}: {err}") from err
+    needed |= {f"{DCP_DIR}/{info.relative_path}" for info in metadata.storage_data.values()}
+    missing = sorted(needed - listed)
+    if missing:
+        raise CheckpointError(f"{path / MANIFEST} does not list {', '.join(missing[:8])}, which the checkpoint needs")
 
 
 def _inside(name: str) -> bool:

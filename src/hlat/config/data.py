@@ -42,6 +42,10 @@ class DataConfig:
     bad_documents: Literal["error", "skip"] = "error"
     """What to do with a document that cannot be read (bad UTF-8, missing text field, bad JSON).
     "error" stops with its file and row; "skip" counts it, logs it, and goes on."""
+    verify_shards: Literal["cached", "full"] = "cached"
+    """Token shards (hlat prepare) are checked when a run opens them: each file against its SHA-256
+    and every token id below the vocabulary, in one pass. "cached": once per file and node, as long
+    as the file is unchanged (its size, modification time and inode); "full": every time."""
     tokenizer: str = ""
     """The tokenizer: "" = train a byte-level BPE on the source with the model's vocab size
     (cached); otherwise a Hugging Face tokenizer.json or a SentencePiece .model."""
@@ -113,6 +117,10 @@ class DataConfig:
         if self.bad_documents not in choices(DataConfig, "bad_documents"):
             problems.append(
                 ("bad_documents", f"{self.bad_documents!r}: use {' or '.join(choices(DataConfig, 'bad_documents'))}")
+            )
+        if self.verify_shards not in choices(DataConfig, "verify_shards"):
+            problems.append(
+                ("verify_shards", f"{self.verify_shards!r}: use {' or '.join(choices(DataConfig, 'verify_shards'))}")
             )
         if self.virtual_shards < 1:
             problems.append(("virtual_shards", f"{self.virtual_shards} must be positive (default 512)"))

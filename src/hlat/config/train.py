@@ -56,7 +56,7 @@ class TrainConfig:
     slow_rank_windows: int = 3
     """Log windows in a row a rank must stay over slow_rank_threshold to be named."""
     interrupt_save_s: float = 25.0
-    """On SIGINT or SIGTERM (Ctrl-C, a preemption) the run stops after the current step and saves its
+    """On SIGINT, SIGTERM or SIGHUP (Ctrl-C, a preemption, a closed terminal) the run stops after the current step and saves its
     checkpoint, if that is done within this many seconds of the signal; else, or on a second signal,
     it stops at once without saving, and a resume starts from the newest checkpoint. 0 = stop at once.
     Keep it under the launcher's grace period (torchrun --shutdown_timeout, SLURM's KillWait: 30 s)."""

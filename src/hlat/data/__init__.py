@@ -15,7 +15,7 @@ from hlat.data.loader import (
 from hlat.data.order import epoch_permutation
 from hlat.data.packing import PackedLoader, merge_states
 from hlat.data.records import RowSource
-from hlat.data.shards import ShardDocuments, prepare_shards, verify_shards
+from hlat.data.shards import ShardDocuments, check_shard_sources, prepare_shards
 from hlat.data.sources import BadDocument, Concat, DocumentSource, StdlibCorpus, TextFiles
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.data.tokenizer import Tokenizer, build_tokenizer, load_tokenizer, train_bpe
@@ -46,9 +46,9 @@ __all__ = [
     "open_documents",
     "open_entry",
     "open_source",
+    "check_shard_sources",
     "prepare_shards",
     "split_document",
     "tokenizer_corpus",
     "train_bpe",
-    "verify_shards",
 ]

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from hlat.config.data import DataConfig
+from hlat.config.data import DataConfig, default_cache_dir
 from hlat.config.data_paths import entry_kind, source_entries
 from hlat.data.batch import Batch
 from hlat.data.catalog import open_entry
@@ -108,7 +108,7 @@ def open_documents(cfg: DataConfig, tokenizer: Any) -> list[DocumentTokens]:
     out: list[DocumentTokens] = []
     for i, entry in enumerate(source_entries(cfg.source)):
         if entry_kind(entry) == "shards":
-            out.append(ShardDocuments(Path(entry), tokenizer, cfg.bad_documents == "skip"))
+            out.append(ShardDocuments(Path(entry), tokenizer, cfg.bad_documents == "skip", default_cache_dir()))
         else:
             out.append(OnlineDocuments(open_entry(entry, cfg.for_entry(i)), tokenizer, cfg.max_doc_chars))
     return out

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 
 from hlat import atomic_files
-from hlat.atomic_files import atomic_path, file_problem, write_manifest
+from hlat.atomic_files import atomic_path, write_manifest
 from hlat.config.data_paths import find_tokenizer_file
 from hlat.data.documents import STREAM_TOKENS, DocTokens, OnlineDocuments, TokenPieces
+from hlat.data.shard_check import check_shard_file
 from hlat.data.sources import BadDocument
 from hlat.digests import sha256_file
 from hlat.errors import DataError
@@ -152,21 +153,32 @@ def prepare_shards(
     return manifest
 
 
-def verify_shards(root: Path) -> list[str]:
-    """Files whose SHA-256 differs from the manifest (empty when all are intact)."""
-    manifest = read_shard_manifest(root)
-    return [
-        name
-        for s in manifest["shards"]
-        for name, digest in s["sha256"].items()
-        if file_problem(root, name, {"sha256": digest}) is not None
-    ]
+def check_shard_sources(
+    entries: list[str], vocab: int, full: bool, cache: Path, share: int = 0, shares: int = 1
+) -> str | None:
+    """Check share `share` of `shares` of every shard file of the data.source `entries` that are
+    shard directories (the ranks of a node split the work; their verdicts then serve all of them);
+    the first problem as one line, else None."""
+    files = []
+    for entry in entries:
+        root = Path(entry)
+        manifest = read_shard_manifest(root)
+        for s in manifest["shards"]:
+            files.append((root / s["tokens"], s["sha256"][s["tokens"]], np.dtype(manifest["dtype"])))
+            files.append((root / s["offsets"], s["sha256"][s["offsets"]], None))
+    try:
+        for path, sha256, dtype in files[share::shares]:
+            check_shard_file(path, sha256, cache, dtype=dtype, vocab=vocab if dtype is not None else 0, full=full)
+    except (DataError, OSError) as err:
+        return str(err)
+    return None
 
 
 class ShardDocuments:
     """Documents read from token shards by memory map: the same ``DocumentTokens`` as online."""
 
-    def __init__(self, root: Path, tokenizer: Any, skip_bad: bool = False):
+    def __init__(self, root: Path, tokenizer: Any, skip_bad: bool = False, cache: Path | None = None):
+        """`cache`: the node's shard verdicts (hlat.data.shard_check); None checks every file."""
         m = read_shard_manifest(root)
         self.root, self.name = root, f"token shards {root} ({m['source']})"
         if not m["complete"]:
@@ -201,6 +213,8 @@ class ShardDocuments:
                     f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
                     f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again"
                 )
+            check_shard_file(path, s["sha256"][s["tokens"]], cache, dtype=dtype, vocab=tokenizer.vocab_size)
+            check_shard_file(root / s["offsets"], s["sha256"][s["offsets"]], cache)
             # a plain ndarray over the map: slicing an np.memmap costs ~100 us of bookkeeping
             mapped = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray) if s["num_tokens"] else np.empty(0, dtype)
             self._tokens.append(mapped)

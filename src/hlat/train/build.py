@@ -20,7 +20,7 @@ import torch.distributed as dist
 from hlat.config.data import default_cache_dir
 from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.run import RunConfig
-from hlat.data import Validation, build_data_tokenizer, build_loader
+from hlat.data import Validation, build_data_tokenizer, build_loader, check_shard_sources
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader
 from hlat.data.tokenizer import Tokenizer
@@ -28,6 +28,7 @@ from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
 from hlat.device.runtime import total_memory
+from hlat.errors import DataError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8, float8_line
 from hlat.model import count_params, flops_per_token
@@ -89,9 +90,11 @@ def build_run(
     callbacks: list[Callback],
     progress: Callable[[], Progress],
     set_progress: Callable[[Progress], None],
+    guard: Callable[[], None] | None = None,
 ) -> Run:
     """`callbacks`: the caller's, run after the train.callbacks named in the config.
-    `progress`/`set_progress`: the trainer's counters (an elastic group sends and heals them)."""
+    `progress`/`set_progress`: the trainer's counters (an elastic group sends and heals them).
+    `guard`: rank 0's check before each checkpoint writes (the run directory's lock)."""
     check_run_dir(cfg, resume)
     check_init_from(cfg, resume)
     user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
@@ -137,7 +140,7 @@ def build_run(
         max_grad_norm=cfg.recovery.max_grad_norm,
         hardware_rounding=rounding.hardware,
     )
-    state = RunState(cfg, layout, device, module, loader)
+    state = RunState(cfg, layout, device, module, loader, guard)
     peak = _peak(cfg, layout, device)
     _model_lines(cfg, layout, device, model, peak, out)
     if layout.is_main:  # only now: a start that fails leaves the run directory as it was
@@ -184,8 +187,29 @@ def _tokenizer(cfg: RunConfig, layout: Layout, out: Out) -> Tokenizer:
     return tokenizer
 
 
+def _verify_shards(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> None:
+    """Token shards are checked before any rank reads them (hlat.data.shard_check): the ranks of a
+    node split the files, their verdicts then serve all of them, and every rank stops on the first
+    bad file together."""
+    entries = [e for e in source_entries(cfg.data.source) if entry_kind(e) == "shards"]
+    if not entries:
+        return
+    share, shares = world_from_env()[2], int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    full = cfg.data.verify_shards == "full"
+    with Heartbeat(f"data: verifying the token shards ({'every file' if full else 'files not verified before'})", out):
+        problem = check_shard_sources(entries, tokenizer.vocab_size, full, default_cache_dir(), share, shares)
+    problems = [problem]
+    if layout.world > 1:
+        problems = [None] * layout.world
+        dist.all_gather_object(problems, problem)
+    first = next((p for p in problems if p), None)
+    if first:
+        raise DataError(f"data.source: {first}")
+
+
 def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> PackedLoader | ElasticData:
     """This rank's loader; an elastic group's holds every data share's position."""
+    _verify_shards(cfg, tokenizer, layout, out)
     with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", out):
         if not cfg.elastic.enabled:
             return build_loader(

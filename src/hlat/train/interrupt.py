@@ -1,5 +1,5 @@
-"""Interrupts during training. SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption, or torchrun
-passing either on) ends the run at the next step boundary with a checkpoint of that step, if the
+"""Interrupts during training. SIGINT (Ctrl-C), SIGTERM (a scheduler's preemption, or torchrun
+passing either on) or SIGHUP (the terminal or ssh session closed) ends the run at the next step boundary with a checkpoint of that step, if the
 step ends and the checkpoint is written within train.interrupt_save_s of the signal. A second
 signal, or the deadline, stops at once and saves nothing.
 
@@ -24,7 +24,8 @@ import torch.distributed as dist
 
 from hlat.parallel.mesh import Layout, collective_timeout
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: a closed terminal or ssh session, which should not cost the step as a kill would
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 SAME_SIGNAL_S = 1.0
 
 

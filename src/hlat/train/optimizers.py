@@ -65,8 +65,35 @@ class Optimizers:
         }
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        """Load by name; how the update runs stays this device's (see _keep_implementation)."""
         for part, opt in zip(self.parts, self.optimizers):
-            set_optimizer_state_dict(part, _local(opt), state, options=_FLAT)
+            local = _local(opt)
+            own = [{k: group[k] for k in _IMPLEMENTATION if k in group} for group in local.param_groups]
+            set_optimizer_state_dict(part, local, state, options=_FLAT)
+            _keep_implementation(local, own)
+
+
+# Param-group entries that say how an update runs on the device that built the optimizer, not what
+# it computes: a checkpoint saved where AdamW is foreach (no fused kernel: Neuron, XPU, MPS, ...)
+# loads into a device where it is fused, and the reverse, so these stay the loading device's.
+_IMPLEMENTATION = ("fused", "foreach", "capturable")
+
+
+@torch.no_grad()
+def _keep_implementation(optimizer: torch.optim.Optimizer, own: list[dict[str, Any]]) -> None:
+    """Put back this device's `_IMPLEMENTATION` entries after a load, and place each parameter's
+    `step` counter where that implementation keeps it (torch's own rule at load: on the parameter's
+    device, as float32, for fused or capturable; on the host otherwise)."""
+    for group, entries in zip(optimizer.param_groups, own):
+        if not entries:  # an optimizer of hlat's own (bf16 state) runs alike everywhere
+            continue
+        group.update(entries)
+        on_device = bool(group.get("fused") or group.get("capturable"))
+        for param in group["params"]:
+            step = optimizer.state.get(param, {}).get("step")
+            if isinstance(step, torch.Tensor):
+                device = local_tensor(param).device if on_device else torch.device("cpu")
+                optimizer.state[param]["step"] = step.to(device=device, dtype=torch.float32)
 
 
 def _local(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -22,7 +22,6 @@ from hlat.checkpoint.restore import holds_training_state, init_weights, rank_sta
 from hlat.config.data_paths import source_entries
 from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.run import RunConfig
-from hlat.data import PackedLoader
 from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ConfigError, ResumeError
@@ -159,18 +158,30 @@ class Progress:
 class RunState:
     """The state of a run that its checkpoints hold; every method is collective."""
 
-    def __init__(self, cfg: RunConfig, layout: Layout, device: torch.device, module: TrainModule, loader: PackedLoader):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        layout: Layout,
+        device: torch.device,
+        module: TrainModule,
+        loader: Any,
+        guard: Callable[[], None] | None = None,
+    ):
+        """`loader`: the stateful data position; `guard`: rank 0's check before each save writes
+        (the run directory's lock, hlat.train.run_lock)."""
         self.cfg, self.layout, self.device = cfg, layout, device
         self.module, self.loader = module, loader
         self.checkpoints = CheckpointManager(
-            cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify
+            cfg.run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.checkpoint.verify, guard
         )
-        self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify)  # never pruned
+        self.archive = CheckpointManager(cfg.run_dir / "archive", None, cfg.checkpoint.verify, guard)  # never pruned
 
     def start(self, resume: str, out: Callable[[str], None]) -> Progress:
         """Restore the newest checkpoint that holds training state, or load the weights the run
         starts from (a weights-only checkpoint in the run directory, else checkpoint.init_from)."""
         path = None if resume == "fresh" else self.checkpoints.latest()
+        if resume != "fresh":
+            self._keep_verified(path)
         if path is not None and holds_training_state(path):
             return self.restore(path, out)
         if resume == "require":
@@ -187,6 +198,21 @@ class RunState:
                 source = init_weights(self.cfg.checkpoint.init_from, self.module.model.parts)
             out(f"initialised from {source} (new optimizer)")
         return Progress()
+
+    def _keep_verified(self, path: Path | None) -> None:
+        """A run whose checkpoints all fail verification stops (a silent start from step 0 would
+        overwrite its metrics, and retention would then delete each new checkpoint in favour of the
+        failed ones); newer ones that failed beside an older good one are set aside."""
+        rejected = self.checkpoints.rejected
+        if rejected and path is None:
+            lines = "".join(f"\n  {failed.name}: {why}" for failed, why in rejected)
+            raise ResumeError(
+                f"{self.checkpoints.directory}: no checkpoint passes verification, so this run cannot resume:"
+                f"{lines}\nrepair or restore the files named and run the same command again, or start over with "
+                "--fresh (deletes every checkpoint of this run)"
+            )
+        if rejected and self.layout.is_main:
+            self.checkpoints.set_aside()
 
     def latest_resumable(self) -> Path | None:
         """The newest checkpoint a rollback can restore (weights-only ones cannot), once the

@@ -9,7 +9,11 @@ generate) take no lock: checkpoints appear by atomic rename, so they read whole 
 
 The file is removed on release while still locked; a taker checks after locking that the path
 still names the file it locked (else it lost a race with a release, and retries), so two
-processes can never both believe they hold it.
+processes can never both believe they hold it. Someone deleting or replacing the file while the
+run holds it lets a second trainer in; the holder finds out at its next checkpoint (`check`: the
+path no longer names the file it locked) and stops before writing, and a release removes the file
+only while it is still its own. Where the file system cannot lock (flock: ENOLCK, EOPNOTSUPP, as
+on some network mounts) the run says so in one line and goes on unguarded.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import errno
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 from hlat.atomic_files import SymlinkRefused
@@ -37,7 +42,7 @@ class RunDirLock:
         self.path, self._fd, self._created_dir = path, fd, created_dir
 
     @classmethod
-    def acquire(cls, run_dir: Path) -> RunDirLock:
+    def acquire(cls, run_dir: Path, out: Callable[[str], None] = print) -> RunDirLock:
         """Lock `run_dir` (created if missing, and removed again on release if it is then empty),
         or raise RunDirLocked naming the holder."""
         run_dir = Path(run_dir)
@@ -62,21 +67,34 @@ class RunDirLock:
                     f"{run_dir} is in use by the run of {holder} (lock {path}); wait for it to end, stop it, "
                     "or train into another --train.run_dir"
                 ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
+            except OSError as err:
+                if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP):
+                    raise
+                out(
+                    f"warning: the file system of {run_dir} cannot lock files ({os.strerror(err.errno)}): nothing "
+                    "stops a second trainer from using this run directory at the same time; make sure none does"
+                )
+            if _names(path, fd):
                 break
             os.close(fd)  # its holder released and removed it between our open and our lock
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
         return cls(path, fd, created)
 
+    def check(self) -> None:
+        """Raise RunDirLocked unless the lock file is still the one this run locked."""
+        if self._fd >= 0 and not _names(self.path, self._fd):
+            raise RunDirLocked(
+                f"{self.path} is no longer this run's lock (deleted or replaced while it trained: another trainer "
+                f"may be using {self.path.parent}); stopped before writing a checkpoint: make sure only one trainer "
+                "uses this run directory, then run the same command to resume from the last checkpoint"
+            )
+
     def release(self) -> None:
         if self._fd < 0:
             return
-        self.path.unlink(missing_ok=True)  # while still locked: see the module docstring
+        if _names(self.path, self._fd):
+            self.path.unlink(missing_ok=True)  # while still locked: see the module docstring
         os.close(self._fd)
         self._fd = -1
         if self._created_dir is not None:
@@ -88,6 +106,16 @@ class RunDirLock:
     def __del__(self) -> None:
         if getattr(self, "_fd", -1) >= 0:
             os.close(self._fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the open file `fd` (the same inode on the same device)."""
+    try:
+        here = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (here.st_ino, here.st_dev) == (held.st_ino, held.st_dev)
 
 
 def _read(fd: int) -> str:

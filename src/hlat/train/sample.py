@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from hlat.config.data import DataConfig
+from hlat.config.data import DataConfig, default_cache_dir
 from hlat.config.data_paths import entry_kind, source_entries
 from hlat.config.model import ModelConfig
 from hlat.data.documents import BadDocument, TokenPieces
@@ -48,7 +48,7 @@ def _first_document_start(data: DataConfig, tokenizer: Tokenizer) -> str:
     first = source_entries(data.source)[0]
     if entry_kind(first) != "shards":
         return open_source(data)[0]
-    (tokens,) = ShardDocuments(Path(first), tokenizer).tokens([0])
+    (tokens,) = ShardDocuments(Path(first), tokenizer, cache=default_cache_dir()).tokens([0])
     if isinstance(tokens, TokenPieces):  # a long document: its first piece is enough
         tokens = next(iter(tokens))
     if isinstance(tokens, BadDocument):

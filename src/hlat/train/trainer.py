@@ -69,7 +69,7 @@ class Trainer:
             raise ConfigError(problems)
         fault_spec()  # a malformed HLAT_FAULT (tests only) is refused now, not at the step it names
         # one trainer per run directory, from before the first read of it to the end of fit()
-        self._lock = RunDirLock.acquire(cfg.run_dir) if world_from_env()[1] == 0 else None
+        self._lock = RunDirLock.acquire(cfg.run_dir, out) if world_from_env()[1] == 0 else None
         try:
             self._build(cfg, resume, out, callbacks)
         except BaseException:
@@ -86,6 +86,7 @@ class Trainer:
         run = build_run(
             cfg, resume=resume, out=out, callbacks=list(callbacks or []),
             progress=self.progress, set_progress=self._set_progress,
+            guard=self._lock.check if self._lock is not None else None,
         )  # fmt: skip
         self.cfg, self.resume, self.run_dir = run.cfg, resume, run.cfg.run_dir
         self.device, self.layout, self.out, self.tokenizer = run.device, run.layout, run.out, run.tokenizer
