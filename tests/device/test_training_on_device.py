@@ -25,12 +25,6 @@ STEPS = 4
 HALF = "--checkpoint.every", "2"  # each run also saves step 2: the checkpoint the resumes start from
 
 
-@pytest.fixture
-def cpu_without_fused_adamw():
-    with foreach_adamw_on_cpu():
-        yield
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(small_corpus, tmp_path_factory) -> dict[str, tuple[Path, list[float]]]:
     """Per device: the run directory of STEPS uninterrupted steps (checkpoints at 2 and STEPS) and its losses."""
@@ -50,10 +44,9 @@ def test_training_on_the_device_equals_the_cpu(uninterrupted):
     ("source", "target"),
     [(simulated_device.TYPE, simulated_device.TYPE), (simulated_device.TYPE, "cpu"), ("cpu", simulated_device.TYPE)],
 )
-def test_a_checkpoint_resumes_exactly_across_devices(
-    source, target, uninterrupted, small_corpus, tmp_path, cpu_without_fused_adamw
-):
-    """Step 2's checkpoint of the run on `source`, resumed to STEPS on `target`: the uninterrupted run's losses."""
+def test_a_checkpoint_resumes_exactly_across_devices(source, target, uninterrupted, small_corpus, tmp_path):
+    """Step 2's checkpoint of the run on `source`, resumed to STEPS on `target` as a user would (the
+    CPU with its fused AdamW, the device with foreach): the uninterrupted run's losses."""
     saved, losses = uninterrupted[source]
     run = tmp_path / "resumed"
     shutil.copytree(saved, run, ignore=shutil.ignore_patterns(f"step_{STEPS:08d}"))

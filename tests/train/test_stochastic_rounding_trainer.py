@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from device import simulated_device
 from hlat.train.trainer import Trainer
 from test_trainer import quiet, tiny_cfg
 
@@ -32,25 +33,28 @@ def _large(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: w.abs() >= LARGE for name, w in weights.items()}
 
 
-def _train(corpus, tmp_path, mode: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
+def _train(corpus, tmp_path, mode: str, device: str) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
     cfg = tiny_cfg(
-        corpus, tmp_path / mode, "--precision.mode", mode, "--precision.compile_optimizer", "false",
+        corpus, tmp_path / mode, "--precision.mode", mode, "--train.device", device, "--precision.compile_optimizer", "false",
         "--optim.lr", str(LR), "--optim.weight_decay", "0", "--schedule.name", "constant",
         "--schedule.warmup_steps", "0", "--train.steps", str(STEPS), "--checkpoint.every", str(STEPS),
     )  # fmt: skip
-    trainer = Trainer(cfg, resume="fresh", out=quiet)
-    before = _matrices(trainer)
-    trainer.fit()
-    return before, _matrices(trainer)
+    simulated_device.register()
+    with simulated_device.present():
+        trainer = Trainer(cfg, resume="fresh", out=quiet)
+        before = _matrices(trainer)
+        trainer.fit()
+        return before, _matrices(trainer)
 
 
-def test_updates_under_half_an_ulp_move_weights_only_under_stochastic_rounding(small_corpus, tmp_path):
-    before, after = _train(small_corpus, tmp_path, "bf16")
+@pytest.mark.parametrize("device", ["cpu", simulated_device.TYPE])
+def test_updates_under_half_an_ulp_move_weights_only_under_stochastic_rounding(small_corpus, tmp_path, device):
+    before, after = _train(small_corpus, tmp_path, "bf16", device)
     large = _large(before)
     assert all(torch.equal(before[k][large[k]], after[k][large[k]]) for k in before)  # nearest: all lost
 
-    before, after = _train(small_corpus, tmp_path, "bf16-sr")
-    reference_before, reference_after = _train(small_corpus, tmp_path, "fp32")
+    before, after = _train(small_corpus, tmp_path, "bf16-sr", device)
+    reference_before, reference_after = _train(small_corpus, tmp_path, "fp32", device)
     moved = changed = agreeing = 0
     for name, mask in _large(before).items():
         delta = (after[name] - before[name])[mask]
