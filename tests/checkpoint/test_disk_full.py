@@ -62,3 +62,34 @@ def test_full_disk_is_one_line_and_the_previous_step_survives(tmp_path, monkeypa
     assert torch.equal(target["model"]["w"], torch.full((64,), 1.0))
     _save(manager, 2)  # space freed: the next save sweeps the partial one and commits
     assert [p.name for p in manager.checkpoints()] == ["step_00000001", "step_00000002"]
+
+
+def test_a_full_disk_under_metrics_jsonl_saves_the_next_step_and_stops_in_one_line(
+    small_corpus, tmp_path, capsys, monkeypatch
+):
+    """metrics.jsonl's disk fills at step 2's record: the run trains to the next step boundary,
+    saves it, and stops in one line saying which file and where the resume starts (exit 2)."""
+    from hlat.cli import main
+    from hlat.train import sinks
+    from runs import tiny_args
+
+    real = sinks.append_text
+
+    def fills(path, text: str) -> None:  # type: ignore[no-untyped-def]
+        if '"step": 2' in text or '"step": 3' in text:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(sinks, "append_text", fills)
+    run = tmp_path / "run"
+    args = tiny_args(small_corpus, run, "--train.steps", "6", "--checkpoint.every", "100")
+    capsys.readouterr()
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"hlat train: stopped: disk full writing {run / 'metrics.jsonl'}: no space left on device; free space "
+        "there; saved step 3; run the same command to resume from step 3"
+    ), err
+    assert [p.name for p in CheckpointManager(run / "checkpoints", None).checkpoints()] == ["step_00000003"]
+    monkeypatch.setattr(sinks, "append_text", real)
+    assert main(["train", *args]) == 0  # the space is back: the resume trains steps 4 to 6

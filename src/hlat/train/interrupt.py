@@ -44,6 +44,7 @@ class Interrupts:
     def __init__(self, deadline_s: float, layout: Layout):
         self.deadline_s = deadline_s
         self.signum = 0  # the first signal this rank received, or that another rank reported
+        self.requested = ""  # why this rank asked the run to stop (request), or "another rank asked"
         self.aborted = ""  # why the run stops without saving
         self._received_at = 0.0
         self._deadline_passed = False
@@ -70,13 +71,18 @@ class Interrupts:
         if self._timer is not None:
             self._timer.cancel()
 
+    def request(self, why: str) -> None:
+        """Stop at the next step boundary with a checkpoint, as on a signal (e.g. a sink's disk is full)."""
+        self.requested = self.requested or why
+
     def stop_agreed(self) -> bool:
-        """At a step boundary, on every rank: whether any rank was interrupted."""
+        """At a step boundary, on every rank: whether any rank was interrupted or asked to stop."""
         if self._group is not None:
-            signum = torch.tensor([self.signum])
-            dist.all_reduce(signum, op=dist.ReduceOp.MAX, group=self._group)
-            self.signum = self.signum or int(signum.item())
-        return bool(self.signum)
+            flags = torch.tensor([self.signum, int(bool(self.requested))])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+            self.signum = self.signum or int(flags[0].item())
+            self.requested = self.requested or ("another rank asked to stop" if flags[1].item() else "")
+        return bool(self.signum or self.requested)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()

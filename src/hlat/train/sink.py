@@ -13,6 +13,8 @@ from typing import Any
 class Sink:
     """Every method does nothing unless a sink overrides it."""
 
+    target = "a metrics sink"  # what it writes to, for a message about it (a full disk)
+
     def rewind(self, step: int) -> None:
         """The run continues from `step` (at start-up, on resume and on each rollback): whatever
         was recorded after it is to be forgotten or hidden."""

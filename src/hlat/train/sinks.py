@@ -4,9 +4,12 @@ metrics.jsonl."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +26,21 @@ PLOT_FILE = "loss.png"
 
 class MetricSinks:
     """Fan one record per log step out to every sink. Each step is recorded once: a resumed run, or
-    a rollback, first drops the records past the step it restarts from (see `rewind`)."""
+    a rollback, first drops the records past the step it restarts from (see `rewind`).
+
+    A sink that meets a full disk or quota is dropped, and `full` (the run's stop request) hears
+    why, once: training goes on to its next step boundary, where it saves and stops."""
 
     def __init__(
-        self, run_dir: Path, total_steps: int, start_step: int, tensorboard: bool, wandb: WandbSink | None = None
+        self,
+        run_dir: Path,
+        total_steps: int,
+        start_step: int,
+        tensorboard: bool,
+        wandb: WandbSink | None = None,
+        full: Callable[[str], None] = lambda _: None,
     ):
+        self.full = full
         self.sinks: list[Sink] = [JsonlSink(run_dir / METRICS_FILE)]
         if wandb is not None:
             self.sinks.append(wandb)
@@ -46,13 +59,21 @@ class MetricSinks:
             sink.advance()
 
     def log(self, record: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.log(record)
+        self._each(lambda sink: sink.log(record))
 
     def log_validation(self, step: int, tokens: int, loss: float) -> None:
         record = {"step": step, "tokens": tokens, "val_loss": loss, "val_ppl": perplexity(loss)}
-        for sink in self.sinks:
-            sink.log_validation(record)
+        self._each(lambda sink: sink.log_validation(record))
+
+    def _each(self, write: Callable[[Sink], None]) -> None:
+        for sink in list(self.sinks):
+            try:
+                write(sink)
+            except OSError as err:
+                if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self.sinks.remove(sink)
+                self.full(f"{sink.target}: {os.strerror(err.errno).lower()}")
 
     def log_tasks(self, step: int, tokens: int, scores: dict[str, float], seconds: float) -> None:
         """Downstream task scores ({"<task>/<metric>": value}) as eval/<task>/<metric>."""
@@ -62,8 +83,7 @@ class MetricSinks:
             **{f"eval/{name}": value for name, value in scores.items()},
             "eval_seconds": seconds,
         }
-        for sink in self.sinks:
-            sink.log_tasks(record)
+        self._each(lambda sink: sink.log_tasks(record))
 
     def close(self) -> None:
         for sink in reversed(self.sinks):  # the console's bar first, as it was opened last
@@ -74,7 +94,7 @@ class JsonlSink(Sink):
     """metrics.jsonl: one record per line, each written whole in one write."""
 
     def __init__(self, path: Path):
-        self.path = path
+        self.path, self.target = path, str(path)
 
     def rewind(self, step: int) -> None:
         broken = _truncate_after(self.path, step)
@@ -96,7 +116,7 @@ class TensorBoardSink(Sink):
     validation as val/loss, tasks as eval/<task>/<metric>."""
 
     def __init__(self, directory: Path):
-        self.directory = directory
+        self.directory, self.target = directory, str(directory)
         self.writer: Any = None
 
     def rewind(self, step: int) -> None:
@@ -131,6 +151,8 @@ class TensorBoardSink(Sink):
 class ConsoleSink(Sink):
     """One line per record on stdout; on terminals also a live progress bar (the lines carry the
     history in logs and CI)."""
+
+    target = "stdout"
 
     def __init__(self, total_steps: int, start_step: int):
         self.bar = tqdm(

@@ -22,7 +22,7 @@ from hlat.checkpoint.restore import holds_training_state
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
 from hlat.device.record import device_record
-from hlat.errors import ConfigError
+from hlat.errors import ConfigError, UserError
 from hlat.faults import fault_spec, maybe_kill, maybe_slow
 from hlat.optim import lr_multiplier
 from hlat.parallel.hang import watch
@@ -118,6 +118,11 @@ class Trainer:
         for callback in self.callbacks:
             getattr(callback, hook)(self, *args)
 
+    def request_stop(self, why: str) -> None:
+        """Stop at the next step boundary with a checkpoint of that step, on every rank (a callback's
+        clean way to end the run, e.g. when a metrics sink's disk is full)."""
+        self._interrupts.request(why)
+
     def checkpoint_due(self) -> bool:
         """Every checkpoint.every steps, at the last, and when the run stops on an interrupt."""
         return self.stopping or self.step % self.cfg.checkpoint.every == 0 or self.step == self.cfg.train.steps
@@ -160,7 +165,7 @@ class Trainer:
             f"({self.accum} micro-batches of {cfg.train.micro_batch} per {self.data.per}) into {self.run_dir}"
         )
         final_loss, self._first_step = None, self.step
-        interrupts = Interrupts(cfg.train.interrupt_save_s, self.layout)
+        interrupts = self._interrupts = Interrupts(cfg.train.interrupt_save_s, self.layout)
         try:
             with interrupts:
                 self.emit("on_start")
@@ -179,6 +184,11 @@ class Trainer:
                         self.losses += losses
                         final_loss = self._log_window(losses, skipped, output)
                     self.emit("on_step_end")  # when stopping, Checkpointing saves this step and waits for it
+                    if self.stopping and self.step < total and not interrupts.signum:
+                        raise UserError(
+                            f"stopped: {interrupts.requested}; saved step {self.step}; "
+                            f"run the same command to resume from step {self.step}"
+                        )
                     if self.stopping and self.step < total:
                         interrupts.disarm()
                         raise Interrupted(

@@ -25,6 +25,7 @@ class WandbSink(Sink):
         self.name = cfg.name or run_name
         # Under the run directory like the other sinks, unless the user points WANDB_DIR elsewhere.
         self.dir = os.environ.get("WANDB_DIR") or str(run_dir)
+        self.target = f"W&B's files under {self.dir}"
         self.run: Any = None
 
     def rewind(self, step: int) -> None:

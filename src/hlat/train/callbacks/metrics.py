@@ -28,7 +28,14 @@ class Metrics(Callback):
         if cfg.wandb.enabled:
             config = {"name": cfg.name, **{name: asdict(section) for name, section in cfg.sections().items()}}
             wandb = WandbSink(cfg.wandb, cfg.name, trainer.run_dir, config)
-        self.sinks = MetricSinks(trainer.run_dir, cfg.train.steps, trainer.step, cfg.train.tensorboard, wandb)
+        self.sinks = MetricSinks(
+            trainer.run_dir,
+            cfg.train.steps,
+            trainer.step,
+            cfg.train.tensorboard,
+            wandb,
+            full=lambda why: trainer.request_stop(f"disk full writing {why}; free space there"),
+        )
 
     def on_log(self, trainer: Trainer, record: dict[str, Any]) -> None:
         self.sinks.log(record)
