@@ -36,6 +36,12 @@ from hlat.device.runtime import collective_device, total_memory
 from hlat.errors import ConfigError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8, float8_line
+from hlat.metrics.cost import cost_fields, node_count
+from hlat.metrics.gemm_ceiling import model_shapes
+from hlat.metrics.memory import MemoryMeter
+from hlat.metrics.peak import Peak, resolve_peak, slow_bf16_warning
+from hlat.metrics.profiling import StepProfiler
+from hlat.metrics.sinks import perplexity
 from hlat.model import count_params, flops_per_token
 from hlat.model.attention import attention_backend_problem
 from hlat.optim import lr_multiplier
@@ -58,14 +64,9 @@ from hlat.train.callbacks.profiler import Profiler
 from hlat.train.callbacks.recovery import SpikeRecovery
 from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
-from hlat.train.cost import cost_fields, node_count
 from hlat.train.elastic import ElasticGroup
-from hlat.train.gemm_ceiling import model_shapes
 from hlat.train.interrupt import Interrupted, Interrupts
-from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
-from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
-from hlat.train.profiling import StepProfiler
 from hlat.train.resume import (
     RESUME_MODES,
     Progress,
@@ -76,7 +77,6 @@ from hlat.train.resume import (
     record_run,
 )
 from hlat.train.run_lock import RunDirLock
-from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput, TrainModule
 from hlat.train.window import Window
 
