@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
+from hlat.metrics.cpu_peak import read_cpu_facts
+from hlat.metrics.memory import GIB, MemoryMeter
 from hlat.model.attention import dense_document_mask, sdpa
-from hlat.train.cpu_peak import read_cpu_facts
-from hlat.train.memory import GIB, MemoryMeter
 
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 8, 4, 32, 2
 _LIBC = ctypes.CDLL("libc.so.6")

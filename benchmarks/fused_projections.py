@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hlat.config.load import load_config
-from hlat.train.cpu_peak import read_cpu_facts
+from hlat.metrics.cpu_peak import read_cpu_facts
 
 
 def timed_pair(separate: list[torch.Tensor], fused: torch.Tensor, x: torch.Tensor, rounds: int) -> tuple[float, float]:

@@ -41,6 +41,7 @@ from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.runtime import accelerator, capability, synchronize, total_memory
 from hlat.float8 import float8_problem
+from hlat.metrics.memory import MemoryMeter
 from hlat.model import flops_per_token
 from hlat.parallel import parallelize
 from hlat.parallel.compile import compile_blocks, compile_disabled_by_torch
@@ -48,7 +49,6 @@ from hlat.parallel.init import canonical_name
 from hlat.parallel.mesh import setup
 from hlat.parallel.parallelize import build_parallel_model, global_target_count
 from hlat.precision import compute_dtype
-from hlat.train.memory import MemoryMeter
 from hlat.train.train_module import TrainModule
 
 CPU = torch.device("cpu")

@@ -17,10 +17,10 @@ import torch
 from run_conditions import Conditions
 
 from hlat.config.load import load_config
+from hlat.metrics.gemm_ceiling import measure_gemm_tflops
 from hlat.model import Llama
 from hlat.optim import build_adamw, decay_groups
 from hlat.precision import cast_parameters
-from hlat.train.gemm_ceiling import measure_gemm_tflops
 
 SQUARE = (1024, 1024, 1024, False, False)  # m, k, n, transposes: the rate docs/precision.md quotes
 MATMUL_DTYPES = (torch.float32, torch.bfloat16)

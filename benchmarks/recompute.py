@@ -25,12 +25,12 @@ import time
 import torch
 
 from hlat.config.load import load_config
+from hlat.metrics.cpu_peak import read_cpu_facts
 from hlat.model import Llama
 from hlat.parallel.activation_checkpoint import apply_activation_checkpoint
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.saved_activations import block_bytes, model_bytes
 from hlat.planning.memory import activation_bytes_per_layer
-from hlat.train.cpu_peak import read_cpu_facts
 
 POLICIES = (("none", False), ("selective", False), ("op", False), ("op", True), ("full", False))
 MIB = 1024**2

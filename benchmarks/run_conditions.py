@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.train.cpu_peak import has_native_bf16, read_cpu_facts
+from hlat.metrics.cpu_peak import has_native_bf16, read_cpu_facts
 
 
 class Conditions:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from hlat.train.cpu_peak import read_cpu_facts
+from hlat.metrics.cpu_peak import read_cpu_facts
 
 VARIANTS = {"default (compile auto)": [], "eager (--parallel.compile false)": ["--parallel.compile", "false"]}
 QUIET = ["--eval.every", "0", "--train.sample_prompt", "", "--train.plot", "false", "--train.tensorboard", "false"]

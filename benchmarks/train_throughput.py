@@ -31,13 +31,13 @@ from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.config.train import TrainConfig
+from hlat.metrics.cpu_peak import read_cpu_facts
+from hlat.metrics.gemm_ceiling import measure_gemm_tflops, model_shapes
 from hlat.model import Llama, count_params, flops_per_token
 from hlat.model.hf import hf_config_dict
 from hlat.optim import build_adamw
 from hlat.parallel.compile import compile_blocks, decide_compile
 from hlat.parallel.loss import token_loss_sum
-from hlat.train.cpu_peak import read_cpu_facts
-from hlat.train.gemm_ceiling import measure_gemm_tflops, model_shapes
 
 CPU = torch.device("cpu")
 COMPILED_HF = "transformers, each decoder layer compiled"

@@ -9,7 +9,7 @@ from hlat.checkpoint.errors import CheckpointError
 from hlat.checkpoint.manager import MANIFEST, CheckpointManager
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.eval.results import write_results
-from hlat.train.sinks import JsonlSink
+from hlat.metrics.sinks import JsonlSink
 from runs import tiny_args
 
 

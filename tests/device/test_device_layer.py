@@ -15,7 +15,7 @@ from hlat.device.resolve import resolve_device
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.device.rounding import stochastic_rounding
 from hlat.errors import UserError
-from hlat.train.memory import MemoryMeter
+from hlat.metrics.memory import MemoryMeter
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "hlat"
 LAYER = SRC / "device"

@@ -23,9 +23,9 @@ from hlat.errors import ConfigError
 from hlat.eval import EvalOptions, LanguageModel, evaluate_task
 from hlat.eval.in_training import InTrainingTasks
 from hlat.eval.tasks import TASKS, DataMissing, task_name_problems
+from hlat.metrics.sinks import read_metrics
 from hlat.parallel.mesh import Layout
 from hlat.parallel.parallelize import build_parallel_model
-from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 
 CPU = torch.device("cpu")

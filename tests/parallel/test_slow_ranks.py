@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hlat.config.load import load_config
 from hlat.errors import ConfigError
+from hlat.metrics.sinks import MetricSinks, read_metrics
 from hlat.parallel.slow_ranks import SlowRankScores
-from hlat.train.sinks import MetricSinks, read_metrics
 from runs import Scenario, ScenarioResults
 
 SLOW_S = 0.05  # CPU seconds rank 1 burns in every step: several times the tiny model's own step

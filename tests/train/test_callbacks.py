@@ -7,8 +7,8 @@ import pytest
 
 from hlat.config.load import load_config
 from hlat.errors import ConfigError
+from hlat.metrics.sinks import read_metrics
 from hlat.train.callbacks.base import Callback
-from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 from runs import tiny_args
 

@@ -4,8 +4,8 @@ batch once at the whole seq_len, not once per cp rank (each of which computes se
 import pytest
 
 from hlat.config.load import load_config
+from hlat.metrics.sinks import read_metrics
 from hlat.model import flops_per_token
-from hlat.train.sinks import read_metrics
 from runs import Scenario, ScenarioResults, tiny_args
 
 SCENARIOS = [Scenario("cp-2-metrics", "train/layout_runs.py:train", 2, {"steps": 2, "extra": ["--parallel.cp", "2"]})]

@@ -155,8 +155,8 @@ def test_elastic_without_torchft_names_the_extra(monkeypatch):
 
 
 def test_doctor_checks_the_lighthouse(tmp_path):
+    from hlat.commands.preflight import check_lighthouse
     from hlat.config.run import RunConfig
-    from hlat.parallel.preflight import check_lighthouse
 
     cfg = RunConfig()
     cfg.elastic.enabled, cfg.elastic.group = True, "0"

@@ -16,8 +16,8 @@ import torch._dynamo.config
 from deps import require
 from golden import GOLDEN, OVERRIDES, command, default_run
 from hlat.config.load import load_config
+from hlat.metrics.sinks import read_metrics
 from hlat.model.hf import hf_config_dict, hlat_to_hf
-from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 
 EAGER_STEPS = 3  # eager steps cost ~1 s each here; the compiled run's first ones are compared

@@ -15,8 +15,8 @@ import pytest
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.cli import main
+from hlat.metrics.sinks import read_metrics
 from hlat.train import interrupt
-from hlat.train.sinks import read_metrics
 from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, tiny_args
 
 STEPS = ["--train.steps", "6", "--checkpoint.every", "2"]

@@ -19,9 +19,9 @@ from hlat.config import wandb as wandb_config
 from hlat.config.load import load_config
 from hlat.config.wandb import WandbConfig
 from hlat.errors import ConfigError
-from hlat.train.sinks import MetricSinks, read_metrics
+from hlat.metrics.sinks import MetricSinks, read_metrics
+from hlat.metrics.wandb_sink import WandbSink
 from hlat.train.trainer import Trainer
-from hlat.train.wandb_sink import WandbSink
 from runs import tiny_args
 
 # Every way a tensor's value reaches Python: on a device, each one waits for the queued work.

@@ -7,14 +7,14 @@ import json
 import pytest
 import torch
 
-import hlat.train.peak as peak_module
+import hlat.metrics.peak as peak_module
 from hlat.accelerators import by_table_name
 from hlat.config.load import read_run_config
+from hlat.metrics.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
+from hlat.metrics.gemm_ceiling import CACHE_FILE, MAX_AGE_S, gemm_ceiling_tflops, model_shapes
+from hlat.metrics.peak import resolve_peak, slow_bf16_warning
+from hlat.metrics.sinks import read_metrics
 from hlat.model import Llama
-from hlat.train.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
-from hlat.train.gemm_ceiling import CACHE_FILE, MAX_AGE_S, gemm_ceiling_tflops, model_shapes
-from hlat.train.peak import resolve_peak, slow_bf16_warning
-from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 from runs import ScenarioResults
 from test_resume_layouts import SCENARIOS as LAYOUT_SCENARIOS

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
 if TYPE_CHECKING:
-    from hlat.parallel.preflight import Check
+    from hlat.commands.preflight import Check
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
+    from hlat.commands import preflight
     from hlat.device.resolve import resolve_device
-    from hlat.parallel import preflight
     from hlat.parallel.mesh import setup, teardown, world_from_env
 
     world, rank, local_rank = world_from_env()

@@ -1,4 +1,4 @@
-"""`[profile]`: which training steps torch.profiler traces (hlat.train.profiling runs it)."""
+"""`[profile]`: which training steps torch.profiler traces (hlat.metrics.profiling runs it)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`[recovery]`: what a run does about non-finite gradients and loss spikes (hlat.checkpoint.recovery)."""
+"""`[recovery]`: what a run does about non-finite gradients and loss spikes (hlat.train.recovery)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`[wandb]`: Weights & Biases as a metrics sink (hlat.train.wandb_sink writes to it)."""
+"""`[wandb]`: Weights & Biases as a metrics sink (hlat.metrics.wandb_sink writes to it)."""
 
 from __future__ import annotations
 

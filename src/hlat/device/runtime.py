@@ -122,7 +122,7 @@ def capability(device: torch.device) -> tuple[int, int] | None:
 
 def accelerator(device: torch.device) -> tuple[str, Accelerator | None] | None:
     """(the name the device reports, its row of hlat.accelerators or None); None for a device
-    that reports no name (the CPU, which hlat.train.cpu_peak measures instead)."""
+    that reports no name (the CPU, which hlat.metrics.cpu_peak measures instead)."""
     name = device_name(device)
     return None if name is None else (name, identify(name, total_memory(device) or 0))
 

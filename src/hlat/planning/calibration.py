@@ -52,7 +52,7 @@ _LLAMA2_13B = (
     "13824",
 )
 _OLMO2_7B = ("--model.vocab_size", "100352", "--model.rope_theta", "500000")  # llama2-7B shape, padded vocabulary
-# This machine's CPU as hlat.train.cpu_peak reads it: 2 cores x 32 FLOP/cycle (AVX2) x 2.445 GHz.
+# This machine's CPU as hlat.metrics.cpu_peak reads it: 2 cores x 32 FLOP/cycle (AVX2) x 2.445 GHz.
 CPU_BENCHMARK_GFLOPS = 156.5
 
 

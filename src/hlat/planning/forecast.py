@@ -12,6 +12,7 @@ import torch
 from hlat.accelerators import Accelerator, by_table_name
 from hlat.config.run import RunConfig
 from hlat.errors import UserError
+from hlat.metrics.cpu_peak import cpu_peak, read_cpu_facts
 from hlat.planning.calibration import efficiencies
 from hlat.planning.throughput import StepTime, System
 from hlat.precision import compute_dtype
@@ -34,8 +35,6 @@ def make_system(device: str | None, figures: Figures, cfg: RunConfig, world: int
     custom figures alone (--peak-tflops and --memory-gib); None when none is given."""
     dtype = compute_dtype(cfg.precision.mode, torch.device("cpu") if device == "cpu" else None)
     if device == "cpu":
-        from hlat.train.cpu_peak import cpu_peak, read_cpu_facts
-
         peak = cpu_peak(read_cpu_facts(), torch.get_num_threads(), dtype)
         if peak is None and figures.peak_tflops is None:
             raise UserError("--device cpu: this CPU's peak is unknown (instruction set or clock); pass --peak-tflops")

@@ -31,6 +31,9 @@ from hlat.device.runtime import total_memory
 from hlat.errors import DataError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8, float8_line
+from hlat.metrics.gemm_ceiling import model_shapes
+from hlat.metrics.peak import Peak, resolve_peak, slow_bf16_warning
+from hlat.metrics.profiling import StepProfiler
 from hlat.model import count_params, flops_per_token
 from hlat.model.attention import check_attention_backend
 from hlat.parallel.compile import decide_compile
@@ -51,9 +54,6 @@ from hlat.train.callbacks.slow_ranks import SlowRanks
 from hlat.train.elastic.group import ElasticGroup
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.shares import ElasticData
-from hlat.train.gemm_ceiling import model_shapes
-from hlat.train.peak import Peak, resolve_peak, slow_bf16_warning
-from hlat.train.profiling import StepProfiler
 from hlat.train.resume import Progress, RunState, check_init_from, check_run_dir, prepare_run_dir, record_run
 from hlat.train.step_data import Accumulation, StepData
 from hlat.train.train_module import TrainModule

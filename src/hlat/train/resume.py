@@ -25,10 +25,10 @@ from hlat.config.run import RunConfig
 from hlat.data.tokenizer import Tokenizer
 from hlat.device.rng import load_rng_state, rng_state
 from hlat.errors import ConfigError, ResumeError
+from hlat.metrics.sinks import METRICS_FILE, PLOT_FILE
 from hlat.parallel.mesh import Layout
 from hlat.progress import Heartbeat
 from hlat.toml_value import toml_value
-from hlat.train.sinks import METRICS_FILE, PLOT_FILE
 from hlat.train.train_module import TrainModule
 
 RESUME_MODES = ("auto", "require", "fresh")

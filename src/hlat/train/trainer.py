@@ -24,19 +24,19 @@ from hlat.data.batch import Batch
 from hlat.device.record import device_record
 from hlat.errors import ConfigError, UserError
 from hlat.faults import fault_spec, maybe_kill, maybe_slow
+from hlat.metrics.cost import cost_fields, node_count
+from hlat.metrics.memory import MemoryMeter
+from hlat.metrics.sinks import perplexity
 from hlat.optim import lr_multiplier
 from hlat.parallel.hang import watch
 from hlat.parallel.mesh import world_from_env
 from hlat.parallel.parallelize import ParallelModel
 from hlat.train.build import build_run
 from hlat.train.callbacks.base import Callback
-from hlat.train.cost import cost_fields, node_count
 from hlat.train.interrupt import Interrupted, Interrupts
-from hlat.train.memory import MemoryMeter
 from hlat.train.optimizers import Optimizers
 from hlat.train.resume import RESUME_MODES, Progress
 from hlat.train.run_lock import RunDirLock
-from hlat.train.sinks import perplexity
 from hlat.train.train_module import StepOutput
 from hlat.train.window import Window
 

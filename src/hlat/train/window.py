@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hlat.train.memory import MemoryMeter
+from hlat.metrics.memory import MemoryMeter
 
 
 @dataclass

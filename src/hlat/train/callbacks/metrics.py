@@ -7,10 +7,10 @@ import math
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from hlat.metrics.sinks import MetricSinks, plot_loss
+from hlat.metrics.wandb_sink import WandbSink
 from hlat.model import count_params
 from hlat.train.callbacks.base import Callback
-from hlat.train.sinks import MetricSinks, plot_loss
-from hlat.train.wandb_sink import WandbSink
 
 if TYPE_CHECKING:
     from hlat.train.trainer import Trainer, TrainSummary

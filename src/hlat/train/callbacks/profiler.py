@@ -1,11 +1,11 @@
-"""--profile.steps A:B as a callback: hlat.train.profiling.StepProfiler around those steps."""
+"""--profile.steps A:B as a callback: hlat.metrics.profiling.StepProfiler around those steps."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hlat.metrics.profiling import StepProfiler
 from hlat.train.callbacks.base import Callback
-from hlat.train.profiling import StepProfiler
 
 if TYPE_CHECKING:
     from hlat.train.trainer import Trainer, TrainSummary

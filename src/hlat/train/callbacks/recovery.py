@@ -1,13 +1,13 @@
 """Acting on non-finite steps and loss spikes as the recovery config says (judged by
-hlat.checkpoint.recovery): raise, warn, or roll back to the last checkpoint."""
+hlat.train.recovery): raise, warn, or roll back to the last checkpoint."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hlat.checkpoint.recovery import Recovery
 from hlat.config.recovery import RecoveryConfig
 from hlat.train.callbacks.base import Callback
+from hlat.train.recovery import Recovery
 
 if TYPE_CHECKING:
     from hlat.train.trainer import Trainer

@@ -9,7 +9,7 @@ from typing import Any
 
 from hlat.atomic_files import make_dir
 from hlat.config.wandb import WandbConfig
-from hlat.train.sink import Sink
+from hlat.metrics.sink import Sink
 
 
 class WandbSink(Sink):

@@ -16,9 +16,9 @@ from typing import Any
 from tqdm import tqdm
 
 from hlat.atomic_files import append_text, atomic_path, make_dir, write_atomic
+from hlat.metrics.sink import Sink
+from hlat.metrics.wandb_sink import WandbSink
 from hlat.progress import duration
-from hlat.train.sink import Sink
-from hlat.train.wandb_sink import WandbSink
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hlat.train.cost import cost_fields, node_count
+from hlat.metrics.cost import cost_fields, node_count
 
 
 def test_cost_fields_by_hand():

@@ -3,9 +3,9 @@
 import pytest
 
 from hlat.cli import main
+from hlat.commands import preflight
 from hlat.config.load import load_config
 from hlat.model import count_params
-from hlat.parallel import preflight
 from runs import torchrun
 
 

@@ -2,7 +2,7 @@
 achievable GEMM rate of this machine.
 
 In order: train.peak_tflops if set; a known accelerator's dense data-sheet figure
-(hlat.accelerators); on a CPU, cores x FLOPs/cycle x max clock (hlat.train.cpu_peak). Any other
+(hlat.accelerators); on a CPU, cores x FLOPs/cycle x max clock (hlat.metrics.cpu_peak). Any other
 device has no peak: MFU is left empty and one warning names the device and the fix.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from hlat.device.runtime import accelerator
-from hlat.train.cpu_peak import CpuFacts, cpu_peak, has_native_bf16, read_cpu_facts
-from hlat.train.gemm_ceiling import Shape, gemm_ceiling_tflops
+from hlat.metrics.cpu_peak import CpuFacts, cpu_peak, has_native_bf16, read_cpu_facts
+from hlat.metrics.gemm_ceiling import Shape, gemm_ceiling_tflops
 
 
 @dataclass(frozen=True)
