@@ -98,6 +98,50 @@ def build_run(
     check_run_dir(cfg, resume)
     check_init_from(cfg, resume)
     user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
+    cfg, device, layout, float8, out = _placement(cfg, out)
+    torch.manual_seed(cfg.train.seed)
+    tokenizer = _tokenizer(cfg, layout, out)
+    loader = _loader(cfg, tokenizer, layout, out)
+    val_batches = _validation(cfg, tokenizer, layout, device)
+    # an elastic group reads whole shares of the global batch (as many as the groups present leave
+    # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
+    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
+    accum = cfg.train.global_batch // shares // cfg.train.micro_batch
+    model = _model(cfg, layout, device, accum, float8, out)
+    tasks = (
+        InTrainingTasks(cfg.eval, cfg.model, tokenizer, layout, device, cfg.precision.mode, cfg.data.bos)
+        if cfg.eval.tasks_every
+        else None
+    )
+    module = _train_module(cfg, model, device, out)
+    state = RunState(cfg, layout, device, module, loader, guard)
+    peak = _peak(cfg, layout, device)
+    _model_lines(cfg, layout, device, model, peak, out)
+    if layout.is_main:  # only now: a start that fails leaves the run directory as it was
+        prepare_run_dir(cfg, resume)
+    start = state.start(resume, out)
+    data: StepData = (
+        ElasticGroup(cfg, module, loader, progress, set_progress, out)
+        if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
+        else Accumulation(loader, accum, layout, device)
+    )
+    if layout.is_main:  # the run directory is self-contained: evaluation and export read it
+        record_run(cfg, tokenizer)
+    recovery = SpikeRecovery(cfg.recovery, module.skipped_steps)
+    all_callbacks = (
+        _builtin_callbacks(cfg, layout, device, recovery, val_batches, tasks, out)
+        + user_callbacks
+        + _reporting_callbacks(cfg, layout)
+    )
+    return Run(
+        cfg, device, layout, out, tokenizer, data, val_batches, module, state, accum,
+        flops_per_token(cfg.model, cfg.data.seq_len), peak, recovery, all_callbacks, start,
+    )  # fmt: skip
+
+
+def _placement(cfg: RunConfig, out: Out) -> tuple[RunConfig, torch.device, Layout, bool, Out]:
+    """The device, the layout on it (device_layout may choose it: the config as resolved), whether
+    the blocks run float8, and the log of this rank (the global rank 0's; a no-op elsewhere)."""
     device = resolve_device(cfg.train.device, "--train.device", world_from_env()[2])
     cfg, layout_line = device_layout(cfg, world_from_env()[0], device_record(device.type), total_memory(device))
     layout = setup(cfg.parallel, device)
@@ -113,25 +157,15 @@ def build_run(
     for line in (layout_line, narrow):
         if line:
             out(line)
+    return cfg, device, layout, float8, out
 
-    torch.manual_seed(cfg.train.seed)
-    tokenizer = _tokenizer(cfg, layout, out)
-    loader = _loader(cfg, tokenizer, layout, out)
-    val_batches = _validation(cfg, tokenizer, layout, device)
-    # an elastic group reads whole shares of the global batch (as many as the groups present leave
-    # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
-    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
-    accum = cfg.train.global_batch // shares // cfg.train.micro_batch
-    model = _model(cfg, layout, device, accum, float8, out)
-    tasks = (
-        InTrainingTasks(cfg.eval, cfg.model, tokenizer, layout, device, cfg.precision.mode, cfg.data.bos)
-        if cfg.eval.tasks_every
-        else None
-    )
+
+def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, out: Out) -> TrainModule:
+    """The core train module, or the elastic one that wraps its step (elastic.enabled)."""
     rounding = stochastic_rounding(cfg.precision.mode, device_record(device.type), os.environ)
     if rounding.line:
         out(rounding.line)
-    module = (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
+    return (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
         model,
         optim=cfg.optim,
         precision=cfg.precision,
@@ -140,32 +174,6 @@ def build_run(
         max_grad_norm=cfg.recovery.max_grad_norm,
         hardware_rounding=rounding.hardware,
     )
-    state = RunState(cfg, layout, device, module, loader, guard)
-    peak = _peak(cfg, layout, device)
-    _model_lines(cfg, layout, device, model, peak, out)
-    if layout.is_main:  # only now: a start that fails leaves the run directory as it was
-        prepare_run_dir(cfg, resume)
-    start = state.start(resume, out)
-    data: StepData = (
-        ElasticGroup(cfg, module, loader, progress, set_progress, out)
-        if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
-        else Accumulation(loader, accum, layout, device)
-    )
-    if layout.is_main:  # the run directory is self-contained: evaluation and export read it
-        record_run(cfg, tokenizer)
-    recovery = SpikeRecovery(cfg.recovery, module.skipped_steps)
-    slow_ranks = SlowRanks(SlowRankReport(layout, device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows))
-    profile_dir = Path(cfg.profile.dir) if cfg.profile.dir else cfg.run_dir / "profile"
-    profiler = Profiler(StepProfiler(cfg.profile, profile_dir, device, layout.rank, out))
-    all_callbacks = (
-        _builtin_callbacks(cfg, recovery, slow_ranks, val_batches, tasks, profiler)
-        + user_callbacks
-        + _reporting_callbacks(cfg, layout)
-    )
-    return Run(
-        cfg, device, layout, out, tokenizer, data, val_batches, module, state, accum,
-        flops_per_token(cfg.model, cfg.data.seq_len), peak, recovery, all_callbacks, start,
-    )  # fmt: skip
 
 
 def _tokenizer(cfg: RunConfig, layout: Layout, out: Out) -> Tokenizer:
@@ -309,16 +317,18 @@ def _model_lines(
 
 def _builtin_callbacks(
     cfg: RunConfig,
+    layout: Layout,
+    device: torch.device,
     recovery: SpikeRecovery,
-    slow_ranks: SlowRanks,
     val_batches: list[Batch],
     tasks: InTrainingTasks | None,
-    profiler: Profiler,
+    out: Out,
 ) -> list[Callback]:
     """In the order their hooks run: a window is judged before it is logged, a step's
     evaluations come before its checkpoint, and the final save commits before the profile
     is written."""
-    callbacks: list[Callback] = [recovery, slow_ranks]
+    slow_ranks = SlowRankReport(layout, device, cfg.train.slow_rank_threshold, cfg.train.slow_rank_windows)
+    callbacks: list[Callback] = [recovery, SlowRanks(slow_ranks)]
     if cfg.eval.every:
         callbacks.append(ValidationLoss(val_batches))
     if tasks is not None:
@@ -326,7 +336,8 @@ def _builtin_callbacks(
     callbacks.append(Checkpointing())
     if cfg.checkpoint.archive_every_tokens > 0:
         callbacks.append(WeightArchives(cfg.checkpoint.archive_every_tokens))
-    return callbacks + [profiler]
+    profile_dir = Path(cfg.profile.dir) if cfg.profile.dir else cfg.run_dir / "profile"
+    return callbacks + [Profiler(StepProfiler(cfg.profile, profile_dir, device, layout.rank, out))]
 
 
 def _reporting_callbacks(cfg: RunConfig, layout: Layout) -> list[Callback]:
