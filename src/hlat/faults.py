@@ -142,9 +142,15 @@ def maybe_slow(step: int, rank: int) -> None:
 
 
 def hold_groups(step: int) -> int:
-    """The replica groups HLAT_ELASTIC_HOLD asks to wait for before optimizer step `step` (0: none)."""
-    for item in filter(None, os.environ.get("HLAT_ELASTIC_HOLD", "").split(",")):
-        want_step, groups = item.split(":")
+    """The replica groups HLAT_ELASTIC_HOLD asks to wait for before optimizer step `step` (0: none);
+    like every hook here, only under HLAT_TESTING=1, and a malformed value is one line."""
+    spec = os.environ.get("HLAT_ELASTIC_HOLD", "")
+    if not spec or os.environ.get(TESTING_ENV) != "1":
+        return 0
+    for item in filter(None, spec.split(",")):
+        want_step, _, groups = item.partition(":")
+        if not (want_step.isdigit() and groups.isdigit()):
+            raise FaultSpecError(f"HLAT_ELASTIC_HOLD={spec!r}: give STEP:GROUPS[,STEP:GROUPS...] (tests only)")
         if int(want_step) == step:
             return int(groups)
     return 0

@@ -95,7 +95,9 @@ def upward_imports(path: Path, source: str) -> list[str]:
 
 def test_every_package_has_a_layer():
     names = {top_name(path) for path in SRC.rglob("*.py")}
-    assert names <= set(LAYER), f"put {sorted(names - set(LAYER))} into a layer of LAYERS (tests/project/test_layers.py)"
+    assert names <= set(LAYER), (
+        f"put {sorted(names - set(LAYER))} into a layer of LAYERS (tests/project/test_layers.py)"
+    )
 
 
 def test_no_import_goes_up_a_layer():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_FILE_PART = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
 @dataclass
@@ -34,6 +37,13 @@ class ElasticConfig:
             problems.append(("lighthouse", "give the lighthouse's address (start one with `hlat lighthouse`)"))
         if not self.group:
             problems.append(("group", "name this replica group, unique in the run (e.g. --elastic.group 0)"))
+        elif not _FILE_PART.fullmatch(self.group) or self.group in (".", ".."):
+            problems.append(
+                (
+                    "group",
+                    f"{self.group!r} names files (tokens.GROUP.jsonl): use letters, digits, '.', '_' and '-' only",
+                )
+            )
         if self.min_groups < 1:
             problems.append(("min_groups", f"must be >= 1, got {self.min_groups}"))
         if self.max_groups < self.min_groups:
