@@ -70,7 +70,7 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if launch is None or launch.process is None:
         return
     seconds = launch.scenario_seconds()
-    wall = f"{launch.seconds:.1f} s" if launch.seconds is not None else "not waited for"
+    wall = f"{launch.seconds:.1f} s" if launch.seconds is not None else "did not end"
     terminalreporter.write_sep("=", f"shared launch: {len(seconds)} of {len(launch.worlds)} scenarios")
     terminalreporter.write_line(
         f"wall {wall}, tests waited {launch.waited:.1f} s, scenarios {sum(seconds.values()):.1f} s (rank 0)"

@@ -27,6 +27,7 @@ compete for the cores.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +145,7 @@ class SharedLaunch:
         self.root, self.worlds = root, {s.name: s.world for s in scenarios}
         self.started = time.monotonic()
         self.deadline = self.started + timeout
-        self.seconds: float | None = None  # the launch's wall time, once it has ended
+        self.seconds: float | None = None  # the launch's wall time, once it has ended (_time)
         self.waited = 0.0  # how long tests blocked on it: the part of its time no test ran beside
         self._results: ScenarioResults | None = None
         self.process: subprocess.Popen | None = None
@@ -161,7 +163,13 @@ class SharedLaunch:
                     env=_env({"HLAT_COLLECTIVE_TIMEOUT_S": "120"}),
                     start_new_session=True,
                 )
+            threading.Thread(target=self._time, daemon=True).start()
         _RUNNING.append(self)
+
+    def _time(self) -> None:
+        """Note when the launch ends, whether or not a test is waiting for it then."""
+        self.process.wait()
+        self.seconds = time.monotonic() - self.started
 
     def results(self) -> ScenarioResults:
         if self._results is None:
@@ -170,10 +178,10 @@ class SharedLaunch:
                 try:
                     code = self.process.wait(timeout=max(0.0, self.deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):  # it ended just now
+                        os.killpg(self.process.pid, signal.SIGKILL)
                     code, note = self.process.wait(), "the shared launch ran out of time and was killed\n"
                 self.waited = time.monotonic() - asked
-            self.seconds = time.monotonic() - self.started
             output = note + "".join(
                 (self.root / f).read_text()[-4000:] for f in ("launch.out", "launch.err") if (self.root / f).is_file()
             )
@@ -191,7 +199,8 @@ class SharedLaunch:
     def stop(self) -> None:
         """End of session: a launch still running (a run cut short, e.g. -x) is killed."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended just now
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         if self in _RUNNING:
             _RUNNING.remove(self)
