@@ -26,6 +26,11 @@ pytest_plugins = ["pytester"]  # tests/test_compiling.py runs a pytest session o
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
 _LAUNCH = pytest.StashKey[SharedLaunch]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
+# One intra-op thread in this process: its tests run tiny models beside the shared launch's
+# processes, and two threads on two shared cores spin at each parallel region's barrier (3x the
+# time and 2x the CPU of one thread, measured on test_trainer.py under load). The processes the
+# tests start set their own (OMP_NUM_THREADS=1: tests/runs.py).
+torch.set_num_threads(1)
 
 
 def _waits_for_processes(item: pytest.Item) -> bool:
