@@ -24,7 +24,13 @@ from runs import Scenario, ScenarioResults, SharedLaunch  # noqa: E402
 
 pytest_plugins = ["pytester"]  # tests/project/test_compiling.py runs a pytest session of its own
 _SCENARIOS = pytest.StashKey[list[Scenario]]()
+_LAUNCH = pytest.StashKey[SharedLaunch]()
 torch._dynamo.config.disable = True  # also if something imported torch before this file
+# One intra-op thread in this process: its tests run tiny models beside the shared launch's
+# processes, and two threads on two shared cores spin at each parallel region's barrier (3x the
+# time and 2x the CPU of one thread, measured on test_trainer.py under load). The processes the
+# tests start set their own (OMP_NUM_THREADS=1: tests/runs.py).
+torch.set_num_threads(1)
 
 
 def _waits_for_processes(item: pytest.Item) -> bool:
@@ -56,8 +62,26 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _shared_launch(request, tmp_path_factory, small_corpus, _isolated_cache) -> Iterator[SharedLaunch]:
     """Every collected scenario in one torchrun launch, started in the background at once (tests/runs.py)."""
     launch = SharedLaunch(request.session.stash[_SCENARIOS], tmp_path_factory.mktemp("scenarios"), small_corpus)
+    request.config.stash[_LAUNCH] = launch
     yield launch
     launch.stop()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """Where the shared launch's time went (it runs beside the tests, so --durations misses it):
+    its wall time, how long tests waited for it, and its slowest scenarios."""
+    launch = config.stash.get(_LAUNCH, None)
+    if launch is None or launch.process is None:
+        return
+    seconds = launch.scenario_seconds()
+    wall = f"{launch.seconds:.1f} s" if launch.seconds is not None else "did not end"
+    terminalreporter.write_sep("=", f"shared launch: {len(seconds)} of {len(launch.worlds)} scenarios")
+    terminalreporter.write_line(
+        f"wall {wall}, tests waited {launch.waited:.1f} s, scenarios {sum(seconds.values()):.1f} s (rank 0)"
+    )
+    for name, s in sorted(seconds.items(), key=lambda item: -item[1])[:25]:
+        terminalreporter.write_line(f"{s:8.1f} s  {name}")
 
 
 @pytest.fixture(scope="session")

@@ -27,12 +27,15 @@ compete for the cores.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,7 +143,10 @@ class SharedLaunch:
         names = [s.name for s in scenarios]
         assert len(set(names)) == len(names), f"scenario names must be unique: {names}"
         self.root, self.worlds = root, {s.name: s.world for s in scenarios}
-        self.deadline = time.monotonic() + timeout
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.seconds: float | None = None  # the launch's wall time, once it has ended (_time)
+        self.waited = 0.0  # how long tests blocked on it: the part of its time no test ran beside
         self._results: ScenarioResults | None = None
         self.process: subprocess.Popen | None = None
         if scenarios:
@@ -157,17 +163,25 @@ class SharedLaunch:
                     env=_env({"HLAT_COLLECTIVE_TIMEOUT_S": "120"}),
                     start_new_session=True,
                 )
+            threading.Thread(target=self._time, daemon=True).start()
         _RUNNING.append(self)
+
+    def _time(self) -> None:
+        """Note when the launch ends, whether or not a test is waiting for it then."""
+        self.process.wait()
+        self.seconds = time.monotonic() - self.started
 
     def results(self) -> ScenarioResults:
         if self._results is None:
-            code, note = 0, ""
+            code, note, asked = 0, "", time.monotonic()
             if self.process is not None:
                 try:
                     code = self.process.wait(timeout=max(0.0, self.deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):  # it ended just now
+                        os.killpg(self.process.pid, signal.SIGKILL)
                     code, note = self.process.wait(), "the shared launch ran out of time and was killed\n"
+                self.waited = time.monotonic() - asked
             output = note + "".join(
                 (self.root / f).read_text()[-4000:] for f in ("launch.out", "launch.err") if (self.root / f).is_file()
             )
@@ -175,10 +189,18 @@ class SharedLaunch:
             _RUNNING.remove(self)
         return self._results
 
+    def scenario_seconds(self) -> dict[str, float]:
+        """Each finished scenario's seconds on rank 0, as tests/scenario_worker.py logs them."""
+        log = self.root / "launch.out"
+        lines = log.read_text().splitlines() if log.is_file() else []
+        found = (re.fullmatch(r"scenario (\S+): ([0-9.]+) s", line) for line in lines)
+        return {m[1]: float(m[2]) for m in found if m}
+
     def stop(self) -> None:
         """End of session: a launch still running (a run cut short, e.g. -x) is killed."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended just now
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         if self in _RUNNING:
             _RUNNING.remove(self)

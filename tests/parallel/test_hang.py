@@ -18,7 +18,14 @@ def test_stuck_rank_is_named_with_the_step_and_phase(small_corpus, tmp_path):
     start = time.monotonic()
     done = torchrun(
         2,
-        ["-m", "hlat", "train", *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6")],
+        # interrupt_save_s 0: the frozen rank ends at torchrun's SIGTERM, not at its SIGKILL 30 s later
+        # (it sleeps in the fault, so the save deadline's timer never wakes it)
+        [
+            "-m",
+            "hlat",
+            "train",
+            *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6", "--train.interrupt_save_s", "0"),
+        ],
         env=env,
         timeout=180,
         check=False,
