@@ -161,7 +161,7 @@ def outcome(tmp_path_factory):
 
 
 def _sandbox_processes() -> list[str]:
-    """Processes still running as a solution's uid, or from sandbox_solution.py."""
+    """Processes still running as a sandbox uid, or from sandbox_solution.py or sandbox_judge.py."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -169,7 +169,9 @@ def _sandbox_processes() -> list[str]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (OSError, IndexError):
             continue
-        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_SPAN or b"sandbox_solution.py" in cmdline:
+        if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_SPAN or any(
+            script in cmdline for script in (b"sandbox_solution.py", b"sandbox_judge.py")
+        ):
             found.append(f"{pid} uid {uid}: {cmdline[:120]!r}")
     return found
 
@@ -394,9 +396,14 @@ def test_solution_sees_no_secret_no_pth_hook_capped_files_and_copies_of_argument
     marker = tmp_path / "pth-ran"
     interpreter, site = _plant_virtual_environment(tmp_path, marker)
     (readable, links), packages = isolation.readable_paths(), isolation.site_packages()
+    for_test = isolation.readable_paths(packages=False)
     monkeypatch.setattr(sys, "executable", str(interpreter))
     monkeypatch.setattr(isolation, "site_packages", lambda: packages + [str(site)])
-    monkeypatch.setattr(isolation, "readable_paths", lambda: (readable + [str(interpreter.parent.parent)], links))
+    monkeypatch.setattr(
+        isolation,
+        "readable_paths",
+        lambda packages=True: (readable + [str(interpreter.parent.parent)], links) if packages else for_test,
+    )
     # without namespaces it may read /proc/<parent>/environ: it has the user's rights, as documented
     program = confinement_program(token, read_proc=mode == isolation.NAMESPACES)
     result = run_program(program, ROOMY, allow_unsafe=True)
@@ -492,16 +499,23 @@ def test_without_namespaces_the_scratch_quota_is_polled(monkeypatch) -> None:
     assert result.status == "failed" and "wrote more than 4 MiB of files" in result.detail, result
 
 
-@pytest.mark.parametrize("broken", ["test process", "solution process"])
+@pytest.mark.parametrize("broken", ["test process", "solution process", "confined test process"])
 def test_a_broken_harness_raises_instead_of_failing_programs(monkeypatch, broken: str) -> None:
     program = Program(ADD, "assert f(1) == 2\n")
     if broken == "test process":  # e.g. a file it cannot read
         monkeypatch.setattr(sandbox, "JUDGE", "/nonexistent/sandbox_judge.py")
         mode = isolation.NONE
-    else:  # a mount that fails while the solution process confines itself
+    else:  # a mount that fails while the solution or the test process confines itself
         _require_namespaces()
-        readable, links = isolation.readable_paths()
-        monkeypatch.setattr(isolation, "readable_paths", lambda: (readable + ["/nonexistent-hlat"], links))
+        original = isolation.readable_paths
+
+        def broken_paths(packages: bool = True) -> tuple[list[str], dict[str, str]]:
+            readable, links = original(packages)
+            if packages == (broken == "solution process"):  # packages: the solution's paths
+                readable = readable + ["/nonexistent-hlat"]
+            return readable, links
+
+        monkeypatch.setattr(isolation, "readable_paths", broken_paths)
         mode = isolation.NAMESPACES
-    with pytest.raises(SandboxError, match=f"the {broken}"):
+    with pytest.raises(SandboxError, match=f"the {broken.removeprefix('confined ')}"):
         sandbox._run(program, ROOMY, mode)

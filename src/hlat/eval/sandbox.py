@@ -1,12 +1,14 @@
 """Running generated code so that nothing it does can make it pass or reach the machine.
 
-Each program is two processes. The solution process S (sandbox_solution.py) runs the untrusted
-solution, isolated from the operating system as far as this machine allows
-(sandbox_isolation.py), and then answers calls to its functions over a pipe. The test process T
-(sandbox_judge.py) runs only the dataset's trusted test code, with the solution's functions bound
-to proxies that call into S; values cross as plain data (sandbox_wire.py). The verdict is T's
-exit status: S can print, exit early or lie in any way, but it can only ever hand T return
-values to check. Both are killed at the wall-clock timeout, S's whole PID namespace with it.
+Each program is two processes, both isolated from the operating system as far as this machine
+allows, the same way (sandbox_isolation.py, sandbox_confine.py). The solution process S
+(sandbox_solution.py) runs the untrusted solution, and then answers calls to its functions over
+a pipe. The test process T (sandbox_judge.py) runs only the dataset's test code, with the
+solution's functions bound to proxies that call into S; values cross as plain data
+(sandbox_wire.py). The test code comes from a task file, data a user downloaded, so T gets no
+more of the host than S. The verdict is T's exit status: S can print, exit early or lie in any
+way, but it can only ever hand T return values to check. Both are killed at the wall-clock
+timeout, each with its whole PID namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hlat.eval import sandbox_isolation as isolation
 
@@ -44,13 +47,13 @@ class SandboxError(RuntimeError):
 
 @dataclass(frozen=True)
 class Program:
-    """A generated solution and the trusted test that judges it. The test sees the solution's
+    """A generated solution and the dataset's test that judges it. The test sees the solution's
     top-level functions as proxies: `entry_point` alone when given (HumanEval's `candidate`),
     else every function the solution defines that is not a builtin's name (MBPP's asserts)."""
 
     solution: str  # untrusted: runs in S
-    test: str  # trusted: runs in T
-    prelude: str = ""  # trusted code T runs first (HumanEval: the prompt, for its helpers)
+    test: str  # the dataset's: runs in T, confined as S is (a task file is not trusted either)
+    prelude: str = ""  # the dataset's code T runs first (HumanEval: the prompt, for its helpers)
     entry_point: str = ""
 
 
@@ -87,14 +90,15 @@ def isolation_mode() -> str:
 
 
 def isolation_summary(mode: str) -> str:
-    """One line for the console and the results: what the solution process runs inside."""
+    """One line for the console and the results: what the solution and test processes run inside."""
     if mode == isolation.NAMESPACES:
-        who = "an unprivileged uid of its own" if os.geteuid() == 0 else "a user namespace"
+        who = "each an unprivileged uid of its own" if os.geteuid() == 0 else "a user namespace"
         return (
-            "namespaces (mount, network, PID, IPC, UTS; read-only root of the interpreter, "
-            f"its libraries and a scratch directory; {who}; resource limits)"
+            "namespaces, for the solution and the test code alike (mount, network, PID, IPC, UTS; "
+            f"read-only root of the interpreter, its libraries and a scratch directory; {who}; "
+            "resource limits)"
         )
-    return "none (an ordinary subprocess with resource limits; allowed by explicit opt-in)"
+    return "none (ordinary subprocesses with resource limits; allowed by explicit opt-in)"
 
 
 def require_isolation(allow_unsafe: bool = False) -> str:
@@ -135,7 +139,7 @@ def _run(program: Program, limits: SandboxLimits, mode: str) -> ExecResult:
         solution = judge = None
         try:
             solution = _start_solution(program, limits, mode, Path(work), calls_r, answers_w, setup_w)
-            judge = _start_judge(program, limits, Path(work), calls_w, answers_r)
+            judge = _start_judge(program, limits, mode, Path(work), calls_w, answers_r)
         finally:
             for fd in (calls_r, calls_w, answers_r, answers_w, setup_w):
                 os.close(fd)  # only S and T hold the channel: either one ending ends it
@@ -206,70 +210,78 @@ def _start_solution(
         "calls_fd": calls,
         "answers_fd": answers,
         "setup_fd": setup,
-        "isolation": None,
+        "isolation": _isolation(mode, limits, work / "root", True, [str(scratch / "solution.py")]),
         "site_packages": isolation.site_packages(),
-        "limits": {
-            "memory_mb": limits.memory_mb,
-            "cpu_s": int(limits.timeout_s) + 1,
-            "file_mb": limits.file_mb,
-            "processes": limits.processes,
-        },
+        "limits": _limits(limits),
     }
-    command = [sys.executable, "-I", "-S", "-B", SOLUTION]
-    if mode == isolation.NAMESPACES:
-        readable, links = isolation.readable_paths()
-        uid = isolation.solution_uid()
-        (work / "root").mkdir()
-        config["isolation"] = {
-            "root": str(work / "root"),
-            "readable": readable,
-            "links": links,
-            "uid": uid,
-            "scratch_mb": limits.scratch_mb,
-        }
-        command = isolation.unshare_command() + command
-    with open(work / "solution.out", "wb") as out:
-        return subprocess.Popen(
-            command + [json.dumps(config)],
-            cwd=scratch,
-            env={
-                **ENV,
-                "HOME": "/sandbox" if config["isolation"] else str(scratch),
-                "TMPDIR": "/sandbox" if config["isolation"] else str(scratch),
-            },
-            stdin=subprocess.PIPE if config["isolation"] else subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            pass_fds=(calls, answers, setup),
-            start_new_session=True,
-        )
+    confined = config["isolation"] is not None
+    return _launch(
+        SOLUTION, json.dumps(config), confined, scratch, work / "solution.out", True, (calls, answers, setup)
+    )
 
 
 def _start_judge(
-    program: Program, limits: SandboxLimits, work: Path, calls: int, answers: int
+    program: Program, limits: SandboxLimits, mode: str, work: Path, calls: int, answers: int
 ) -> subprocess.Popen[bytes]:
-    spec = work / "judge.json"  # outside the scratch directory: S never sees the test
-    spec.write_text(
-        json.dumps(
-            {
-                "calls_fd": calls,
-                "answers_fd": answers,
-                "test": program.test,
-                "prelude": program.prelude,
-                "entry_point": program.entry_point,
-                "memory_mb": limits.memory_mb,
-            }
-        )
-    )
-    with open(work / "judge.err", "wb") as err:
+    # outside S's scratch directory, and read by T before it confines itself: S never sees the
+    # test, and the confined T needs no access to it
+    spec = work / "judge.json"
+    config = {
+        "calls_fd": calls,
+        "answers_fd": answers,
+        "test": program.test,
+        "prelude": program.prelude,
+        "entry_point": program.entry_point,
+        "isolation": _isolation(mode, limits, work / "judge-root", False, []),
+        "limits": _limits(limits),
+    }
+    spec.write_text(json.dumps(config))
+    confined = config["isolation"] is not None
+    return _launch(JUDGE, str(spec), confined, work, work / "judge.err", False, (calls, answers))
+
+
+def _isolation(mode: str, limits: SandboxLimits, root: Path, packages: bool, files: list[str]) -> dict[str, Any] | None:
+    """How sandbox_confine.enter confines a process: None in mode "none"; `packages`: may read
+    site-packages (the solution, not the test); `files`: copied into its scratch directory."""
+    if mode != isolation.NAMESPACES:
+        return None
+    readable, links = isolation.readable_paths(packages)
+    root.mkdir()
+    return {
+        "root": str(root),
+        "files": files,
+        "readable": readable,
+        "links": links,
+        "uid": isolation.sandbox_uid(),
+        "scratch_mb": limits.scratch_mb,
+    }
+
+
+def _limits(limits: SandboxLimits) -> dict[str, int]:
+    return {
+        "memory_mb": limits.memory_mb,
+        "cpu_s": int(limits.timeout_s) + 1,
+        "file_mb": limits.file_mb,
+        "processes": limits.processes,
+    }
+
+
+def _launch(
+    script: str, argument: str, confined: bool, cwd: Path, log: Path, keep_stdout: bool, fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
+    """Start a sandbox script, under `unshare` when `confined`: then its stdin is the keeper's
+    lifeline (_stop), and its scratch directory, /sandbox, is its HOME and TMPDIR."""
+    command = [sys.executable, "-I", "-S", "-B", script, argument]
+    home = "/sandbox" if confined else str(cwd)
+    with open(log, "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-I", "-S", "-B", JUDGE, str(spec)],
-            cwd=work,
-            env={**ENV, "HOME": str(work)},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            isolation.unshare_command() + command if confined else command,
+            cwd=cwd,
+            env={**ENV, "HOME": home, "TMPDIR": home},
+            stdin=subprocess.PIPE if confined else subprocess.DEVNULL,
+            stdout=err if keep_stdout else subprocess.DEVNULL,  # S's prints: the samples log
             stderr=err,
-            pass_fds=(calls, answers),
+            pass_fds=fds,
             start_new_session=True,
         )
 

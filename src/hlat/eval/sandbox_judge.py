@@ -1,10 +1,13 @@
-"""The test process T: runs only the dataset's trusted test code and gives the verdict by its exit.
+"""The test process T: runs only the dataset's test code and gives the verdict by its exit.
 
 Run as `python -I -S -B sandbox_judge.py SPEC_FILE` by hlat.eval.sandbox. The spec names the
-trusted `prelude` (HumanEval: the prompt, for the helpers its tests use) and `test`, and the
-channel to the solution process S. The solution's functions are bound as proxies: calling one
-sends its arguments to S and returns S's answer, decoded as plain data (sandbox_wire). Exit
-status 0, reached only after the whole test ran without an exception, is a pass.
+dataset's `prelude` (HumanEval: the prompt, for the helpers its tests use) and `test`, the
+channel to the solution process S, and the confinement. T reads it, then confines itself as S
+does (sandbox_confine.py): the test code comes from a task file, which is data, and must not reach
+the host either; S cannot hand it anything but answers. The solution's functions are bound as
+proxies: calling one sends its arguments to S and returns S's answer, decoded as plain data
+(sandbox_wire). Exit status 0, reached only after the whole test ran without an exception, is a
+pass.
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ import importlib
 import json
 import keyword
 import os
-import resource
 import sys
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's folder out
+import sandbox_confine as confinement  # noqa: E402
 import sandbox_wire as wire  # noqa: E402
 
-MIB = 1 << 20
 # standard-library modules a test may use without importing them, when the solution imported
 # them at its top level (as MBPP's asserts do with math)
 TEST_MODULES = frozenset(
@@ -114,10 +116,8 @@ def _bindable(name: Any) -> bool:
 def main() -> None:
     try:
         with open(sys.argv[1], encoding="utf-8") as handle:
-            spec = json.load(handle)
-        memory = spec["memory_mb"] * MIB
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            spec = json.load(handle)  # before confining: the confined root holds no spec
+        confinement.enter(spec["isolation"], spec["limits"], (spec["calls_fd"], spec["answers_fd"]))
     except (OSError, ValueError) as err:  # the harness's fault: hlat.eval.sandbox raises SandboxError
         print(f"the test process could not start: {err}", file=sys.stderr)
         sys.exit(HARNESS_FAILED)
