@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import hlat.train.build as build_module
 import hlat.train.trainer as trainer_module
 from hlat.config.load import load_config
 from hlat.device.record import DeviceRecord
@@ -57,7 +58,7 @@ def test_the_trainer_asks_with_its_device_and_memory(monkeypatch):
         seen.append((world, record.type, memory))
         raise RuntimeError("stop")
 
-    monkeypatch.setattr(trainer_module, "device_layout", spy)
+    monkeypatch.setattr(build_module, "device_layout", spy)
     with pytest.raises(RuntimeError, match="stop"):
         trainer_module.Trainer(load_config("tiny", overrides=["--train.device", "cpu"]), resume="fresh")
     assert seen == [(1, "cpu", None)]
