@@ -20,6 +20,7 @@ from hlat.checkpoint.hf_import import ImportRefused, import_hf
 from hlat.checkpoint.loading import load_model
 from hlat.checkpoint.restore import init_weights
 from hlat.config.model import ModelConfig
+from hlat.errors import UserError
 from hlat.model import Llama
 from hlat.model.hf import hf_config_dict, hlat_to_hf
 
@@ -172,3 +173,43 @@ def test_hlat_import_prints_the_refusal_alone_and_exits_2(tmp_path, capsys):
     assert main(["import", str(hf), str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"{hf / 'config.json'}: rope_theta=nan must be a finite number") and "\n" not in err, err
+
+
+BAD_TOKENIZER_CONFIGS = {
+    "a JSON list": ("[1, 2]", "holds a JSON list, not an object"),
+    "not JSON": ("{", "cannot read"),
+    "oversized": (json.dumps({"padding": "x" * (2 << 20)}), "is over 1 MiB, not a tokenizer_config.json"),
+}
+
+
+@pytest.mark.parametrize("text,words", BAD_TOKENIZER_CONFIGS.values(), ids=BAD_TOKENIZER_CONFIGS.keys())
+def test_a_malformed_tokenizer_config_is_refused_naming_it(tmp_path, text, words):
+    """tokenizer_config.json is read for the BOS of an empty context (eval, generate) and copied by
+    hlat import: a list, a non-JSON or a huge file is one line naming it on both paths."""
+    hf = _hf_dir(tmp_path / "hf")
+    (hf / "tokenizer_config.json").write_text(text)
+    for load in (lambda: load_model(hf), lambda: import_hf(hf, tmp_path / "run")):
+        with pytest.raises(UserError) as err:
+            load()
+        message = str(err.value)
+        assert str(hf / "tokenizer_config.json") in message and words in message and "\n" not in message, message
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys):
+    """`hlat generate --tokenizer T` with ids past the embedding: one line naming T, exit 2, instead
+    of an IndexError once the prompt holds such an id."""
+    from tokenizers import Tokenizer, models
+
+    from hlat.cli import main
+
+    hf = _hf_dir(tmp_path / "hf")
+    big = tmp_path / "big.json"
+    vocab = {"</s>": 0, **{f"w{i}": i + 1 for i in range(CFG.vocab_size + 10)}}
+    Tokenizer(models.WordLevel(vocab, unk_token="</s>")).save(str(big))
+    argv = ["generate", "--checkpoint", str(hf), "--tokenizer", str(big), "--prompt", f"w{CFG.vocab_size + 5}"]
+    assert main([*argv, "--device", "cpu", "--max-new-tokens", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"hlat generate: tokenizer {big} has {CFG.vocab_size + 11} tokens but the model's vocabulary has "
+        f"{CFG.vocab_size}; pass the tokenizer the model was trained with (--tokenizer PATH)\n"
+    )

@@ -17,6 +17,22 @@ CASES = {
     "presets": (["presets", "--train.steps", "3"], "hlat presets: unrecognized arguments: --train.steps 3"),
     "params": (["params", "--config"], "hlat params: argument --config: expected one argument"),
     "plan": (["plan"], "hlat plan: --world is required: the number of ranks to plan for, e.g. --world 64"),
+    "plan memory": (
+        ["plan", "--world", "8", "--peak-tflops", "100", "--memory-gib", "0"],
+        "hlat plan: --memory-gib must be a finite number > 0, got 0.0",
+    ),
+    "plan tokens": (
+        ["plan", "--world", "8", "--tokens", "-5"],
+        "hlat plan: --tokens must be a finite number > 0, got -5.0",
+    ),
+    "plan efficiency": (
+        ["plan", "--world", "8", "--efficiency", "nan"],
+        "hlat plan: --efficiency must be a finite number > 0, got nan",
+    ),
+    "plan per node": (
+        ["plan", "--world", "8", "--per-node", "0"],
+        "hlat plan: --per-node must be a finite number >= 1, got 0",
+    ),
     "prepare": (["prepare"], "hlat prepare: the following arguments are required: --out"),
     "prepare mixture": (
         ["prepare", "--out", "{tmp}/shards", "--data.source", "{tmp}/a.jsonl,{tmp}/b.jsonl"],
@@ -47,6 +63,18 @@ CASES = {
         ["generate", "--checkpoint", "{tmp}", "--prompt", "x", "--top-p", "0"],
         "hlat generate: --top-p must be in (0, 1], got 0.0",
     ),
+    "generate temperature": (
+        ["generate", "--checkpoint", "{tmp}", "--prompt", "x", "--temperature", "nan"],
+        "hlat generate: --temperature must be a finite number >= 0 (0 = greedy), got nan",
+    ),
+    "generate negative temperature": (
+        ["generate", "--checkpoint", "{tmp}", "--prompt", "x", "--temperature", "-1"],
+        "hlat generate: --temperature must be a finite number >= 0 (0 = greedy), got -1.0",
+    ),
+    "eval output": (
+        ["eval", "--checkpoint", "{tmp}", "--tasks", "arc_easy", "--output", "{tmp}/a.jsonl"],
+        "hlat eval: --output {tmp}/a.jsonl exists and is not a folder",
+    ),
     "doctor": (["doctor", "--timeout", "soon"], "hlat doctor: argument --timeout: invalid float value: 'soon'"),
 }
 
@@ -57,6 +85,7 @@ def test_bad_arguments_print_one_line_and_exit_2(name, tmp_path, capsys, monkeyp
     for part in "ab":
         (tmp_path / f"{part}.jsonl").write_text('{"text": "a document"}\n')
     argv, message = CASES[name]
+    message = message.format(tmp=tmp_path)
     assert main([arg.format(tmp=tmp_path) for arg in argv]) == USER_ERROR_EXIT
     captured = capsys.readouterr()
     assert captured.out == ""

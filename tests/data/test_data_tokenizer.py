@@ -73,6 +73,20 @@ def test_cache(source, tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
 
 
+def test_a_cached_bpe_larger_than_the_vocabulary_is_retrained(source, tok, tmp_path):
+    """A file planted at the cache path with more tokens than the model's vocabulary (its ids would
+    index past the embedding) is replaced by a trained BPE, and the start-up line says so."""
+    cfg = DataConfig(cache_dir=str(tmp_path / "cache"), tokenizer_train_chars=30_000)
+    path = tokmod.bpe_cache_path(cfg.resolved_cache_dir(), source, 300, cfg.tokenizer_train_chars)
+    tok.save(path)
+    assert tok.vocab_size > 300
+    trained, line = build_tokenizer(cfg, 300, source)
+    assert trained.vocab_size <= 300 and Tokenizer.from_file(path).vocab_size == trained.vocab_size
+    assert line.endswith(
+        f"cached at {path} (replacing a cached file of {tok.vocab_size} tokens, more than vocab_size 300)"
+    )
+
+
 def test_user_tokenizer_json(tok, tmp_path):
     path = tmp_path / "tokenizer.json"
     tok.save(path)

@@ -3,6 +3,10 @@ Python; each sees the hooks in order, at the right steps."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from hlat.config.load import load_config
@@ -129,3 +133,25 @@ def test_a_callback_path_that_does_not_name_a_callback_is_a_configuration_error(
     assert [field for field, _ in err.value.problems] == ["train.callbacks"]
     assert problem in str(err.value) and len(str(err.value).splitlines()) == 2  # the heading and one line
     assert not (tmp_path / "run").exists()  # refused before anything is built
+
+
+def test_python_m_hlat_imports_no_callback_from_the_working_directory(small_corpus, tmp_path):
+    """`python -m hlat` puts the working directory on sys.path, the console script does not: a
+    config handed to `hlat train` must not run a module that merely lies where hlat was started;
+    one on PYTHONPATH does import."""
+    (tmp_path / "planted.py").write_text("open('imported', 'w').close()\nraise RuntimeError('planted')\n")
+    (tmp_path / "run.toml").write_text('preset = "tiny"\n[train]\ncallbacks = ["planted:Recorder"]\n')
+    argv = [sys.executable, "-m", "hlat", "train", "--config", "run.toml", *tiny_args(small_corpus, tmp_path / "run")]
+    # the caller's entries (an empty one would name the working directory), after which hlat imports
+    pythonpath = os.pathsep.join(entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry)
+
+    def train(path: str) -> str:
+        env = {**os.environ, "PYTHONPATH": path, "HLAT_DEBUG": "0"}
+        done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stderr
+        return done.stderr
+
+    assert "'planted:Recorder' does not import (ModuleNotFoundError" in train(pythonpath)
+    assert not (tmp_path / "imported").exists()
+    assert "'planted:Recorder' does not import (RuntimeError: planted)" in train(f"{tmp_path}{os.pathsep}{pythonpath}")
+    assert (tmp_path / "imported").exists()

@@ -40,7 +40,7 @@ from hlat.config.load import RUN_CONFIG
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer
+from hlat.data.tokenizer import Tokenizer, hf_adds_bos, load_tokenizer, read_tokenizer_config
 from hlat.model import count_params
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -275,6 +275,8 @@ def import_hf(source: Path, run_dir: Path, tokenizer: Path | None = None, progre
     cfg = hf_model_config(source)
     tok_file, tok = _find_tokenizer(source, tokenizer, cfg)
     tok_name = tok.FILE_NAME  # named by kind, as `hlat train` stores its tokenizer
+    if tokenizer is None:  # copied into the run, whose readers refuse a malformed one: refused here first
+        read_tokenizer_config(source / TOKENIZER_CONFIG)
     bos = hf_adds_bos(tok, source / TOKENIZER_CONFIG if tokenizer is None else tok_file.parent / TOKENIZER_CONFIG)
     weights = _import_weights(source, cfg, progress)  # everything is checked before anything is written
 

@@ -7,7 +7,6 @@ hlat.checkpoint.manager.CheckpointManager like training does.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,8 @@ from hlat.config.data_paths import find_tokenizer_file
 from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.model import ModelConfig
 from hlat.data.spm import SentencePieceTokenizer
-from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer
-from hlat.errors import UserError
+from hlat.data.tokenizer import Tokenizer, build_tokenizer, hf_adds_bos, load_tokenizer, read_tokenizer_config
+from hlat.errors import DataError, UserError
 from hlat.model import Llama, build_model
 from hlat.model.footprint import memory_problem
 from hlat.model.llama import rope_tables
@@ -139,10 +138,10 @@ def run_tokenizer(
     if override is not None:
         if not Path(override).expanduser().is_file():
             raise FileNotFoundError(f"--tokenizer {override}: no such file")
-        return load_tokenizer(override)
+        return fitting_tokenizer(override, vocab_size)
     for candidate in (find_tokenizer_file(run_dir), data.tokenizer):
         if candidate and Path(candidate).expanduser().is_file():
-            return load_tokenizer(candidate)
+            return fitting_tokenizer(candidate, vocab_size)
     from hlat.data.loader import open_source
 
     try:
@@ -156,6 +155,18 @@ def run_tokenizer(
     return build_tokenizer(data, vocab_size, source)[0]
 
 
+def fitting_tokenizer(file: str | Path, vocab_size: int) -> Tokenizer | SentencePieceTokenizer:
+    """The tokenizer in `file`, refused when it has ids the model has no embedding row for (they
+    would index past the embedding mid-generation)."""
+    tok = load_tokenizer(file)
+    if tok.vocab_size > vocab_size:
+        raise DataError(
+            f"tokenizer {file} has {tok.vocab_size} tokens but the model's vocabulary has {vocab_size}; "
+            "pass the tokenizer the model was trained with (--tokenizer PATH)"
+        )
+    return tok
+
+
 def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) -> LoadedModel:
     cfg = hf_model_config(directory, dtype.itemsize)
     tok_file = Path(tokenizer) if tokenizer else find_tokenizer_file(directory)
@@ -164,7 +175,7 @@ def _load_hf(directory: Path, tokenizer: str | Path | None, dtype: torch.dtype) 
             f"{tokenizer or directory / 'tokenizer.json'}: no such file; pass --tokenizer PATH "
             "(a Hugging Face tokenizer.json or a SentencePiece .model)"
         )
-    tok = load_tokenizer(tok_file)
+    tok = fitting_tokenizer(tok_file, cfg.vocab_size)
     weights = hlat_weights(directory, cfg, dtype)  # names and shapes checked before any is read
     model = empty_model(cfg, dtype)
     model.load_state_dict(weights, strict=True)
@@ -181,8 +192,7 @@ def prefix_token(directory: Path, tok: Tokenizer | SentencePieceTokenizer) -> in
     """What an empty context is conditioned on, as lm-eval does: the BOS named by the directory's
     tokenizer_config.json (a Hugging Face model, or a run hlat import made from one), else EOS
     (hlat trains with EOS between documents)."""
-    config = directory / "tokenizer_config.json"
-    bos = json.loads(config.read_text()).get("bos_token") if config.is_file() else None
+    bos = read_tokenizer_config(directory / "tokenizer_config.json").get("bos_token")
     if isinstance(bos, dict):
         bos = bos.get("content")
     bos_id = tok.token_id(bos) if isinstance(bos, str) else None

@@ -216,10 +216,11 @@ class CheckpointManager:
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
         rank = _rank()
-        if self.guard is not None:
-            with _on_every_rank("to save"):
-                if rank == 0:
-                    self.guard()
+        # Every rank agrees on the guard, though only rank 0 holds one (the run's lock): a collective
+        # entered by rank 0 alone would pair with the others' next one and hang the save.
+        with _on_every_rank("to save"):
+            if rank == 0 and self.guard is not None:
+                self.guard()
         with _on_every_rank(f"to create {tmp}"):
             if rank == 0:
                 maybe_fail("mkdir", step, rank)

@@ -93,6 +93,11 @@ def _evaluate(args: argparse.Namespace) -> int:
     from hlat.eval.sweep import sweep_run, write_sweep
     from hlat.eval.tasks.task_file import load_task_files
 
+    if args.output is not None and args.output.exists() and not args.output.is_dir():
+        raise UserError(
+            f"--output {args.output} exists and is not a folder; results go into a folder: "
+            "give a new or existing folder, or move the file away"
+        )
     tasks = resolve_tasks(args.tasks, args.suite, load_task_files(args.task_file))
     isolation = None
     if any(t.kind == "code" for t in tasks):  # refuse before loading a model, not after

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
 def _check(args: argparse.Namespace) -> None:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UserError(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise UserError(f"--top-p must be in (0, 1], got {args.top_p}")
     if any(not stop for stop in args.stop):

@@ -4,6 +4,7 @@ a named accelerator its predicted step time, throughput, days and cost; --search
 from __future__ import annotations
 
 import argparse
+import math
 
 from hlat.commands.common import OVERRIDES_HELP, add_config_args, load_run_config
 
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         return 0
     if args.world is None:
         raise UserError("--world is required: the number of ranks to plan for, e.g. --world 64")
+    _check_numbers(args)
     if args.device and args.device != "cpu":
         by_table_name(args.device)  # before the plan: a typo fails at once
     cfg = load_run_config(args, overrides, world=args.world)  # as hlat train on that many ranks
@@ -131,3 +133,33 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         print(format_search(found, args.top, budget, price, nodes_of(system, args.world)))
         print(compare_with_own(found, own, fits))
     return 0
+
+
+# flag -> (attribute, smallest value allowed, whether that value itself is allowed); a flag left out is not checked
+_BOUNDS = {
+    "--world": ("world", 1, True),
+    "--peak-tflops": ("peak_tflops", 0.0, False),
+    "--memory-gib": ("memory_gib", 0.0, False),
+    "--intra-gbs": ("intra_gbs", 0.0, True),
+    "--inter-gbs": ("inter_gbs", 0.0, True),
+    "--per-node": ("per_node", 1, True),
+    "--efficiency": ("efficiency", 0.0, False),
+    "--price-per-node-hour": ("price_per_node_hour", 0.0, True),
+    "--tokens": ("tokens", 0.0, False),
+    "--top": ("top", 1, True),
+}
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Every numeric flag finite and in range, so a 0, a negative or a nan is named here rather than
+    dividing by zero or printing nonsense days and costs further on."""
+    from hlat.errors import UserError
+
+    for flag, (name, low, inclusive) in _BOUNDS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < low or (value == low and not inclusive):
+            raise UserError(f"{flag} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value}")
+    if args.efficiency is not None and args.efficiency > 1:
+        raise UserError(f"--efficiency is a fraction of the peak, in (0, 1], got {args.efficiency}")

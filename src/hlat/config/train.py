@@ -62,7 +62,10 @@ class TrainConfig:
     Keep it under the launcher's grace period (torchrun --shutdown_timeout, SLURM's KillWait: 30 s)."""
     callbacks: list[str] = field(default_factory=list)
     """Your own callbacks, each "package.module:ClassName" naming a subclass of
-    hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts."""
+    hlat.train.callbacks.base.Callback (docs/training.md); checked when the trainer starts.
+    A config file that sets this names code that runs when you train with it: read a config
+    someone else handed you before training with it. Modules are imported from PYTHONPATH and
+    installed packages, never from the working directory alone (also under `python -m hlat`)."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []

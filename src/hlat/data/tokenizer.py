@@ -20,7 +20,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from hlat.atomic_files import atomic_path
-from hlat.data.sources import BadDocument, DocumentSource
+from hlat.data.sources import BadDocument, DocumentSource, open_regular
 from hlat.data.spm import SentencePieceTokenizer
 from hlat.digests import short_sha256
 from hlat.errors import DataError
@@ -31,6 +31,7 @@ BOS_CANDIDATES = ("<s>", "<|begin_of_text|>", "<bos>")  # LLaMA-1/2 and Mistral,
 BPE_EOS = "<|endoftext|>"
 # Bump when the BPE recipe below changes, so cached tokenizers trained the old way are not reused.
 _BPE_RECIPE = "bytelevel-bpe-v1"
+MAX_TOKENIZER_CONFIG_BYTES = 1 << 20  # real ones are a few KB (Llama 3's, with its chat template, 50 KB)
 
 
 def find_special(tk: tokenizers.Tokenizer, candidates: Sequence[str]) -> str | None:
@@ -134,7 +135,34 @@ def hf_adds_bos(tok: Tokenizer | SentencePieceTokenizer, tokenizer_config: Path)
         return False
     if isinstance(tok, Tokenizer):
         return tok.tk.encode("a", add_special_tokens=True).ids[:1] == [tok.bos_id]
-    return tokenizer_config.is_file() and json.loads(tokenizer_config.read_text()).get("add_bos_token") is True
+    return read_tokenizer_config(tokenizer_config).get("add_bos_token") is True
+
+
+def read_tokenizer_config(path: Path) -> dict:
+    """A Hugging Face tokenizer_config.json as a dict ({} when there is none), read as untrusted
+    input: a regular file of at most MAX_TOKENIZER_CONFIG_BYTES holding a JSON object, else
+    DataError naming it."""
+    if not path.exists():
+        return {}
+    try:
+        with open_regular(path) as f:
+            data = f.read(MAX_TOKENIZER_CONFIG_BYTES + 1)
+        if len(data) > MAX_TOKENIZER_CONFIG_BYTES:
+            raise DataError(
+                f"{path} is over {MAX_TOKENIZER_CONFIG_BYTES >> 20} MiB, not a tokenizer_config.json; "
+                "replace it with the model's own or remove it"
+            )
+        config = json.loads(data)
+    except (OSError, ValueError, RecursionError) as err:  # JSONDecodeError and bad UTF-8 are ValueErrors
+        if isinstance(err, DataError):
+            raise
+        why = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise DataError(f"cannot read {path}: {why}; replace it with the model's own or remove it") from err
+    if not isinstance(config, dict):
+        raise DataError(
+            f"{path} holds a JSON {type(config).__name__}, not an object; replace it with the model's own or remove it"
+        )
+    return config
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer | SentencePieceTokenizer:
@@ -248,12 +276,16 @@ def build_tokenizer(
     if source is None:
         raise DataError("no data.tokenizer and no source to train a BPE on; give data.tokenizer")
     path = bpe_cache_path(cfg.resolved_cache_dir(), source, vocab_size, cfg.tokenizer_train_chars)
+    replaced = ""
     if path.is_file():
         try:
             tok = Tokenizer.from_file(path)
         except ValueError:
             tok = None  # corrupt or foreign file: train again and overwrite it
-        if tok is not None:
+        if tok is not None and tok.vocab_size > vocab_size:
+            # not one this recipe trained (the key holds vocab_size): its ids would run past the embedding
+            replaced = f" (replacing a cached file of {tok.vocab_size} tokens, more than vocab_size {vocab_size})"
+        elif tok is not None:
             return tok, (
                 f"tokenizer: byte-level BPE, {tok.vocab_size} tokens, trained on {source.name}, "
                 f"loaded from cache {path}"
@@ -267,6 +299,6 @@ def build_tokenizer(
     line = (
         f"tokenizer: byte-level BPE, {tok.vocab_size} tokens, trained on "
         f"{stats.get('bytes', 0) / 1e6:.1f} MB of {source.name} in {seconds:.1f} s, "
-        f"cached at {path}"
+        f"cached at {path}{replaced}"
     )
     return tok, line
