@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import hlat.train.trainer as trainer_module
 import hlat.train.window as window_module
 from hlat.config.load import load_config
+from hlat.metrics.sinks import read_metrics
 from hlat.train.callbacks.base import Callback
-from hlat.train.sinks import read_metrics
 from hlat.train.trainer import Trainer
 from runs import tiny_args
 
