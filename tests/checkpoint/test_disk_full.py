@@ -70,7 +70,7 @@ def test_a_full_disk_under_metrics_jsonl_saves_the_next_step_and_stops_in_one_li
     """metrics.jsonl's disk fills at step 2's record: the run trains to the next step boundary,
     saves it, and stops in one line saying which file and where the resume starts (exit 2)."""
     from hlat.cli import main
-    from hlat.train import sinks
+    from hlat.metrics import sinks
     from runs import tiny_args
 
     real = sinks.append_text

@@ -11,7 +11,7 @@ import hlat.data
 PACKAGE = Path(hlat.data.__file__).parent
 # The order stated in docs/data.md: a module may import only modules of earlier layers.
 LAYERS = [
-    {"batch", "sources", "spm"},
+    {"batch", "sources", "spm", "shard_check"},
     {"records", "documents"},
     {"order"},
     {"packing", "tokenizer"},
