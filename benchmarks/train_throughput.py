@@ -82,7 +82,7 @@ def implementations(
         torch.manual_seed(0)
         model = Llama(cfg.model)
         if compiled:
-            compile_blocks(model)
+            compile_blocks(model, "cpu")
         return make_step(model, tokens, hf=False)
 
     def transformers(compiled: bool) -> Callable[[], None]:
