@@ -219,30 +219,21 @@ def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> P
     """This rank's loader; an elastic group's holds every data share's position."""
     _verify_shards(cfg, tokenizer, layout, out)
     with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", out):
-        if not cfg.elastic.enabled:
+
+        def rank_loader(rank: int, ranks: int, log: Out | None) -> PackedLoader:
             return build_loader(
-                cfg.data,
-                tokenizer,
-                seed=cfg.train.seed,
-                batch_size=cfg.train.micro_batch,
-                dp_rank=layout.dp_rank,
-                dp_size=layout.dp,
-                log_fn=out,
-            )
-        shares, log = cfg.elastic.max_groups, out
+                cfg.data, tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
+                dp_rank=rank, dp_size=ranks, log_fn=log,
+            )  # fmt: skip
+
+        if not cfg.elastic.enabled:
+            return rank_loader(layout.dp_rank, layout.dp, out)
+        shares, logged = cfg.elastic.max_groups, False
 
         def share_loader(share: int) -> PackedLoader:
-            nonlocal log
-            loader = build_loader(
-                cfg.data,
-                tokenizer,
-                seed=cfg.train.seed,
-                batch_size=cfg.train.micro_batch,
-                dp_rank=share,
-                dp_size=shares,
-                log_fn=log,
-            )
-            log = None  # the data line once
+            nonlocal logged
+            loader = rank_loader(share, shares, None if logged else out)
+            logged = True  # the data line once
             return loader
 
         per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
