@@ -6,6 +6,7 @@ checkpoint holds must be in its manifest."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,23 @@ STEP = "step_{:08d}"
 def _train(corpus: Path, run: Path, steps: int, *extra: str) -> int:
     args = tiny_args(corpus, run, "--train.steps", str(steps), "--checkpoint.every", "2", *extra)
     return main(["train", *args])
+
+
+@pytest.fixture(scope="module")
+def trained(small_corpus, tmp_path_factory) -> dict[int, Path]:
+    """Runs of 2 and of 4 steps (checkpoints every 2, the last two kept), trained once: each test
+    damages a copy."""
+    runs = {}
+    for steps in (2, 4):
+        runs[steps] = tmp_path_factory.mktemp("trained") / "run"
+        assert _train(small_corpus, runs[steps], steps, "--checkpoint.keep_last", "2") == 0
+    return runs
+
+
+def _copy(trained: dict[int, Path], steps: int, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(trained[steps], run)
+    return run
 
 
 def _manifest(checkpoint: Path) -> dict:
@@ -54,9 +72,8 @@ def _another_format(checkpoint: Path) -> None:
         (_another_format, f"and hlat {__version__} reads format {manager.FORMAT_VERSION}"),
     ],
 )
-def test_a_run_whose_checkpoints_all_fail_stops_naming_each(small_corpus, tmp_path, capsys, damage, why):
-    run = tmp_path / "run"
-    assert _train(small_corpus, run, 4, "--checkpoint.keep_last", "2") == 0
+def test_a_run_whose_checkpoints_all_fail_stops_naming_each(small_corpus, trained, tmp_path, capsys, damage, why):
+    run = _copy(trained, 4, tmp_path)
     metrics = (run / "metrics.jsonl").read_text()
     for step in (2, 4):
         damage(run / "checkpoints" / STEP.format(step))
@@ -70,9 +87,8 @@ def test_a_run_whose_checkpoints_all_fail_stops_naming_each(small_corpus, tmp_pa
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [STEP.format(2), STEP.format(4)]
 
 
-def test_retention_keeps_the_checkpoint_that_verified(small_corpus, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert _train(small_corpus, run, 4, "--checkpoint.keep_last", "2") == 0
+def test_retention_keeps_the_checkpoint_that_verified(small_corpus, trained, tmp_path, capsys):
+    run = _copy(trained, 4, tmp_path)
     _flip_a_byte(run / "checkpoints" / STEP.format(4))
     capsys.readouterr()
     assert _train(small_corpus, run, 6, "--checkpoint.keep_last", "1") == 0
@@ -87,11 +103,10 @@ def test_retention_keeps_the_checkpoint_that_verified(small_corpus, tmp_path, ca
 
 
 @pytest.mark.parametrize("planted", ["unlisted", "extra"])
-def test_every_file_a_checkpoint_holds_is_in_its_manifest(small_corpus, tmp_path, capsys, planted):
+def test_every_file_a_checkpoint_holds_is_in_its_manifest(small_corpus, trained, tmp_path, capsys, planted):
     """Weights overwritten and their manifest entry removed, or a file planted beside them: the
     checkpoint fails verification instead of loading the file unverified."""
-    run = tmp_path / "run"
-    assert _train(small_corpus, run, 2) == 0
+    run = _copy(trained, 2, tmp_path)
     checkpoint = run / "checkpoints" / STEP.format(2)
     manifest = _manifest(checkpoint)
     if planted == "unlisted":
@@ -108,9 +123,8 @@ def test_every_file_a_checkpoint_holds_is_in_its_manifest(small_corpus, tmp_path
     assert why in capsys.readouterr().err
 
 
-def test_a_manifest_must_list_every_file_the_checkpoint_needs(small_corpus, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert _train(small_corpus, run, 2) == 0
+def test_a_manifest_must_list_every_file_the_checkpoint_needs(small_corpus, trained, tmp_path, capsys):
+    run = _copy(trained, 2, tmp_path)
     checkpoint = run / "checkpoints" / STEP.format(2)
     manifest = _manifest(checkpoint)
     shard = next((checkpoint / "dcp").glob("*.distcp"))
