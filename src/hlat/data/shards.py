@@ -159,19 +159,25 @@ def check_shard_sources(
     """Check share `share` of `shares` of every shard file of the data.source `entries` that are
     shard directories (the ranks of a node split the work; their verdicts then serve all of them);
     the first problem as one line, else None."""
-    files = []
+    shards = []
     for entry in entries:
-        root = Path(entry)
-        manifest = read_shard_manifest(root)
-        for s in manifest["shards"]:
-            files.append((root / s["tokens"], s["sha256"][s["tokens"]], np.dtype(manifest["dtype"])))
-            files.append((root / s["offsets"], s["sha256"][s["offsets"]], None))
+        manifest = read_shard_manifest(Path(entry))
+        shards += [(Path(entry), shard, np.dtype(manifest["dtype"])) for shard in manifest["shards"]]
     try:
-        for path, sha256, dtype in files[share::shares]:
-            check_shard_file(path, sha256, cache, dtype=dtype, vocab=vocab if dtype is not None else 0, full=full)
+        for root, shard, dtype in shards[share::shares]:
+            _check_shard(root, shard, dtype, vocab, cache, full)
     except (DataError, OSError) as err:
         return str(err)
     return None
+
+
+def _check_shard(
+    root: Path, shard: dict[str, Any], dtype: np.dtype, vocab: int, cache: Path | None, full: bool
+) -> None:
+    """Both files of one shard against their digests, and its token ids below `vocab`."""
+    tokens, offsets = shard["tokens"], shard["offsets"]
+    check_shard_file(root / tokens, shard["sha256"][tokens], cache, dtype=dtype, vocab=vocab, full=full)
+    check_shard_file(root / offsets, shard["sha256"][offsets], cache, full=full)
 
 
 class ShardDocuments:
@@ -213,8 +219,7 @@ class ShardDocuments:
                     f"{path} is missing or has the wrong size (expected {s['num_tokens']} "
                     f"{m['dtype']} tokens): the shards are damaged; run `hlat prepare` again"
                 )
-            check_shard_file(path, s["sha256"][s["tokens"]], cache, dtype=dtype, vocab=tokenizer.vocab_size)
-            check_shard_file(root / s["offsets"], s["sha256"][s["offsets"]], cache)
+            _check_shard(root, s, dtype, tokenizer.vocab_size, cache, full=False)
             # a plain ndarray over the map: slicing an np.memmap costs ~100 us of bookkeeping
             mapped = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray) if s["num_tokens"] else np.empty(0, dtype)
             self._tokens.append(mapped)

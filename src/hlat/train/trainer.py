@@ -184,18 +184,12 @@ class Trainer:
                         self.losses += losses
                         final_loss = self._log_window(losses, skipped, output)
                     self.emit("on_step_end")  # when stopping, Checkpointing saves this step and waits for it
-                    if self.stopping and self.step < total and not interrupts.signum:
-                        raise UserError(
-                            f"stopped: {interrupts.requested}; saved step {self.step}; "
-                            f"run the same command to resume from step {self.step}"
-                        )
                     if self.stopping and self.step < total:
+                        resume = f"saved step {self.step}; run the same command to resume from step {self.step}"
+                        if not interrupts.signum:  # asked for (hlat.train.interrupt.Interrupts.request)
+                            raise UserError(f"stopped: {interrupts.requested}; {resume}")
                         interrupts.disarm()
-                        raise Interrupted(
-                            f"interrupted ({interrupts.name}): saved step {self.step}; "
-                            f"run the same command to resume from step {self.step}",
-                            interrupts.signum,
-                        )
+                        raise Interrupted(f"interrupted ({interrupts.name}): {resume}", interrupts.signum)
                 summary = TrainSummary(self.run_dir, self.step, self.tokens, final_loss, self.losses)
                 self.emit("on_end", summary)
         except KeyboardInterrupt as error:
