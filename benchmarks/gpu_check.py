@@ -19,9 +19,15 @@ learn, in priority order, each stage in its own process under its own deadline.
 
 OUT_DIR (else $OUT, else ./gpu_check_out) receives three files: gpu_check.md (the report),
 gpu_check.jsonl (one row per check, and one per stage) and gpu_check_logs.tar.gz (each stage's
-output). `--cpu-dry-run` runs every stage on the CPU at toy sizes: a rehearsal, not data.
-This driver imports no torch; benchmarks/gpu_check_stages.py runs each stage in a process of its
-own, so a stage that crashes or hangs costs only its own deadline.
+output). `--cpu-dry-run` runs every stage on the CPU at toy sizes, everything compiled with the
+aot_eager backend (no inductor code generation): a rehearsal, not data.
+
+Offline extras: wheels put in benchmarks/wheels/ (torchao for the float8 rows, matching the GPU's
+torch) are installed into the run's scratch directory, never into the machine's Python:
+    python3 -m pip download --no-deps --only-binary=:all: -d benchmarks/wheels torchao==VERSION
+The stages share one compiler cache in the scratch directory (a kernel compiled once is reused by
+the stages after it). This driver imports no torch; benchmarks/gpu_check_stages.py runs each
+stage in a process of its own, so a stage that crashes or hangs costs only its own deadline.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+WHEELS = HERE / "wheels"
 TOTAL_S = 530  # under the 9-minute call, leaving the report and archive their seconds
 # (stage, deadline on the GPU, in the dry run) in priority order; the deadlines sum to TOTAL_S.
 STAGES = [("env", 45, 40), ("parity", 130, 60), ("throughput", 195, 90), ("switches", 90, 60), ("end_to_end", 70, 60)]
@@ -74,6 +81,25 @@ def _short(value: object) -> str:
     return str(value)
 
 
+def stage_env(scratch: Path) -> dict[str, str]:
+    """The stages' environment: one compiler cache for all of them, and the wheels of WHEELS
+    installed into `scratch` (without their dependencies, from no index) ahead of the machine's own."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "compile_cache")}
+    env["TRITON_CACHE_DIR"] = str(scratch / "compile_cache" / "triton")
+    wheels = sorted(WHEELS.glob("*.whl"))
+    if wheels:
+        site = scratch / "site"
+        install = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile"]
+        done = subprocess.run([*install, "--target", str(site), *map(str, wheels)], capture_output=True, text=True)
+        names = ", ".join(w.name for w in wheels)
+        if done.returncode == 0:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+            print(f"gpu_check: installed for this run: {names}", flush=True)
+        else:
+            print(f"gpu_check: could not install {names}: {done.stderr.strip()[-300:]}", flush=True)
+    return env
+
+
 def main(argv: list[str]) -> int:
     if "--help" in argv or "-h" in argv:
         print(__doc__)
@@ -98,13 +124,17 @@ def main(argv: list[str]) -> int:
             str(logs),
             str(work),
         ]
+        env = stage_env(Path(tmp))
         try:  # the stages keep their deadlines themselves; this one is the last resort
-            subprocess.run(argv + (["--cpu-dry-run"] if dry else []), timeout=TOTAL_S + 30, check=False)
+            done = subprocess.run(argv + (["--cpu-dry-run"] if dry else []), env=env, timeout=TOTAL_S + 30, check=False)
+            if done.returncode != 0:
+                print(f"gpu_check: the stages' host exited {done.returncode} (its error is above)", flush=True)
         except subprocess.TimeoutExpired:
             print("gpu_check: the stages overran the total budget; reporting what they wrote", flush=True)
         with tarfile.open(out / LOGS, "w:gz") as archive:
             archive.add(logs, arcname="logs")
-    rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    text = results.read_text() if results.exists() else ""  # empty where the host failed before any stage
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     (out / REPORT).write_text(report(rows, dry, time.monotonic() - start))
     print(f"gpu_check: {out / REPORT}, {out / RESULTS}, {out / LOGS}")
     return 0

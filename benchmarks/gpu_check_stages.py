@@ -5,8 +5,9 @@ file as they come (a stage cut off by its deadline keeps what it measured) and l
 
 PLAN: stage:seconds,... of env, parity, throughput, switches, end_to_end (benchmarks/gpu_check.py passes it). Each check inside a stage has its own soft deadline
 (SIGALRM); the stage's hard deadline is the driver's. Sizes: `Sizes.gpu` on the GPU, `Sizes.dry`
-(toy shapes, same code paths) in the CPU dry run, where compiled checks use the aot_eager backend
-(the same capture and recompute, no inductor code generation).
+(toy shapes, same code paths) in the CPU dry run, where everything compiled (blocks and the bf16
+optimizer update) uses the aot_eager backend: the same capture and recompute, no inductor code
+generation.
 """
 
 from __future__ import annotations
@@ -33,18 +34,20 @@ import torch
 
 from hlat.config.load import load_config
 from hlat.config.model import ModelConfig
+from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch, make_batch
+from hlat.device import record
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.runtime import accelerator, capability, synchronize, total_memory
 from hlat.float8 import float8_problem
 from hlat.metrics.memory import MemoryMeter
 from hlat.model import flops_per_token
-from hlat.parallel import parallelize
-from hlat.parallel.compile import compile_blocks, compile_disabled_by_torch
+from hlat.model.ring_attention import RingContext, ring_attention
+from hlat.parallel.compile import compile_disabled_by_torch
 from hlat.parallel.init import canonical_name
 from hlat.parallel.mesh import setup
 from hlat.parallel.parallelize import build_parallel_model, global_target_count
@@ -70,7 +73,7 @@ class Sizes:
 PARITY_MODEL = ModelConfig(
     vocab_size=512, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=688, max_seq_len=256
 )
-GPU = Sizes(PARITY_MODEL, (2, 256), [], 6, 8192, 20, 150.0, 4)
+GPU = Sizes(PARITY_MODEL, (2, 256), [], 5, 8192, 20, 150.0, 4)
 DRY = Sizes(
     replace(PARITY_MODEL, d_model=64, ffn_dim=160, max_seq_len=64),
     (2, 64),
@@ -82,6 +85,9 @@ DRY = Sizes(
     60.0,
     2,
 )  # fmt: skip
+
+
+STAGE_DEADLINE = math.inf  # time.monotonic() at which the running stage is killed (set by host)
 
 
 class CheckTimeout(Exception):
@@ -252,29 +258,68 @@ def _synthetic(vocab: int, rows: int, seq: int, documents: bool, seed: int = 0) 
     return make_batch(tokens, EOS, documents, mask_eos_target=documents)
 
 
-def _loss_and_grads(
-    model_cfg: ModelConfig, device: torch.device, mode: str, batch: Batch, **build: Any
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """One forward and backward of hlat's parallelized model (one process): the loss and the
-    gradients by canonical name, on the CPU in fp32."""
+def _build(model_cfg: ModelConfig, device: torch.device, mode: str, build: dict[str, Any], accumulation: int):  # type: ignore[no-untyped-def]
+    """hlat's parallelized model (one process) with `build`'s options (recompute, compiled, float8)."""
     par = ParallelConfig(activation_checkpoint=build.pop("recompute", "none"))
     build["compiled"] = build.get("compiled", False) and not compile_disabled_by_torch()
-    model = build_parallel_model(
+    return build_parallel_model(
         model_cfg,
         parallel=par,
         layout=_layout(device),
         device=device,
         seed=0,
-        n_microbatches=1,
+        n_microbatches=accumulation,
         precision=PrecisionConfig(mode=mode),
         **build,
     )
+
+
+def _loss_and_grads(
+    model_cfg: ModelConfig, device: torch.device, mode: str, batch: Batch, **build: Any
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """One forward and backward: the loss and the gradients by canonical name, on the CPU in fp32."""
+    model = _build(model_cfg, device, mode, build, 1)
     batches = [batch.to(device)]
     loss = model.forward_backward(batches, global_target_count(batches, model.layout)).item()
     grads = {
         canonical_name(n): p.grad.detach().float().cpu() for part in model.parts for n, p in part.named_parameters()
     }
     return loss, grads
+
+
+def _trajectory(
+    model_cfg: ModelConfig, device: torch.device, mode: str, steps: list[list[Batch]], **build: Any
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Optimizer steps (AdamW, the default learning rate, gradient accumulation over each step's
+    micro-batches): the losses and the final weights by canonical name, on the CPU in fp32."""
+    model = _build(model_cfg, device, mode, build, len(steps[0]))
+    module = TrainModule(
+        model, optim=OptimConfig(), precision=PrecisionConfig(mode=mode), dp_sharding="ddp", seed=0, max_grad_norm=1.0
+    )
+    for micro in steps:
+        module.step([b.to(device) for b in micro], OptimConfig().lr)
+    losses, _ = module.read_losses()
+    weights = {canonical_name(n): p.detach().float().cpu() for part in model.parts for n, p in part.named_parameters()}
+    return losses, weights
+
+
+def _compare_trajectory(
+    run: tuple[list[float], dict[str, torch.Tensor]], ref: tuple[list[float], dict[str, torch.Tensor]], tol: float
+) -> dict[str, Any]:
+    """Every step's loss within `tol` (relative) of the reference's; the weights' relative error reported."""
+    (losses, weights), (ref_losses, ref_weights) = run, ref
+    worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    diff = torch.cat([(weights[n] - ref_weights[n]).flatten() for n in ref_weights]).norm()
+    weight_err = (diff / torch.cat([w.flatten() for w in ref_weights.values()]).norm()).item()
+    ok = worst <= tol and all(math.isfinite(x) for x in losses)
+    return {
+        "status": "ok" if ok else "fail",
+        "losses": [round(x, 5) for x in losses],
+        "ref_losses": [round(x, 5) for x in ref_losses],
+        "loss_rel_err": worst,
+        "weight_rel_err": weight_err,
+        "tolerance": tol,
+    }
 
 
 def _compare(
@@ -299,22 +344,43 @@ def _compare(
     }
 
 
+PARITY_STEPS = 3  # optimizer steps of the trajectory checks, each of PARITY_ACCUMULATION micro-batches
+PARITY_ACCUMULATION = 2
+# (check, precision mode, compiled, loss tolerance relative to the CPU's fp32 trajectory)
+TRAJECTORIES = [("fp32_3_steps", "fp32", False, 1e-4), ("mixed_3_steps_compiled", "mixed", True, 3e-2),
+                ("bf16-sr_3_steps_compiled", "bf16-sr", True, 5e-2)]  # fmt: skip
+
+
 def stage_parity(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
-    """hlat's step on `device` against the same step on the CPU in fp32 eager: the reference."""
+    """hlat on `device` against the same work on the CPU in fp32 eager, the reference: optimizer
+    steps per precision mode, one step's gradients for determinism, document masking and float8,
+    and the ring attention of context parallelism on two chunks in one process."""
     cfg, (rows, seq) = sizes.parity, sizes.parity_batch
     torch.set_float32_matmul_precision("highest")  # fp32 means fp32 for the parity (no TF32), on any device
     plain, documents = _synthetic(cfg.vocab_size, rows, seq, False), _synthetic(cfg.vocab_size, rows, seq, True)
+    steps = [
+        [
+            _synthetic(cfg.vocab_size, rows, seq, False, seed=PARITY_ACCUMULATION * i + j)
+            for j in range(PARITY_ACCUMULATION)
+        ]
+        for i in range(PARITY_STEPS)
+    ]
+    ref_steps = _trajectory(cfg, CPU, "fp32", steps)
     ref = _loss_and_grads(cfg, CPU, "fp32", plain)
     ref_documents = _loss_and_grads(cfg, CPU, "fp32", documents)  # the CPU's dense mask
     first: list[tuple[float, dict[str, torch.Tensor]]] = []
 
-    def fp32_eager() -> dict[str, Any]:
+    def trajectory(mode: str, compiled: bool, tol: float) -> dict[str, Any]:
+        run = _trajectory(cfg, device, mode, steps, compiled=compiled)
+        return {**_compare_trajectory(run, ref_steps, tol), "compiled": compiled and not compile_disabled_by_torch()}
+
+    def fp32_step() -> dict[str, Any]:
         first.append(_loss_and_grads(cfg, device, "fp32", plain))
         return _compare(first[0], ref, 1e-4)
 
     def repeat() -> dict[str, Any]:
         again = _loss_and_grads(cfg, device, "fp32", plain)
-        fields = _compare(again, first[0], 0.0) if first else {"status": "skip", "error": "fp32_eager did not run"}
+        fields = _compare(again, first[0], 0.0) if first else {"status": "skip", "error": "fp32_step did not run"}
         return {**fields, "bitwise": fields.get("grad_rel_err") == 0.0}
 
     def documents_selective() -> dict[str, Any]:
@@ -322,18 +388,62 @@ def stage_parity(out: Results, device: torch.device, sizes: Sizes, dry: bool) ->
         mask = type(documents.to(device).attn_mask).__name__  # BlockMask (FlexAttention) on CUDA, else Tensor
         return {**_compare(run, ref_documents, 1e-4), "mask": mask}
 
-    def compiled(mode: str, tol: float, float8: bool = False) -> dict[str, Any]:
-        if float8 and (problem := float8_problem(device)):
+    def float8() -> dict[str, Any]:
+        if problem := float8_problem(device):
             return {"status": "skip", "error": problem}
-        run = _loss_and_grads(cfg, device, mode, plain, compiled=True, float8=float8)
-        return {**_compare(run, ref, tol), "compiled": not compile_disabled_by_torch()}
+        run = _loss_and_grads(cfg, device, "mixed", plain, compiled=True, float8=True)
+        return {**_compare(run, ref, 1e-1), "compiled": not compile_disabled_by_torch()}
 
-    out.run("fp32_eager", sizes.check_s, fp32_eager)
+    for name, mode, compiled, tol in TRAJECTORIES:
+        out.run(name, sizes.check_s, partial(trajectory, mode, compiled, tol))
+    out.run("fp32_step_gradients", sizes.check_s, fp32_step)
     out.run("fp32_repeat_deterministic", sizes.check_s, repeat)
     out.run("documents_selective_recompute", sizes.check_s, documents_selective)
-    out.run("mixed_compiled", sizes.check_s, partial(compiled, "mixed", 3e-2))
-    out.run("bf16-sr_compiled", sizes.check_s, partial(compiled, "bf16-sr", 5e-2))
-    out.run("float8_compiled", sizes.check_s, partial(compiled, "mixed", 1e-1, float8=True))
+    out.run("float8_compiled", sizes.check_s, float8)
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        for docs in (False, True):
+            name = f"ring_two_chunks_{'documents' if docs else 'causal'}_{str(dtype).removeprefix('torch.')}"
+            out.run(name, sizes.check_s, partial(_ring_two_chunks, device, dtype, docs, tol, dry))
+
+
+def _ring_two_chunks(
+    device: torch.device, dtype: torch.dtype, documents: bool, tol: float, dry: bool
+) -> dict[str, Any]:
+    """Context parallelism's ring on one process (cp 1: its two load-balanced chunks run serially,
+    three chunk pairs through the device's fused operator and the log-sum-exp merge), forward and
+    backward, against full attention in fp32 on the CPU (causal, or within documents)."""
+    kernel = device_record(device.type).ring_kernel
+    if kernel is None:
+        return {"status": "skip", "error": f"no ring kernel on {device.type}"}
+    b, h, h_kv, t, d = (1, 4, 2, 64, 32) if dry else (1, 8, 2, 2048, 128)  # the reference runs on the CPU
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, n, t, d, generator=gen) for n in (h, h_kv, h_kv))
+    doc_ids = torch.cumsum(torch.rand(b, t, generator=gen) < 4 / t, dim=1) if documents else None
+    grad = torch.randn(b, h, t, d, generator=gen)
+
+    def run(on: torch.device, as_dtype: torch.dtype, ring: bool) -> list[torch.Tensor]:
+        leaves = [x.to(on, as_dtype, copy=True).requires_grad_() for x in (q, k, v)]  # fresh leaves per run
+        if ring:
+            ctx = RingContext(torch.distributed.group.WORLD, 0, 1, None if doc_ids is None else doc_ids.to(on))
+            o = ring_attention(*leaves, ctx)
+        else:  # the reference: one dense causal (within documents) softmax over the whole sequence
+            mask = torch.ones(t, t, dtype=torch.bool).tril()
+            if doc_ids is not None:
+                mask = mask & (doc_ids[:, :, None] == doc_ids[:, None, :])[:, None]
+            kk, vv = (x.repeat_interleave(h // h_kv, dim=1) for x in leaves[1:])
+            o = torch.nn.functional.scaled_dot_product_attention(leaves[0], kk, vv, attn_mask=mask)
+        o.backward(grad.to(on, as_dtype))
+        return [o.detach().float().cpu(), *(x.grad.float().cpu() for x in leaves)]
+
+    if not torch.distributed.is_initialized():  # the ring's context names a group; cp 1 sends nothing on it
+        torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    got, want = run(device, dtype, True), run(CPU, torch.float32, False)
+    errors = {
+        n: ((a - w).norm() / w.norm()).item() for n, a, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True)
+    }
+    worst = max(errors.values())
+    status = "ok" if worst <= tol and math.isfinite(worst) else "fail"
+    return {"status": status, "kernel": kernel, "shape": [b, h, h_kv, t, d], **errors, "tolerance": tol}
 
 
 # ---- throughput -----------------------------------------------------------------------------
@@ -351,12 +461,15 @@ class Throughput:
 
 
 SEVEN_B_SLICE = ("--model.n_layers", "4", "--parallel.tp", "1", "--parallel.dp_sharding", "ddp")
+DOCUMENTS_SELECTIVE = ("--data.document_masking", "true", "--parallel.activation_checkpoint", "selective")
+# `1b` at real gradient accumulation (Sizes.accumulation micro-batches a step, as a run amortises
+# its optimizer step), eager and compiled, then with document masking under selective recompute.
 THROUGHPUT = [
-    Throughput("1b_eager", "1b", (), False),
-    Throughput("1b_compiled", "1b", (), True, same_loss_as="1b_eager"),
+    Throughput("1b_eager", "1b", (), False, accumulated=True),
+    Throughput("1b_compiled", "1b", (), True, same_loss_as="1b_eager", accumulated=True),
+    Throughput("1b_documents_selective_compiled", "1b", DOCUMENTS_SELECTIVE, True, accumulated=True),
     Throughput("7b_4layers_compiled", "hlat-7b", SEVEN_B_SLICE, True),
-    Throughput("1b_documents_compiled", "1b", ("--data.document_masking", "true"), True),
-    Throughput("1b_float8_compiled", "1b", (), True, float8=True, same_loss_as="1b_eager"),
+    Throughput("1b_float8_compiled", "1b", (), True, float8=True, same_loss_as="1b_eager", accumulated=True),
     Throughput("1b_micro8_compiled", "1b", ("--train.micro_batch", "8", "--train.global_batch", "8"), True),
 ]  # fmt: skip
 # The speed switches, each against its "off" run (the row named in same_loss_as, of this stage or
@@ -364,11 +477,11 @@ THROUGHPUT = [
 SWITCHES = [
     Throughput("1b_selective_eager", "1b", ("--parallel.activation_checkpoint", "selective", "--parallel.recompute_attention", "true"), False),
     Throughput("1b_selective_attention_saved_eager", "1b", ("--parallel.activation_checkpoint", "selective", "--parallel.recompute_attention", "false"), False, same_loss_as="1b_selective_eager"),
-    Throughput("1b_accumulated_eager", "1b", (), False, accumulated=True),
-    Throughput("1b_accumulated_bf16_cache_eager", "1b", ("--precision.bf16_weight_cache", "true"), False, same_loss_as="1b_accumulated_eager", accumulated=True),
+    Throughput("1b_bf16_cache_eager", "1b", ("--precision.bf16_weight_cache", "true"), False, same_loss_as="1b_eager", accumulated=True),
     Throughput("7b_4layers_float8_compiled", "hlat-7b", SEVEN_B_SLICE, True, float8=True, same_loss_as="7b_4layers_compiled"),
-    Throughput("1b_autotune_compiled", "1b", ("--parallel.compile_mode", "max-autotune-no-cudagraphs"), True, same_loss_as="1b_compiled"),
+    Throughput("1b_autotune_compiled", "1b", ("--parallel.compile_mode", "max-autotune-no-cudagraphs"), True, same_loss_as="1b_compiled", accumulated=True),
 ]  # fmt: skip
+AUTOTUNE_NEEDS_S = 75  # inductor's GEMM autotuning of `1b`: run only with this much of the stage left
 FIRST_LOSS_TOL = {False: 2e-3, True: 2e-2}  # relative; float8 rounds its matmul inputs
 
 
@@ -379,6 +492,10 @@ def stage_throughput(
     no tokenizer, no checkpoint."""
     first_losses = {r["check"]: r["first_loss"] for r in out.rows() if "first_loss" in r}  # earlier stages'
     for spec in specs:
+        left = STAGE_DEADLINE - time.monotonic()
+        if "max-autotune" in " ".join(spec.overrides) and left < AUTOTUNE_NEEDS_S and not dry:
+            out.add(spec.name, "skip", error=f"{left:.0f} s left of the stage; autotuning needs {AUTOTUNE_NEEDS_S} s")
+            continue
         out.run(spec.name, sizes.check_s * 1.5, partial(_throughput, spec, device, sizes, first_losses))
 
 
@@ -508,8 +625,8 @@ STAGES = {"env": stage_env, "parity": stage_parity, "throughput": stage_throughp
 
 def run_stage(name: str, results: Path, work: Path, dry: bool) -> None:
     device, sizes = (CPU, DRY) if dry else (resolve_device("auto", "gpu_check"), GPU)
-    if dry and not compile_disabled_by_torch():  # the same capture and recompute, no inductor code generation
-        parallelize.compile_blocks = partial(compile_blocks, backend="aot_eager")
+    if dry:  # blocks and the bf16 optimizer update: the same capture and recompute, no inductor code generation
+        record.RECORDS["cpu"] = replace(record.RECORDS["cpu"], compile_backend="aot_eager")
     out = Results(results, name)
     if name == "end_to_end":
         stage_end_to_end(out, device, sizes, work / name, dry)
@@ -521,10 +638,12 @@ def host(plan: list[tuple[str, float]], total_s: float, results: Path, logs: Pat
     """Each stage in a child forked from this process, which imported torch and hlat once and
     touches no device: a child that crashes or passes its deadline (killed) ends only its stage.
     A stage's deadline is its own or what is left of `total_s`, whichever is less."""
+    global STAGE_DEADLINE
     start = time.monotonic()
     for name, own_s in plan:
         limit = max(1.0, min(own_s, total_s - (time.monotonic() - start)))
         began = time.monotonic()
+        STAGE_DEADLINE = began + limit  # the child reads it (a forked copy): checks that may not fit skip
         pid = os.fork()
         if pid == 0:  # the child: its output to the stage's log, its exit code to the parent
             log = os.open(logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

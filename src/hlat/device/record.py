@@ -32,7 +32,11 @@ class DeviceRecord:
     # `selective` recompute replays fused attention in backward; False: its output is saved (on GPUs the
     # fused kernel's output and log-sum-exp are small, and the kernel is the block's costliest to replay).
     recompute_fused_attention: bool = True
-    # Context parallelism's ring attention (hlat.model.ring_attention), written over the CPU's flash kernel.
+    # The fused attention operator context parallelism's ring runs per chunk pair (hlat.model.
+    # ring_attention): "flash_cpu" or "efficient" (CUDA's memory-efficient kernel); None: no ring.
+    ring_kernel: str | None = None
+    # Context parallelism trains on this device: its ring has run across processes here (cp 2 on
+    # the CPU in the suite); CUDA's kernel is checked in one process by benchmarks/gpu_check.sh.
     ring_attention: bool = False
     pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
     float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
@@ -61,7 +65,12 @@ class DeviceRecord:
 RECORDS: dict[str, DeviceRecord] = {
     # torch 2.13's FlexAttention has no backward on the CPU (hlat.model.attention)
     "cpu": DeviceRecord(
-        "cpu", compile_backend="inductor", fused_adamw=True, sdpa_backends=("flash", "math"), ring_attention=True
+        "cpu",
+        compile_backend="inductor",
+        fused_adamw=True,
+        sdpa_backends=("flash", "math"),
+        ring_kernel="flash_cpu",
+        ring_attention=True,
     ),
     "cuda": DeviceRecord(
         "cuda",
@@ -71,6 +80,7 @@ RECORDS: dict[str, DeviceRecord] = {
         flex_attention=True,
         sdpa_backends=("cudnn", "flash", "efficient", "math"),
         recompute_fused_attention=False,
+        ring_kernel="efficient",
         pin_memory=True,
         float8=True,
         profiler_activity="CUDA",

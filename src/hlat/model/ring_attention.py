@@ -8,8 +8,10 @@ chunks it holds, skipping the pairs that causality masks out entirely, and merge
 outputs by their log-sum-exp. The backward pass sends the K/V around again, with their gradients
 accumulating beside them until they arrive back at the rank that owns them.
 
-The kernel is torch's CPU flash attention (`_scaled_dot_product_flash_attention_for_cpu`), which
-returns the log-sum-exp and whose backward accepts the merged output and log-sum-exp.
+Each chunk pair runs a fused attention operator that returns the log-sum-exp and whose backward
+accepts the merged output and log-sum-exp: the device record's `ring_kernel` names it (torch's CPU
+flash attention on the CPU, the memory-efficient kernel on CUDA, which also takes the document
+mask as a bias and runs in fp32).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.distributed_c10d import _resolve_process_group
+
+from hlat.device.record import device_record
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,12 +68,81 @@ def _pairs(ring: RingContext, kv_rank: int) -> list[Pair]:
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # the CPU kernel takes a float mask of the query's dtype
+    # the kernels take a float mask of the query's dtype
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, float("-inf"))
 
 
+# One chunk pair's attention: (out, fp32 log-sum-exp [B, H, Tq]) forward; (dq, dk, dv) backward from
+# the merged output and log-sum-exp. Keyed by DeviceRecord.ring_kernel.
+_MEM_EFF_BIAS_ALIGN, _MEM_EFF_LSE_ALIGN = 16, 32  # the CUDA kernel's bias row stride and lse padding
+
+
+def _mem_eff_bias(allowed: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor | None:
+    """The document mask as the memory-efficient kernel takes it: [B, H, Tq, Tk] of q's dtype, rows
+    strided to a multiple of 16 (torch's own sdpa pads the same way before calling it)."""
+    if allowed is None:
+        return None
+    tk = allowed.size(-1)
+    padded = F.pad(_additive(allowed, q.dtype), (0, -tk % _MEM_EFF_BIAS_ALIGN))[..., :tk]
+    return padded.expand(q.size(0), q.size(1), q.size(2), tk)
+
+
+def _pair_forward(
+    kernel: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    allowed: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if kernel == "flash_cpu":
+        mask = None if allowed is None else _additive(allowed, q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+        )
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, _mem_eff_bias(allowed, q, k), True, 0.0, causal, scale=scale
+    )
+    return out, lse[..., : q.size(2)]  # the lse comes padded to a multiple of 32 queries
+
+
+def _pair_backward(
+    kernel: str,
+    grad: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    allowed: torch.Tensor | None,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if kernel == "flash_cpu":
+        mask = None if allowed is None else _additive(allowed, q.dtype)
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, causal, attn_mask=mask, scale=scale
+        )
+    no_dropout = torch.empty((), dtype=torch.long)  # the philox seed and offset, unread at dropout 0
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        grad, q, k, v, _mem_eff_bias(allowed, q, k), out, F.pad(lse, (0, -lse.size(-1) % _MEM_EFF_LSE_ALIGN)),
+        no_dropout, no_dropout, 0.0, [True, True, True, False], causal, scale=scale,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+def _kernel(device: torch.device) -> str:
+    kernel = device_record(device.type).ring_kernel
+    if kernel is None:
+        raise RuntimeError(f"ring attention has no kernel on {device.type} (hlat.device.record's ring_kernel)")
+    return kernel
+
+
 def _shift(t: torch.Tensor, ctx: RingContext) -> torch.Tensor:
-    """Send `t` to the next cp rank and return what the previous one sent."""
+    """Send `t` to the next cp rank and return what the previous one sent (itself on a ring of one)."""
+    if ctx.size == 1:
+        return t
     received = torch.empty_like(t)
     nxt = dist.get_global_rank(ctx.group, (ctx.rank + 1) % ctx.size)
     prev = dist.get_global_rank(ctx.group, (ctx.rank - 1) % ctx.size)
@@ -126,21 +200,19 @@ def _ring_forward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, fp32 log-sum-exp [B, H, T/cp]) of this rank's queries over the ring's K/V."""
-    ring = _ring(group_name, rank, size, doc_ids)
+    ring, kernel = _ring(group_name, rank, size, doc_ids), _kernel(q.device)
     qs = _halves(q)
-    outs = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
-    lses = [torch.full(h.shape[:-1], float("-inf")) for h in qs]
+    outs = [torch.zeros(h.shape, dtype=torch.float32, device=q.device) for h in qs]
+    lses = [torch.full(h.shape[:-1], float("-inf"), device=q.device) for h in qs]
     kv = torch.stack([k, v])
     for step in range(ring.size):
         src = (ring.rank - step) % ring.size
         ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
         for qi, ki, causal, allowed in _pairs(ring, src):
-            mask = None if allowed is None else _additive(allowed, q.dtype)
-            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                qs[qi], ks[ki], vs[ki], 0.0, causal, attn_mask=mask, scale=scale
-            )
-            if allowed is not None:  # a row with no key allowed comes back as 0 with log-sum-exp 0
-                lse = lse.masked_fill(~allowed.any(-1), float("-inf"))
+            o, lse = _pair_forward(kernel, qs[qi], ks[ki], vs[ki], causal, allowed, scale)
+            if allowed is not None:  # a row with no key allowed: weight 0 whatever the kernel returned
+                empty = ~allowed.any(-1)
+                o, lse = o.masked_fill(empty[..., None], 0.0), lse.masked_fill(empty, float("-inf"))
             _merge(outs[qi], lses[qi], o, lse)
         if step < ring.size - 1:
             kv = _shift(kv, ring)
@@ -173,21 +245,19 @@ def _ring_backward(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv): the K/V pass around the ring again, their gradients travelling beside them."""
-    ring = _ring(group_name, rank, size, doc_ids)
+    ring, kernel = _ring(group_name, rank, size, doc_ids), _kernel(q.device)
     qs, outs, lses, grads = _halves(q), _halves(out), _halves(lse[..., None]), _halves(grad_out)
-    dq = [torch.zeros(h.shape, dtype=torch.float32) for h in qs]
+    dq = [torch.zeros(h.shape, dtype=torch.float32, device=q.device) for h in qs]
     kv = torch.stack([k, v])
-    dkv = torch.zeros(kv.shape, dtype=torch.float32)  # travels with the K/V it belongs to
+    dkv = torch.zeros(kv.shape, dtype=torch.float32, device=q.device)  # travels with the K/V it belongs to
     for step in range(ring.size):
         src = (ring.rank - step) % ring.size
         ks, vs = (_halves(_per_query_head(t, q.size(1))) for t in kv)
         dk, dv = dkv[0].chunk(2, dim=2), dkv[1].chunk(2, dim=2)
         for qi, ki, causal, allowed in _pairs(ring, src):
-            mask = None if allowed is None else _additive(allowed, q.dtype)
-            gq, gk, gv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], 0.0, causal,
-                attn_mask=mask, scale=scale,
-            )  # fmt: skip
+            gq, gk, gv = _pair_backward(
+                kernel, grads[qi], qs[qi], ks[ki], vs[ki], outs[qi], lses[qi][..., 0], causal, allowed, scale
+            )
             dq[qi] += gq
             dk[ki].add_(_per_kv_head(gk, k.size(1)))
             dv[ki].add_(_per_kv_head(gv, v.size(1)))
