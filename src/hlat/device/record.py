@@ -19,8 +19,8 @@ _GLOO = "gloo"
 class DeviceRecord:
     type: str
     compile_backend: str | None = None  # torch.compile's backend for blocks and the bf16 optimizer; None: eager
-    # Compiled blocks under tensor parallelism: no device yet, as torch 2.13 breaks them in backward
-    # (hlat.parallel.compile.TP_UNSUPPORTED); a row turns this on once its compiler is shown to work.
+    # Compiled blocks under tensor parallelism (without recompute: hlat.parallel.compile); a row turns
+    # this on once its compiler is shown to train them (the CPU's in the suite's parity scenarios).
     compiled_tp: bool = False
     # Models of up to 9B parameters run FSDP2/HSDP without tensor parallelism where a preset chose
     # tp and memory allows (parallel.device_layout): blocks then compile, as torchtitan runs Llama 3 8B.
@@ -67,6 +67,7 @@ RECORDS: dict[str, DeviceRecord] = {
     "cpu": DeviceRecord(
         "cpu",
         compile_backend="inductor",
+        compiled_tp=True,
         fused_adamw=True,
         sdpa_backends=("flash", "math"),
         ring_kernel="flash_cpu",

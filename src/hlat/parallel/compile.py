@@ -45,14 +45,15 @@ def compile_disabled_by_torch() -> bool:
     return bool(torch._dynamo.config.disable)
 
 
-# Compiled blocks under tensor parallelism fail in backward on torch 2.13 (with or without
-# fullgraph; CPU/gloo): a block's DTensor input receives a plain-tensor gradient, which the
-# sequence-parallel redistribute before it cannot take ("'Tensor' object has no attribute
-# '_local_tensor'"). FSDP2, pipeline stages and both recompute modes compile with fullgraph.
 INDUCTOR = "inductor"  # the one backend parallel.compile_mode applies to
 
-TP_UNSUPPORTED = (
-    "tensor-parallel blocks do not compile on this torch (a DTensor input gets a plain gradient in backward)"
+# Compiled tensor-parallel blocks train where the device record says its compiler was shown to
+# (DeviceRecord.compiled_tp), without recompute: on torch 2.13 a recompute policy inside a compiled
+# block saves the DTensor's DeviceMesh among the tensors for backward, which AOT autograd refuses
+# ("expected all tensors_saved_with_vc_check to be Tensors"; docs/parallelism.md has the repro).
+TP_UNSUPPORTED = "this device's compiler is not yet shown to compile tensor-parallel blocks"
+TP_RECOMPUTE_UNSUPPORTED = (
+    "tensor-parallel blocks with recompute do not compile on this torch (the recompute saves a DeviceMesh for backward)"
 )
 
 
@@ -81,13 +82,20 @@ def decide_compile(
             "TORCH_COMPILE_DISABLE=1 / torch._dynamo.config.disable)",
         )
     record = device_record(device.type)
-    if tp > 1 and not record.compiled_tp:
+    tp_problem = (
+        TP_UNSUPPORTED
+        if not record.compiled_tp
+        else TP_RECOMPUTE_UNSUPPORTED
+        if parallel.activation_checkpoint != "none"
+        else None
+    )
+    if tp > 1 and tp_problem:
         if setting == "true":
             raise UserError(
-                f"parallel.compile=true with parallel.tp={tp}: {TP_UNSUPPORTED}; set --parallel.compile "
-                "false (or auto, which runs tensor-parallel layouts eager)"
+                f"parallel.compile=true with parallel.tp={tp}: {tp_problem}; set --parallel.compile "
+                "false (or auto, which runs such layouts eager)"
             )
-        return CompileDecision(False, f"compile: off (auto: {TP_UNSUPPORTED})")
+        return CompileDecision(False, f"compile: off (auto: {tp_problem})")
     backend = record.compile_backend
     if backend is None:
         if setting == "true":

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
@@ -78,6 +79,23 @@ class ReplicatedKV(ParallelStyle):
         return distributed
 
 
+class VocabParallelEmbedding(RowwiseParallel):
+    """The embedding sharded by vocab rows, its output reduce-scattered to sequence shards and
+    handed to the first block as a plain tensor that holds its values. The reduce-scatter returns
+    an AsyncCollectiveTensor (a tensor subclass that waits on first use); a compiled first block
+    would take that subclass as its input, and AOT autograd returns a plain gradient for it, which
+    the reduce-scatter's backward cannot take ("'Tensor' object has no attribute '_local_tensor'").
+    Waiting here costs one copy of the [B, T/tp, d] shard per micro-batch."""
+
+    def __init__(self) -> None:
+        super().__init__(input_layouts=Replicate(), output_layouts=Shard(1))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):  # type: ignore[no-untyped-def]
+        local = RowwiseParallel._prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh)
+        return local.clone() if isinstance(local, AsyncCollectiveTensor) else local
+
+
 def _kv_style(cfg: ModelConfig, tp: int) -> ParallelStyle:
     return ReplicatedKV(cfg.attn_head_dim, cfg.n_kv_heads) if cfg.n_kv_heads < tp else ColwiseParallel()
 
@@ -106,7 +124,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     cfg: ModelConfig = model.cfg
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        top["tok_embeddings"] = VocabParallelEmbedding()
     if model.norm is not None:
         top["norm"] = SequenceParallel()
     if model.output is not None:
