@@ -32,6 +32,8 @@ from pathlib import Path
 from run_conditions import Conditions
 from torchft.coordination import LighthouseServer
 
+from hlat.train.elastic.secret import create_secret
+
 MODEL = [
     "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2", "--model.n_heads", "4",
     "--model.n_kv_heads", "2", "--model.ffn_dim", "128", "--model.max_seq_len", "64", "--data.seq_len", "32",
@@ -56,12 +58,16 @@ def finish(proc: subprocess.Popen, want: int = 0) -> None:
 
 
 def elastic(base: list[str], root: Path, groups: int, kill: int | None) -> dict[str, float]:
-    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=10_000, heartbeat_timeout_ms=1500)
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10_000, heartbeat_timeout_ms=1500)
+    secret = root / "run.secret"  # the default: groups prove a shared secret (hlat elastic-secret)
+    root.mkdir(parents=True, exist_ok=True)
+    if not secret.exists():
+        create_secret(secret)
 
     def group(g: int, env: dict[str, str]) -> subprocess.Popen:
         args = [*base, "--train.run_dir", str(root / f"group{g}"), "--elastic.enabled", "true"]
         args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(g)]
-        args += ["--elastic.max_groups", str(groups), "--elastic.timeout_s", "30"]
+        args += ["--elastic.max_groups", str(groups), "--elastic.timeout_s", "30", "--elastic.secret_file", str(secret)]
         return hlat_train(args, {"HLAT_ELASTIC_HOLD": f"1:{groups}", **env})
 
     start = time.perf_counter()

@@ -39,6 +39,7 @@ COMMANDS = {
     "doctor": "doctor",
     "generate": "generate",
     "lighthouse": "lighthouse",
+    "elastic-secret": "elastic_secret",
 }
 # the commands whose unknown `--x` arguments are config overrides; the others refuse them
 TAKES_OVERRIDES = {"train", "config", "params", "plan", "prepare", "doctor"}

@@ -31,7 +31,8 @@ marker: a slow node stays slow.
 
 HLAT_ELASTIC_HOLD="STEP:GROUPS[,STEP:GROUPS...]" makes an elastic group (elastic.enabled) wait
 before optimizer step STEP until GROUPS replica groups are present, so that a test knows which
-groups train which steps (all groups at the first step; a restarted group back before a later one), for at most HOLD_TIMEOUT_S.
+groups train which steps (all groups at the first step; a restarted group back before a later one), for at most HOLD_TIMEOUT_S,
+once per step (a retry of the step that did not commit does not wait again).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def test_the_lighthouse_listens_on_loopback_by_default(tmp_path):
 
 def test_an_elastic_group_name_must_be_a_file_name_part():
     cfg = RunConfig()
-    cfg.elastic.enabled, cfg.elastic.lighthouse = True, "http://localhost:29510"
+    cfg.elastic.enabled, cfg.elastic.lighthouse, cfg.elastic.trusted_network = True, "http://localhost:29510", True
     for bad in ("a/b", "..", "x y", "g" * 65):
         cfg.elastic.group = bad
         with pytest.raises(ConfigError) as err:

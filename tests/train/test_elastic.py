@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from torchft.coordination import LighthouseServer
 
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.errors import UserError
+from hlat.metrics.sinks import read_metrics
 from hlat.train.elastic.replicas import import_torchft
 from runs import checkpoint_tensors, tiny_args, wait_for_shared_launch
 
@@ -31,8 +34,9 @@ GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted 
 ELASTIC = [
     "--train.global_batch", "6", "--train.micro_batch", "1", "--train.steps", str(STEPS),
     "--parallel.compile", "false", "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS),
-    "--elastic.timeout_s", "60",
+    "--elastic.timeout_s", "60", "--elastic.secret_env", "HLAT_TEST_RUN_SECRET",
 ]  # fmt: skip
+SECRET = {"HLAT_TEST_RUN_SECRET": secrets.token_hex(32)}  # the run secret of every group these tests start
 DEADLINE_S = 300  # a bound for hangs, not a budget
 
 
@@ -45,7 +49,7 @@ def start_group(corpus: Path, run: Path, server, group: int, min_groups: int, *e
     args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
     args += ["--elastic.min_groups", str(min_groups)]
     log = open(run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log", "w")
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", **SECRET, **env}
     return subprocess.Popen([sys.executable, "-m", "hlat", "train", *args], stdout=log, stderr=log, env=environ)
 
 
@@ -70,6 +74,11 @@ def assert_every_share_once(got: list[dict], want: list[dict], steps: int, share
     )
 
 
+def logged_losses(run: Path) -> dict[int, float]:
+    """The loss metrics.jsonl holds for each step (train.log_every is 1)."""
+    return {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}
+
+
 def final_weights(run: Path, scratch: Path, steps: int = STEPS) -> dict[str, torch.Tensor]:
     path = CheckpointManager(run / "checkpoints", None).latest()
     assert path is not None and path.name == f"step_{steps:08d}", path
@@ -85,7 +94,8 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     # how many groups are present), beside the faulty run, at a lighthouse of its own
     alone, shared = lighthouse(1), lighthouse(2)
     reference = start_group(small_corpus, straight, alone, 0, 1)
-    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS}"}  # all three at step 1, and again at KILL + 2
+    # all three at step 1; three again at KILL + 2 (the intruder is the third) and at KILL + 3 (group 1)
+    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS},{KILL + 3}:{GROUPS}"}
     fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
     procs = [start_group(small_corpus, faulty, shared, g, 2, **hold, **(fault if g == 1 else {})) for g in range(3)]
     assert procs[1].wait(timeout=DEADLINE_S) == -9, "group 1 was not killed"
@@ -93,9 +103,13 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivors trained two steps without it
         assert time.monotonic() < deadline and all(p.poll() is None for p in (procs[0], procs[2])), "survivors stopped"
         time.sleep(0.2)
-    # while the survivors hold before step KILL + 2, a group with another configuration arrives: it is
-    # refused when it would heal from them (the step it joined is retried); then group 1 comes back
-    intruder = start_group(small_corpus, faulty, shared, 3, 2, "--optim.lr", "0.01")
+    # while the survivors hold before step KILL + 2, a group whose data differs (one file of a copy of
+    # the corpus, elsewhere: only the content is fingerprinted) arrives: it is refused when it would
+    # heal from them (the step it joined is retried); then group 1 comes back
+    other = shutil.copytree(small_corpus, tmp_path / "other-corpus")
+    first = sorted(other.iterdir())[0]
+    first.write_text(first.read_text() + "\n# another line\n")
+    intruder = start_group(other, faulty, shared, 3, 2)
     assert intruder.wait(timeout=DEADLINE_S) == 2
     refusal = (faulty / "group3.0.log").read_text().strip().splitlines()[-1]
     assert refusal.startswith("hlat train: elastic group 3 refused: its configuration or data"), refusal
@@ -109,14 +123,14 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     assert_every_share_once(got, want, STEPS, GROUPS)
     # who trained what: group 1 before its death and after its restart, the survivors throughout in one process
     by_step = {s: sorted(r["group"] for r in got if r["step"] == s) for s in range(1, STEPS + 1)}
-    # (after KILL + 2 who trains which step varies: the intruder's refusal may fail a step, and a group
-    # slow to retry it is left out of that step and heals again)
-    assert all(by_step[s] == ["0", "1", "2"] for s in (1, 2, KILL + 2)), by_step
-    assert all(sorted(set(by_step[s])) == ["0", "2"] for s in (KILL, KILL + 1)), by_step
+    # (after KILL + 3 who trains which step varies: a group slow to retry a failed step is left out
+    # of that step and heals again)
+    assert all(by_step[s] == ["0", "1", "2"] for s in (1, 2, KILL + 3)), by_step
+    assert all(sorted(set(by_step[s])) == ["0", "2"] for s in (KILL, KILL + 1, KILL + 2)), by_step
     pids = {g: {r["pid"] for r in got if r["group"] == g} for g in "012"}
     assert pids["0"] == {procs[0].pid} and pids["2"] == {procs[2].pid}
     assert pids["1"] == {procs[1].pid, restarted.pid}
-    assert any(r["pid"] == restarted.pid and r["step"] == KILL + 2 for r in got)
+    assert any(r["pid"] == restarted.pid and r["step"] == KILL + 3 for r in got)
     assert "rejoined from group" in (faulty / "group1.1.log").read_text()
     assert not (faulty / "group3" / "tokens.3.jsonl").exists()
     # the same weights as the uninterrupted run, to the order of summation (fp32, a few ulps of the 1e-2 weights)
@@ -138,6 +152,7 @@ def test_unreachable_lighthouse_is_one_line_error(small_corpus, tmp_path):
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
+        env={**os.environ, **SECRET},
     )
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
@@ -159,7 +174,7 @@ def test_doctor_checks_the_lighthouse(tmp_path):
     from hlat.config.run import RunConfig
 
     cfg = RunConfig()
-    cfg.elastic.enabled, cfg.elastic.group = True, "0"
+    cfg.elastic.enabled, cfg.elastic.group, cfg.elastic.trusted_network = True, "0", True
     server = lighthouse(1)
     cfg.elastic.lighthouse = server.address()
     answered = check_lighthouse(cfg)
@@ -183,8 +198,10 @@ def test_elastic_config_problems_name_the_field():
     with pytest.raises(ConfigError) as err:
         cfg.validate()
     fields = [field for field, _ in err.value.problems]
-    assert fields == ["elastic.lighthouse", "elastic.group", "train.global_batch", "elastic.enabled"], fields
-    cfg.recovery.nonfinite, cfg.train.global_batch = "skip", 6
+    assert fields == [
+        "elastic.lighthouse", "elastic.group", "elastic.secret_file", "train.global_batch", "elastic.enabled"
+    ], fields  # fmt: skip
+    cfg.recovery.nonfinite, cfg.train.global_batch, cfg.elastic.trusted_network = "skip", 6, True
     cfg.elastic.lighthouse, cfg.elastic.group = "http://localhost:29510", "0"
     cfg.validate()
     # a group of several processes: FSDP2, TP or PP over them (tested: tests/train/test_elastic_groups.py),

@@ -20,7 +20,17 @@ from torchft.coordination import LighthouseServer
 
 from hlat.checkpoint.manager import CheckpointManager
 from runs import Scenario, ScenarioResults, checkpoint_tensors, tiny_args, wait_for_shared_launch
-from test_elastic import DEADLINE_S, ELASTIC, assert_every_share_once, final_weights, records, start_group, wait
+from test_elastic import (
+    DEADLINE_S,
+    ELASTIC,
+    SECRET,
+    assert_every_share_once,
+    final_weights,
+    logged_losses,
+    records,
+    start_group,
+    wait,
+)
 
 GROUPS, STEPS, HANG = 3, 6, 3  # group 1 freezes inside step HANG
 TIMEOUT_S = 4  # elastic.timeout_s of the hang test
@@ -100,6 +110,13 @@ def test_hung_group_is_dropped_after_the_timeout_and_every_token_trained_once(sm
         log = (faulty / f"group{g}.0.log").read_text()
         assert f"elastic: step {HANG} did not commit" in log, log[-3000:]
         assert f"elastic: 2 group(s) present at step {HANG}" in log, log[-3000:]
+    # the losses logged are the committed steps' (step HANG's failed try logs none), as uninterrupted
+    want_losses = logged_losses(straight / "group0")
+    for g in (0, 2):
+        losses = logged_losses(faulty / f"group{g}")
+        assert losses.keys() == want_losses.keys() == set(range(1, STEPS + 1)), losses
+        for step, loss in losses.items():
+            assert loss == pytest.approx(want_losses[step], rel=1e-5), (g, step)
     reference_weights = final_weights(straight / "group0", tmp_path, STEPS)
     for g in (0, 2):
         for key, value in final_weights(faulty / f"group{g}", tmp_path, STEPS).items():
@@ -166,7 +183,7 @@ def test_lighthouse_death_stops_the_group_with_one_line_and_a_restart_resumes(sm
     args = tiny_args(small_corpus, run, *ELASTIC, "--elastic.max_groups", "2", "--elastic.timeout_s", "3")
     args += ["--train.steps", str(STEPS)]
     args += ["--elastic.lighthouse", f"http://localhost:{port}", "--elastic.group", "0", "--checkpoint.every", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **SECRET}
     record = run / "tokens.0.jsonl"
     try:
         with (tmp_path / "group.0.log").open("w") as log:

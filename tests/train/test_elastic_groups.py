@@ -20,13 +20,13 @@ import torch
 
 from hlat.train.elastic.shares import ElasticData
 from runs import start_torchrun, tiny_args, wait_for_shared_launch
-from test_elastic import DEADLINE_S, assert_every_share_once, final_weights, lighthouse
+from test_elastic import DEADLINE_S, SECRET, assert_every_share_once, final_weights, lighthouse
 
 GROUPS, RANKS, STEPS, KILL = 2, 2, 6, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
 ELASTIC = [
     "--train.global_batch", "4", "--train.micro_batch", "1", "--train.steps", str(STEPS),
     "--parallel.compile", "false", "--parallel.dp_sharding", "fsdp", "--elastic.enabled", "true",
-    "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60",
+    "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60", "--elastic.secret_env", "HLAT_TEST_RUN_SECRET",
     "--schedule.warmup_steps", "2", "--schedule.decay_steps", "4",
 ]  # fmt: skip
 
@@ -36,7 +36,7 @@ def start_group(corpus: Path, run: Path, server, group: int, *extra: str, min_gr
     args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
     args += ["--elastic.min_groups", str(min_groups)]
     log = run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log"
-    return start_torchrun(RANKS, ["-m", "hlat", "train", *args], log, env)
+    return start_torchrun(RANKS, ["-m", "hlat", "train", *args], log, {**SECRET, **env})
 
 
 def workers(torchrun_pid: int) -> set[int]:

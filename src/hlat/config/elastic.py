@@ -27,7 +27,16 @@ class ElasticConfig:
     fewer groups the survivors take the missing groups' shares. Fixed for the run."""
     timeout_s: float = 60.0
     """How long a step waits for the quorum and for a collective before the groups it waits on
-    are dropped (a hung or lost group)."""
+    are dropped (a hung or lost group); also how often a group says again which peer it refuses."""
+    secret_file: str = ""
+    """A file holding the run's secret, readable by its owner only (`hlat elastic-secret FILE`
+    creates one; every group of the run reads the same secret). Groups prove it to each other before
+    one sends another its state or commits a step with it. Only this name is ever logged or saved."""
+    secret_env: str = ""
+    """Instead of elastic.secret_file: the name of an environment variable holding the secret."""
+    trusted_network: bool = False
+    """Run without a secret: only where nothing but the run's own machines can reach the lighthouse
+    and the groups (any process that reaches them can then read or replace the model; docs/operations.md)."""
 
     def validate(self) -> list[tuple[str, str]]:
         if not self.enabled:
@@ -48,6 +57,16 @@ class ElasticConfig:
             problems.append(("min_groups", f"must be >= 1, got {self.min_groups}"))
         if self.max_groups < self.min_groups:
             problems.append(("max_groups", f"{self.max_groups} is below elastic.min_groups={self.min_groups}"))
+        if self.secret_file and self.secret_env:
+            problems.append(("secret_env", "give elastic.secret_file or elastic.secret_env, not both"))
+        if not (self.secret_file or self.secret_env or self.trusted_network):
+            problems.append(
+                (
+                    "secret_file",
+                    "an elastic run needs a secret its groups share: create one with `hlat elastic-secret FILE` and give "
+                    "--elastic.secret_file FILE (or set elastic.trusted_network true on a network only the run reaches)",
+                )
+            )
         if self.timeout_s <= 0:
             problems.append(("timeout_s", f"must be > 0 seconds, got {self.timeout_s}"))
         return problems

@@ -53,6 +53,7 @@ from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
 from hlat.train.elastic.group import ElasticGroup
 from hlat.train.elastic.module import ElasticTrainModule
+from hlat.train.elastic.secret import run_key
 from hlat.train.elastic.shares import ElasticData
 from hlat.train.resume import Progress, RunState, check_init_from, check_run_dir, prepare_run_dir, record_run
 from hlat.train.step_data import Accumulation, StepData
@@ -97,6 +98,7 @@ def build_run(
     `guard`: rank 0's check before each checkpoint writes (the run directory's lock)."""
     check_run_dir(cfg, resume)
     check_init_from(cfg, resume)
+    key = run_key(cfg.elastic) if cfg.elastic.enabled else b""  # now: a bad secret fails before the slow steps
     user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
     cfg, device, layout, float8, out = _placement(cfg, out)
     torch.manual_seed(cfg.train.seed)
@@ -121,7 +123,7 @@ def build_run(
         prepare_run_dir(cfg, resume)
     start = state.start(resume, out)
     data: StepData = (
-        ElasticGroup(cfg, module, loader, progress, set_progress, out)
+        ElasticGroup(cfg, module, loader, progress, set_progress, out, key=key)
         if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
         else Accumulation(loader, accum, layout, device)
     )

@@ -15,24 +15,13 @@ from typing import Any
 
 from hlat.config.run import RunConfig
 from hlat.data.batch import Batch
-from hlat.digests import short_sha256
 from hlat.errors import UserError
 from hlat.faults import HOLD_TIMEOUT_S, hold_groups
+from hlat.train.elastic.fingerprint import fingerprint
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.replicas import Replicas, like, local_tensors
 from hlat.train.elastic.shares import ElasticData
 from hlat.train.resume import Progress
-
-# what every group must agree on (the rest names one group's files, devices and logging)
-_SHARED_SECTIONS = ("model", "data", "optim", "schedule", "precision", "parallel", "recovery")
-_SHARED_KEYS = ("train.seed", "train.global_batch", "train.micro_batch", "train.steps", "elastic.max_groups")
-
-
-def fingerprint(cfg: RunConfig, data: ElasticData, ranks: int) -> str:
-    """`ranks`: the group's processes (a rank heals from the same rank of a peer, shard for shard)."""
-    keys = {f"{name}.{key}" for name in _SHARED_SECTIONS for key in vars(cfg.sections()[name])}
-    text = cfg.to_toml(keys | set(_SHARED_KEYS)) + "\n".join(d.fingerprint() for d in data.docs)
-    return short_sha256(f"{text}\nranks={ranks}")
 
 
 class ElasticGroup:
@@ -50,16 +39,29 @@ class ElasticGroup:
         progress: Callable[[], Progress],
         set_progress: Callable[[Progress], None],
         out: Callable[[str], None],
+        *,
+        key: bytes,
     ):
+        """`key`: the run's (hlat.train.elastic.secret.run_key)."""
         self.cfg, self.module, self.data, self.out = cfg, module, data, out
         self.progress, self.set_progress = progress, set_progress
         self.group = cfg.elastic.group
         layout = module.model.layout
         self.fingerprint = fingerprint(cfg, data, layout.world)
-        self.replicas = Replicas(cfg.elastic, self._state_dict, self._load_state_dict, layout.rank, layout.world)
+        self.replicas = Replicas(
+            cfg.elastic,
+            self._state_dict,
+            self._load_state_dict,
+            layout.rank,
+            layout.world,
+            key=key,
+            fingerprint=self.fingerprint,
+            out=out,
+        )
         module.group = self
         self.loader = data  # the position a checkpoint holds (RunState)
         self.present = 0  # groups in the last quorum
+        self.held: set[int] = set()  # the steps a test's hold (hlat.faults.hold_groups) already waited before
         self.failed_s = 0.0  # wall time of steps that did not commit (a group left or joined mid-step)
 
     def _state_dict(self) -> dict[str, Any]:
@@ -93,10 +95,11 @@ class ElasticGroup:
 
     def _join(self) -> None:
         self.rank, groups = self.replicas.join()
-        deadline = time.monotonic() + HOLD_TIMEOUT_S
-        while groups < hold_groups(self.progress().step + 1) and time.monotonic() < deadline:  # tests only
+        deadline, step = time.monotonic() + HOLD_TIMEOUT_S, self.progress().step + 1
+        while step not in self.held and groups < hold_groups(step) and time.monotonic() < deadline:  # tests only
             time.sleep(0.2)
             self.rank, groups = self.replicas.join()
+        self.held.add(step)  # a retry of the step does not wait again
         if groups != self.present:
             self.out(
                 f"elastic: {groups} group(s) present at step {self.progress().step + 1:,} "

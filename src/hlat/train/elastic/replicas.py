@@ -6,19 +6,24 @@ serves the group's quorum, over torchrun's TCPStore), and its collectives run wi
 the same index in the other groups. Each step starts a quorum at torchft's lighthouse (a group
 that died is no longer in it); a group that comes back heals in that call, each rank from the
 same rank of a live peer (weights and optimizer state as this rank's local shards, counters, data
-positions) sent over HTTP and loaded with weights_only=True. Each rank's local gradient shards
+positions) sent over HTTP only to a peer that proves the run secret, and loaded with
+weights_only=True only once its MAC proves the source knew it (hlat.train.elastic.transport); every
+member of a quorum proves the secret before the step's data and gradients are exchanged
+(hlat.train.elastic.members). Each rank's local gradient shards
 (FSDP2 inside a group: DTensor.to_local) and its part of the loss are summed across the groups present
 in one all-reduce, and the step commits only where every group's collectives succeeded
 (should_commit); a failed step is retried with the next quorum.
 
-torchft is an optional dependency (the `elastic` extra), imported only here and only when
-elastic.enabled is set.
+torchft is an optional dependency (the `elastic` extra), imported only here (and by the transport
+this imports) and only when elastic.enabled is set.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
@@ -30,6 +35,7 @@ from torch.distributed.tensor import DTensor
 from hlat.config.elastic import ElasticConfig
 from hlat.dtensor import local_tensor
 from hlat.errors import UserError
+from hlat.train.elastic.members import member_problems
 
 INSTALL = "pip install 'hlat[elastic]'"
 
@@ -44,13 +50,14 @@ def import_torchft() -> Any:
     return torchft
 
 
-def check_lighthouse(address: str, timeout_s: float) -> None:
-    """A one-line error when nothing answers at the lighthouse's address."""
+def check_lighthouse(address: str, timeout_s: float) -> str:
+    """The address of this machine that reaches the lighthouse; a one-line error when nothing answers there."""
     url = urlparse(address if "://" in address else f"http://{address}")
     if url.hostname is None or url.port is None:
         raise UserError(f"elastic.lighthouse={address!r} is not an address; give http://HOST:PORT")
     try:
-        socket.create_connection((url.hostname, url.port), timeout=timeout_s).close()
+        with socket.create_connection((url.hostname, url.port), timeout=timeout_s) as connection:
+            return connection.getsockname()[0]
     except OSError as err:
         raise UserError(
             f"elastic.lighthouse={address}: no lighthouse answers ({err.strerror or err}); start one with "
@@ -106,6 +113,21 @@ def no_quorum(cfg: ElasticConfig) -> UserError:
     )
 
 
+class Notices:
+    """Log lines about peers, each said at most once per `interval_s` (a peer that stays in the
+    quorum would otherwise repeat it every retry)."""
+
+    def __init__(self, out: Callable[[str], None], interval_s: float):
+        self.out, self.interval_s, self.said = out, interval_s, dict[str, float]()
+
+    def say(self, line: str, key: str) -> None:
+        """`line`, unless a line of the same `key` was said within the interval."""
+        now = time.monotonic()
+        if now - self.said.get(key, -math.inf) >= self.interval_s:
+            self.said[key] = now
+            self.out(line)
+
+
 class Replicas:
     """This group's place among the replica groups present; every method is a step's collective.
     `state_dict`/`load_state_dict`: what a live group sends a rejoining one, and how it applies it.
@@ -118,28 +140,24 @@ class Replicas:
         load_state_dict: Callable[[dict[str, Any]], None],
         rank: int = 0,
         ranks: int = 1,
+        *,
+        key: bytes,
+        fingerprint: str,
+        out: Callable[[str], None],
     ):
         import_torchft()
         from torchft import Manager, ProcessGroupGloo
-        from torchft.checkpointing.http_transport import HTTPTransport
 
-        class WeightsOnlyTransport(HTTPTransport):
-            """torchft's HTTP transfer of a live peer's state, loaded with weights_only=True (tensors and
-            plain values only: hlat's state is made of nothing else)."""
+        from hlat.train.elastic.transport import AuthenticatedTransport
 
-            @classmethod
-            def _load_from_address(cls, address: str, timeout: timedelta) -> object:
-                import urllib.request
-
-                from torch.distributed._serialization import _streaming_load
-
-                with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-                    return _streaming_load(f, weights_only=True)
-
-        check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
-        self.cfg = cfg
+        host = check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+        self.cfg, self.key, self.fingerprint = cfg, key, fingerprint
+        self.notices = Notices(out, cfg.timeout_s)
         timeout = timedelta(seconds=cfg.timeout_s)
-        host, port, self._store = _group_store()
+        store_host, port, self._store = _group_store()
+        self.transport = AuthenticatedTransport(
+            key=key, fingerprint=fingerprint, host=host, timeout=timeout, own_state=state_dict, say=self.notices.say
+        )
         self.manager = Manager(
             pg=ProcessGroupGloo(timeout=timeout),
             load_state_dict=load_state_dict,
@@ -151,23 +169,38 @@ class Replicas:
             connect_timeout=timeout,
             rank=rank,
             world_size=ranks,
-            store_addr=host,
+            store_addr=store_host,
             store_port=port,
             lighthouse_addr=cfg.lighthouse,
             replica_id=cfg.group,
-            checkpoint_transport=WeightsOnlyTransport(timeout=timeout, num_chunks=0),
+            hostname=host,
+            checkpoint_transport=self.transport,
             init_sync=False,  # every group initialises the same weights from train.seed
         )
         self.committed = False
 
     def join(self) -> tuple[int, int]:
-        """Start the step's quorum (a rejoining group heals here); (this group's rank, groups present)."""
+        """Start the step's quorum (a rejoining group heals here, only from a peer that proves the
+        run secret), and check that every member is one of this run's groups with this group's
+        fingerprint (else the step does not commit); (this group's rank, groups present)."""
         try:
             self.manager.start_quorum()
         except TimeoutError:
             raise no_quorum(self.cfg) from None
         rank = self.manager.participating_rank()
-        return (0 if rank is None else rank), max(self.manager.num_participants(), 1)
+        rank, groups = (0 if rank is None else rank), max(self.manager.num_participants(), 1)
+        if groups > 1 and not self.failed():
+            problems = member_problems(
+                key=self.key,
+                name=self.cfg.group,
+                fingerprint=self.fingerprint,
+                rank=rank,
+                members=groups,
+                sum_=self.sum_,
+            )
+            for member, what in problems if not self.failed() else []:
+                self.refuse(member, what)
+        return rank, groups
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In place, over the groups present. On a failure the values are garbage and the step will not commit."""
@@ -193,6 +226,13 @@ class Replicas:
             p.grad = g
             offset += shard.numel()
         return flat[-1].to(share.dtype)
+
+    def refuse(self, sender: int, what: str) -> None:
+        """Replica rank `sender` of this step's quorum did `what`, which no group of this run does:
+        this step does not commit (the healthy groups go on without its effect), and the log says so."""
+        self.manager.report_error(RuntimeError(f"replica rank {sender} {what}"))
+        step = self.manager.current_step() + 1
+        self.notices.say(f"elastic: replica rank {sender} {what} at step {step:,}; the step does not commit", what)
 
     def should_commit(self) -> bool:
         self.committed = self.manager.should_commit()

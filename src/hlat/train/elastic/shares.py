@@ -30,6 +30,7 @@ import torch
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader, merge_states
 from hlat.digests import short_sha256
+from hlat.train.elastic.positions import BadPeerValue, check_lengths, position_problem
 from hlat.train.elastic.replicas import Replicas
 
 
@@ -56,6 +57,7 @@ class ElasticData:
         self.table: list[dict[str, Any] | None] = [None] * shares  # positions after the last commit (None: start)
         self._pending: list[dict[str, Any] | None] = []
         self._read: list[tuple[int, str, int]] = []  # (share, digest, tokens) of this step's batches
+        self._starts: dict[int, dict[str, Any]] = {}  # the first position of shares not yet read
 
     def owned(self, rank: int, groups: int) -> list[int]:
         return [j for j in range(self.shares) if j % groups == rank]
@@ -78,20 +80,30 @@ class ElasticData:
             tokens = np.stack([b.tokens.numpy() for b in read])
             self._read.append((j, short_sha256(tokens.tobytes()), int(tokens.size)))
             out += read[self.rank :: self.ranks]
-        self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, replicas)
+        try:
+            self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, rank, groups, replicas)
+        except BadPeerValue as bad:
+            self._pending = self.table
+            replicas.refuse(bad.sender, f"sent {bad}")
+
         return out
 
-    def _exchange(self, mine: dict[int, dict[str, Any]], replicas: Replicas) -> list[dict[str, Any] | None]:
+    def _exchange(
+        self, mine: dict[int, dict[str, Any]], rank: int, groups: int, replicas: Replicas
+    ) -> list[dict[str, Any] | None]:
         """Every share's position: each group gives those it holds, as JSON bytes summed over groups
-        (the others give zeros). After a failed sum the step cannot commit: the positions stay."""
+        (the others give zeros); the lengths in a row per group, so that a bad value names its
+        sender (BadPeerValue) before anything is allocated for it. After a failed sum the step
+        cannot commit: the positions stay."""
         blobs = {j: json.dumps(state).encode() for j, state in mine.items()}
-        lengths = torch.zeros(self.shares, dtype=torch.int64)
+        lengths = torch.zeros(groups, self.shares, dtype=torch.int64)
         for j, blob in blobs.items():
-            lengths[j] = len(blob)
+            lengths[rank, j] = len(blob)
         replicas.sum_(lengths)
         if replicas.failed():
             return self.table
-        ends = lengths.cumsum(0).tolist()
+        check_lengths(lengths.tolist(), [self.owned(r, groups) for r in range(groups)])
+        ends = lengths.sum(0).cumsum(0).tolist()
         payload = torch.zeros(ends[-1], dtype=torch.uint8)
         for j, blob in blobs.items():
             payload[ends[j] - len(blob) : ends[j]] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
@@ -99,7 +111,27 @@ class ElasticData:
         if replicas.failed():
             return self.table
         starts = [0, *ends[:-1]]
-        return [json.loads(data[a:b]) if b > a else self.table[j] for j, (a, b) in enumerate(zip(starts, ends))]
+        return [
+            self._parse(j, data[a:b], j % groups) if j not in blobs else mine[j]
+            for j, (a, b) in enumerate(zip(starts, ends))
+        ]
+
+    def _parse(self, share: int, blob: bytes, sender: int) -> dict[str, Any]:
+        """Share `share`'s position as replica rank `sender` sent it, checked against the loader's own."""
+        try:
+            state = json.loads(blob)
+        except ValueError:
+            raise BadPeerValue(sender, f"share {share}'s position is not JSON") from None
+        problem = position_problem(state, self._template(share))
+        if problem:
+            raise BadPeerValue(sender, f"share {share}'s position {problem}")
+        return state
+
+    def _template(self, share: int) -> dict[str, Any]:
+        """A position of share `share` that this group made itself: what a peer's must look like."""
+        if self.table[share] is None and share not in self._starts:
+            self._starts[share] = self._start(share)
+        return self.table[share] or self._starts[share]
 
     def finish(self, committed: bool, step: int, group: str) -> None:
         """After the step's commit vote: keep the new positions and record the batches, or put back
