@@ -106,6 +106,9 @@ def test_a_type_without_a_row_gets_the_conservative_record(monkeypatch):
     assert device_record("othersim").dist_backend == "simccl"
     assert device_record("cpu").process_group_backend == "gloo"
     assert device_record("cuda").process_group_backend == "cpu:gloo,cuda:nccl"
+    # A device backend that takes host tensors too runs alone, as TorchNeuron documents its own
+    monkeypatch.setitem(dist.Backend.backend_capability, "simccl", ["othersim", "cpu"])
+    assert device_record("othersim").process_group_backend == "simccl"
 
 
 def test_several_processes_need_a_backend_for_the_device(monkeypatch):

@@ -19,6 +19,9 @@ _GLOO = "gloo"
 class DeviceRecord:
     type: str
     compile_backend: str | None = None  # torch.compile's backend for blocks and the bf16 optimizer; None: eager
+    # The backend takes dynamic=True (symbolic sizes and scalars): one optimizer kernel for all
+    # parameter sizes. TorchNeuron's rejects it (its torch.compile reference): one per size there.
+    compile_dynamic: bool = True
     # Compiled blocks under tensor parallelism (without recompute: hlat.parallel.compile); a row turns
     # this on once its compiler is shown to train them (the CPU's in the suite's parity scenarios).
     compiled_tp: bool = False
@@ -56,10 +59,15 @@ class DeviceRecord:
 
     @property
     def process_group_backend(self) -> str | None:
-        """What init_process_group takes: the device's backend, with gloo beside it for host tensors
-        (object collectives, host-side flags) when the device's own backend is another."""
+        """What init_process_group takes: the device's backend alone where it also takes host
+        tensors (object collectives, host-side flags), as TorchNeuron documents
+        `init_process_group(backend="neuron")`; else gloo beside it for them (CUDA's nccl)."""
+        import torch.distributed as dist
+
         backend = self.dist_backend
-        return backend if backend in (None, _GLOO) else f"cpu:{_GLOO},{self.type}:{backend}"
+        if backend in (None, _GLOO) or "cpu" in dist.Backend.backend_capability.get(backend, ()):
+            return backend
+        return f"cpu:{_GLOO},{self.type}:{backend}"
 
 
 RECORDS: dict[str, DeviceRecord] = {
@@ -91,7 +99,10 @@ RECORDS: dict[str, DeviceRecord] = {
     # TorchNeuron: torch.compile(backend="neuron"); HLAT's scripts switched the hardware's stochastic
     # rounding on with this runtime variable (hlat.device.rounding says what is known of it).
     "neuron": DeviceRecord(
-        "neuron", compile_backend="neuron", stochastic_rounding_env="NEURON_RT_STOCHASTIC_ROUNDING_EN"
+        "neuron",
+        compile_backend="neuron",
+        compile_dynamic=False,
+        stochastic_rounding_env="NEURON_RT_STOCHASTIC_ROUNDING_EN",
     ),
 }
 

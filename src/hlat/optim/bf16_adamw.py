@@ -35,7 +35,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from hlat.device.record import device_record
 from hlat.dtensor import local_tensor
-from hlat.optim.stochastic_round import MAX_ELEMENTS, random_bits, round_to_bf16
+from hlat.optim.stochastic_round import MAX_ELEMENTS, int32_seed, random_bits, round_to_bf16
 
 ROUNDINGS = ("stochastic", "nearest", "hardware")
 
@@ -49,20 +49,23 @@ def adamw_update_(
     bias1: torch.Tensor,
     bias2_sqrt: torch.Tensor,
     *,
-    lr: float,
+    lr: float | torch.Tensor,
     beta1: float,
     beta2: float,
     eps: float,
     weight_decay: float,
     stochastic: bool,
-    offset: int,
-    seed: int,
+    offset: int | torch.Tensor,
+    seed: int | torch.Tensor,
 ) -> None:
     """One AdamW update of flat bf16 tensors, in fp32, in torch.optim.AdamW's order of operations.
 
     `bias1`, `bias2_sqrt` (0-d, device): Adam's bias corrections for this update, computed outside
     (a power inside the fused kernel would run per element, +50% time). Where `skip` (0-d, device)
     is nonzero every tensor keeps its value, whatever non-finite numbers the gradient holds.
+    `lr`, `offset` and `seed` change between calls: Python numbers for a compiler that takes them
+    as dynamic scalars, 0-d device tensors (the seed as int32_seed) for one that specialises on
+    every Python number it sees (compiled_update's static form).
     """
     g32 = g.float()
     m32 = m.float().lerp(g32, 1 - beta1)
@@ -78,11 +81,17 @@ def adamw_update_(
 
 
 @functools.cache
-def compiled_update(backend: str = "inductor") -> Callable[..., None]:
+def compiled_update(backend: str = "inductor", dynamic: bool = True) -> Callable[..., None]:
     """The update fused into one kernel per parameter by torch.compile's `backend` (built on first
-    use: importing the compiler costs seconds). Flat inputs and dynamic sizes and scalars: one
-    kernel for all shapes."""
-    return torch.compile(adamw_update_, dynamic=True, backend=backend)
+    use: importing the compiler costs seconds). Flat inputs; `dynamic`: sizes and scalars symbolic,
+    one kernel for all shapes. Without it (a compiler that rejects dynamic shapes, as TorchNeuron's
+    does: DeviceRecord.compile_dynamic) one kernel per flat size, the changing scalars passed as
+    0-d tensors so that no step's values are baked in."""
+    return torch.compile(adamw_update_, dynamic=dynamic, backend=backend)
+
+
+def _as_tensor(value: int | float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(value, dtype=dtype).to(device, non_blocking=True)
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor:
@@ -146,8 +155,13 @@ class BF16AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, rounding=rounding, seed=seed, calls=0)
         super().__init__(params, defaults)
         first = next((p for group in self.param_groups for p in group["params"]), None)
-        backend = device_record(first.device.type).compile_backend if compile and first is not None else None
-        self.update = compiled_update(backend) if backend else adamw_update_  # eager where nothing compiles
+        record = device_record(first.device.type) if first is not None else None
+        backend = record.compile_backend if compile and record is not None else None
+        # eager where nothing compiles; static: one kernel per distinct flat size, and room for them
+        self.static = backend is not None and not record.compile_dynamic  # type: ignore[union-attr]
+        self.update = compiled_update(backend, not self.static) if backend else adamw_update_
+        sizes = {local_tensor(p).numel() for group in self.param_groups for p in group["params"]}
+        self.recompile_limit = max(torch._dynamo.config.recompile_limit, len(sizes))
         self.names = dict(names or {})
         for group in self.param_groups:
             for p in group["params"]:
@@ -190,21 +204,29 @@ class BF16AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 step = state["step"].add_(1 - skip)
                 offset, salt = _shard_position(p)
-                self.update(
-                    local.view(-1),
-                    _local_grad(p).view(-1),
-                    local_tensor(state["exp_avg"]).view(-1),
-                    local_tensor(state["exp_avg_sq"]).view(-1),
-                    skip,
-                    1 - beta1**step,
-                    (1 - beta2**step).sqrt(),
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    stochastic=group["rounding"] == "stochastic",
-                    offset=offset,
-                    seed=noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt),
+                lr, seed = (
+                    group["lr"],
+                    int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt)),
                 )
+                if self.static:
+                    lr = _as_tensor(lr, local.device, torch.float32)
+                    offset, seed = (_as_tensor(v, local.device, torch.int32) for v in (offset, seed))
+                with torch._dynamo.config.patch(recompile_limit=self.recompile_limit):
+                    self.update(
+                        local.view(-1),
+                        _local_grad(p).view(-1),
+                        local_tensor(state["exp_avg"]).view(-1),
+                        local_tensor(state["exp_avg_sq"]).view(-1),
+                        skip,
+                        1 - beta1**step,
+                        (1 - beta2**step).sqrt(),
+                        lr=lr,
+                        beta1=beta1,
+                        beta2=beta2,
+                        eps=group["eps"],
+                        weight_decay=group["weight_decay"],
+                        stochastic=group["rounding"] == "stochastic",
+                        offset=offset,
+                        seed=seed,
+                    )
         return loss

@@ -35,14 +35,21 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr16(x)
 
 
-def random_bits(numel: int, offset: int, seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def int32_seed(seed: int) -> int:
+    """A 32-bit unsigned seed as the int32 with its bit pattern (the hash works on int32)."""
+    return seed - 2**32 if seed >= 2**31 else seed
+
+
+def random_bits(
+    numel: int, offset: int | torch.Tensor, seed: int | torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two independent uniform 16-bit fields (int32 in [0, 2^16)) per element of a flat range of a tensor.
 
     `offset` is the global flat index of the range's first element; `seed` a 32-bit value that
-    must differ per tensor and per step.
+    must differ per tensor and per step: an int, or a 0-d int32 tensor holding int32_seed(seed).
     """
     index = torch.arange(numel, dtype=torch.int32, device=device) + offset
-    word = mix32(index ^ (seed - 2**32 if seed >= 2**31 else seed))
+    word = mix32(index ^ (int32_seed(seed) if isinstance(seed, int) else seed))
     return word & 0xFFFF, _shr16(word)
 
 

@@ -124,8 +124,8 @@ def decide_compile(
     except Exception as err:  # any failure of the compiler stack (missing C++ compiler, Triton, ...)
         error = err
     seconds = time.perf_counter() - start
-    if not _all_ranks(error is None, device):
-        reason = _first_line(error) if error is not None else "failed on another rank"
+    if not all_ranks_ok(error is None, device):
+        reason = error_line(error) if error is not None else "failed on another rank"
         if setting == "true":
             raise UserError(
                 f"parallel.compile=true, but compiling a transformer block failed: {reason}; "
@@ -203,7 +203,8 @@ def probe_block(
             compiled(x, cos, sin, mask).float().sum().backward()
 
 
-def _all_ranks(ok: bool, device: torch.device) -> bool:
+def all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    """Whether `ok` holds on every rank (collective where a process group exists)."""
     if not (dist.is_available() and dist.is_initialized()):
         return ok
     flag = torch.tensor([int(ok)], device=collective_device(device))
@@ -211,7 +212,8 @@ def _all_ranks(ok: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def _first_line(error: BaseException) -> str:
+def error_line(error: BaseException) -> str:
+    """`Type: first line` of a compiler failure, for a one-line warning or refusal."""
     inner = getattr(error, "inner_exception", None)  # dynamo's BackendCompilerFailed wraps the real cause
     error = inner if isinstance(inner, BaseException) else error
     lines = str(error).strip().splitlines()

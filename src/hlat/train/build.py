@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ from hlat.metrics.peak import Peak, resolve_peak, slow_bf16_warning
 from hlat.metrics.profiling import StepProfiler
 from hlat.model import count_params, flops_per_token
 from hlat.model.attention import check_attention_backend
+from hlat.optim.update_probe import decide_update_compile
 from hlat.parallel.compile import decide_compile
 from hlat.parallel.mesh import Layout, setup, world_from_env
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
@@ -167,10 +168,13 @@ def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, ou
     rounding = stochastic_rounding(cfg.precision.mode, device_record(device.type), os.environ)
     if rounding.line:
         out(rounding.line)
+    update = decide_update_compile(precision=cfg.precision, optim=cfg.optim, device=device, out=out)
+    if update.line:
+        out(update.line)
     return (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
         model,
         optim=cfg.optim,
-        precision=cfg.precision,
+        precision=replace(cfg.precision, compile_optimizer=update.compiled),
         dp_sharding=cfg.parallel.dp_sharding,
         seed=cfg.train.seed,
         max_grad_norm=cfg.recovery.max_grad_norm,
