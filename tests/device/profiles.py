@@ -2,6 +2,15 @@
 device record plus the behaviour behind it, so the wiring hlat chooses for that backend runs in
 the suite against the backend's contract rather than the CPU's.
 
+CUDA_LIKE offers CUDA's memory-efficient attention operator, the one context parallelism's ring
+calls per chunk pair there (DeviceRecord.ring_kernel "efficient"), computed on the host with
+the CUDA kernel's conventions (aten/src/ATen/native/transformers/cuda/mem_eff_attention,
+kernel_forward.h and kernel_backward.h, as shipped in torch 2.13's headers): the output laid out
+[B, M, H, D] in memory; a log-sum-exp of [B, H, ceil(M / 32) * 32] floats, its padding +inf; a
+fully masked row's output 0 and log-sum-exp 0; the bias of the query's dtype with its batch,
+head and row strides multiples of 16 elements ("attn_bias is not correctly aligned"); the same
+number of query and key heads; a backward that reads the log-sum-exp in whole 32-query blocks.
+
 NEURON_LIKE follows TorchNeuron (awsdocs-neuron, "torch.compile backend reference", 2026-10-14):
 its compile backend rejects dynamic=True ("dynamic=True is rejected during compilation ...
 recompiling per new shape"), and it has no fused AdamW kernel. The backend here refuses any graph
@@ -12,11 +21,13 @@ behind the simulated device), so numerics stay the CPU's.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 from torch._dynamo import register_backend
 from torch.fx.experimental.symbolic_shapes import free_symbols
 
@@ -48,10 +59,116 @@ def _refuses(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
 
 NEURON_LIKE = record.DeviceRecord(simulated_device.TYPE, compile_backend=NEURON_LIKE_BACKEND, compile_dynamic=False)
 
+_LSE_ALIGN, _BIAS_ALIGN = 32, 16  # kernel_forward.h: kAlignLSE; kAlignmentQ of the fp32 and 16-bit kernels
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, dropout: float) -> None:
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise RuntimeError(
+            f"efficient attention: q, k, v of one dtype among fp32, fp16, bf16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not (q.size(1) == k.size(1) == v.size(1)):
+        raise RuntimeError(
+            f"efficient attention: the same number of heads in q, k, v, got {q.size(1)}, {k.size(1)}, {v.size(1)}"
+        )
+    if dropout != 0.0:
+        raise RuntimeError("this profile computes dropout 0 only")
+    if bias is None:
+        return
+    if bias.dtype != q.dtype:
+        raise RuntimeError(f"efficient attention: attn_bias of the query's dtype {q.dtype}, got {bias.dtype}")
+    b, h, m, _ = bias.shape
+    for dim, size, what in ((0, b, "strideB"), (1, h, "strideH"), (2, m, "strideM")):
+        if size > 1 and bias.stride(dim) % _BIAS_ALIGN:
+            raise RuntimeError(
+                f"attn_bias is not correctly aligned ({what}): {bias.stride(dim)} is no multiple of {_BIAS_ALIGN}"
+            )
+
+
+def _scores(
+    q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None, causal: bool, scale: float | None
+) -> torch.Tensor:
+    s = (q.float() @ k.float().transpose(-1, -2)) * (q.size(-1) ** -0.5 if scale is None else scale)
+    if bias is not None:
+        s = s + bias.float()
+    if causal:  # from the top left, as the kernel's CausalFromTopLeft
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), -math.inf)
+    return s
+
+
+def _efficient_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    compute_log_sumexp: bool,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_inputs(q, k, v, attn_bias, dropout_p)
+    s = _scores(q, k, attn_bias, is_causal, scale)
+    peak = s.amax(-1, keepdim=True)
+    peak = peak.masked_fill(peak == -math.inf, 0.0)  # a fully masked row: max 0, sum 1 (log 0)
+    e = torch.exp(s - peak)
+    total = e.sum(-1, keepdim=True)
+    total = total.masked_fill(total == 0, 1.0)
+    out = ((e / total) @ v.float()).to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    m = q.size(2)
+    lse = (peak + torch.log(total)).squeeze(-1)
+    lse = F.pad(lse, (0, -m % _LSE_ALIGN), value=math.inf) if compute_log_sumexp else lse[..., :0]
+    no_dropout = torch.empty((), dtype=torch.long)
+    return out, lse, no_dropout, no_dropout.clone()
+
+
+def _efficient_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    philox_seed: torch.Tensor,
+    philox_offset: torch.Tensor,
+    dropout_p: float,
+    grad_input_mask: list[bool],
+    is_causal: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    _check_inputs(q, k, v, attn_bias, dropout_p)
+    m = q.size(2)
+    if logsumexp.size(-1) < -(-m // _LSE_ALIGN) * _LSE_ALIGN:
+        raise RuntimeError(f"efficient attention backward: logsumexp of {logsumexp.size(-1)} rows for {m} queries")
+    softmax_scale = q.size(-1) ** -0.5 if scale is None else scale
+    p = torch.exp(_scores(q, k, attn_bias, is_causal, scale) - logsumexp[..., :m, None].float())
+    g = grad_out.float()
+    dv = p.transpose(-1, -2) @ g
+    dp = g @ v.float().transpose(-1, -2)
+    ds = p * (dp - (g * out.float()).sum(-1, keepdim=True))
+    dq, dk = (ds @ k.float()) * softmax_scale, (ds.transpose(-1, -2) @ q.float()) * softmax_scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+CUDA_LIKE = record.DeviceRecord(simulated_device.TYPE, ring_kernel="efficient", ring_attention=True)
+_HOST_KERNELS = {
+    CUDA_LIKE: {
+        "_scaled_dot_product_efficient_attention": _efficient_forward,
+        "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+    }
+}
+
 
 @contextlib.contextmanager
 def profile(device_record: record.DeviceRecord) -> Iterator[None]:
-    """The simulated device, present, under `device_record`."""
+    """The simulated device, present, under `device_record` and the host kernels behind it."""
     simulated_device.register()
-    with simulated_device.present(), mock.patch.dict(record.RECORDS, {simulated_device.TYPE: device_record}):
+    kernels = _HOST_KERNELS.get(device_record, {})
+    with (
+        simulated_device.present(),
+        mock.patch.dict(record.RECORDS, {simulated_device.TYPE: device_record}),
+        mock.patch.dict(simulated_device.HOST_KERNELS, kernels),
+    ):
         yield

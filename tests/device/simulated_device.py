@@ -45,6 +45,10 @@ BACKEND = "simgloo"
 DEVICE_COUNT = 1
 TOTAL_MEMORY = 16 * 1024**3
 
+# Operators the CPU has no kernel for that a device profile (tests/device/profiles.py) provides, by
+# operator name: run on the host data in place of the operator.
+HOST_KERNELS: dict[str, Callable[..., Any]] = {}
+
 # Operators that move data between the host and the device by design.
 _TRANSFERS = {"copy_", "_to_copy", "_copy_from", "_copy_from_and_resize", "lift_fresh", "set_"}
 # Advanced indexing takes host index tensors on CUDA too (they are copied over).
@@ -149,6 +153,8 @@ class SimTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func.namespace == "hlat":  # hlat's own operators run their Python body on the device's tensors
+            return _opdef(func)._init_fn(*args, **kwargs)
         name = func._schema.name.split("::")[-1]
         index = _device_index(args, kwargs)
         if name not in _TRANSFERS | _HOST_INDICES and func.namespace not in ("c10d", "_c10d_functional"):
@@ -157,7 +163,7 @@ class SimTensor(torch.Tensor):
         if _takes_generator(func) and host_kwargs.get("generator") is None:
             host_kwargs["generator"] = _generator
         with _device_generator() if _seeded_without_generator(func) else contextlib.nullcontext():
-            out = func(*host_args, **host_kwargs)
+            out = HOST_KERNELS.get(name, func)(*host_args, **host_kwargs)
         if name == "record_stream":
             return None  # one synchronous queue: nothing to keep alive for another stream
         if func.namespace == "c10d":  # in-place collectives: the caller's tensors hold the result
@@ -167,6 +173,16 @@ class SimTensor(torch.Tensor):
             return out  # to another device: a host tensor
         wrapped = tree_map(lambda t: SimTensor(t, index) if _plain(t) else t, out)
         return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+def _opdef(func: Any) -> Any:
+    """The custom operator's definition (torch.library.custom_op), whose Python body runs here as a
+    device's kernel would: the body's own operators then reach the device one by one."""
+    from torch._library.custom_ops import _maybe_get_opdef
+
+    opdef = _maybe_get_opdef(func)
+    assert opdef is not None, f"{func} is not a torch.library.custom_op"
+    return opdef
 
 
 def _plain(value: Any) -> bool:

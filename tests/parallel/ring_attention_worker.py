@@ -23,6 +23,11 @@ DOCUMENTS = torch.tensor([[0] * 5 + [1] * 3 + [2] * 17 + [3] + [4] * 6, [0] * 8 
 def compare(ctx, kv_heads: int, documents: bool = False) -> None:
     """Scenario: attention of H query heads over `kv_heads` K/V heads, on this scenario's ranks;
     `documents`: causal within the documents of DOCUMENTS."""
+    compare_on(ctx, kv_heads, documents, torch.device("cpu"))
+
+
+def compare_on(ctx, kv_heads: int, documents: bool, device: torch.device) -> None:
+    """compare, the ring on `device` (the reference on the CPU); the largest differences to errors.rank{r}.json."""
     gen = torch.Generator().manual_seed(3)
     q, grad = (torch.randn(B, H, T, D, generator=gen) for _ in range(2))
     k, v = (torch.randn(B, kv_heads, T, D, generator=gen) for _ in range(2))
@@ -35,11 +40,12 @@ def compare(ctx, kv_heads: int, documents: bool = False) -> None:
     def mine(t: torch.Tensor) -> torch.Tensor:  # [B, H, T, D] -> this rank's chunks along T
         return shard_sequence(t.transpose(1, 2), ctx.rank, ctx.world).transpose(1, 2)
 
-    local = [mine(t).detach().clone().requires_grad_() for t in (q, k, v)]
-    out = ring_attention(*local, RingContext(dist.group.WORLD, ctx.rank, ctx.world, doc_ids))
-    out.backward(mine(grad))
+    local = [mine(t).detach().to(device, copy=True).requires_grad_() for t in (q, k, v)]
+    ring = RingContext(dist.group.WORLD, ctx.rank, ctx.world, None if doc_ids is None else doc_ids.to(device))
+    out = ring_attention(*local, ring)
+    out.backward(mine(grad).to(device))
     errors = {
-        name: (got - mine(want)).abs().max().item()
+        name: (got.cpu() - mine(want)).abs().max().item()
         for name, got, want in zip(
             ("out", "dq", "dk", "dv"),
             (out, *(t.grad for t in local)),

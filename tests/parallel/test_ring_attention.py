@@ -61,7 +61,12 @@ def test_load_balancing_gives_every_rank_the_same_causal_work(cp: int) -> None:
 
 def test_context_parallel_off_the_cpu_is_refused_naming_the_field() -> None:
     layout = Layout(2, 0, Degrees(cp=2), None)
-    with pytest.raises(ConfigError, match=re.escape("parallel.cp: cp=2 runs on the CPU only so far")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "parallel.cp: cp=2: ring attention has no kernel on meta (it runs on cpu and cuda); use --parallel.cp 1"
+        ),
+    ):
         build_parallel_model(
             MODEL,
             parallel=ParallelConfig(cp=2),

@@ -73,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.accelerators import by_table_name, format_table
+    from hlat.device.record import calibration_group_record
     from hlat.errors import UserError
     from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
     from hlat.planning.memory import format_fit, format_plan, largest_stage_gib, plan
@@ -110,10 +111,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if system is None:
         return 0
     print(format_fit(stages, system))
-    if degrees.cp > 1 and system.calibration_group != "cpu":
+    if degrees.cp > 1 and not calibration_group_record(system.calibration_group).ring_attention:
         print(
-            "note: parallel.cp trains on the CPU only so far (ring attention over its flash kernel); "
-            "the plan prices hlat's ring as it runs there"
+            f"note: parallel.cp does not train on {system.calibration_group} yet (ring attention has no kernel there)"
         )
     fits = largest_stage_gib(stages) <= system.memory_gib
     if not fits and not args.search:

@@ -38,8 +38,8 @@ class DeviceRecord:
     # The fused attention operator context parallelism's ring runs per chunk pair (hlat.model.
     # ring_attention): "flash_cpu" or "efficient" (CUDA's memory-efficient kernel); None: no ring.
     ring_kernel: str | None = None
-    # Context parallelism trains on this device: its ring has run across processes here (cp 2 on
-    # the CPU in the suite); CUDA's kernel is checked in one process by benchmarks/gpu_check.sh.
+    # Context parallelism trains on this device: its ring runs across processes in the suite (the
+    # CPU's; CUDA's kernel on the simulated device's CUDA-like profile, tests/device/profiles.py).
     ring_attention: bool = False
     pin_memory: bool = False  # batches are copied from page-locked host memory without blocking
     float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
@@ -90,6 +90,7 @@ RECORDS: dict[str, DeviceRecord] = {
         sdpa_backends=("cudnn", "flash", "efficient", "math"),
         recompute_fused_attention=False,
         ring_kernel="efficient",
+        ring_attention=True,
         pin_memory=True,
         float8=True,
         profiler_activity="CUDA",

@@ -285,7 +285,13 @@ def build_parallel_model(
     recompute_attention = attention_recomputed(parallel.recompute_attention, device)
     if layout.cp > 1 and not device_record(device.type).ring_attention:
         raise ConfigError(
-            [("parallel.cp", f"cp={layout.cp} runs on the CPU only so far; use --train.device cpu or --parallel.cp 1")]
+            [
+                (
+                    "parallel.cp",
+                    f"cp={layout.cp}: ring attention has no kernel on {device.type} "
+                    "(it runs on cpu and cuda); use --parallel.cp 1",
+                )
+            ]
         )
     with torch.device("meta"):
         full = cast_parameters(build_model(model_cfg), precision.mode)  # bf16 modes store bf16 weights
