@@ -17,7 +17,7 @@ from hlat.device import record
 from hlat.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from device import simulated_device  # noqa: E402
+from device import profiles, simulated_device  # noqa: E402
 from runs import ScenarioContext, tiny_args  # noqa: E402
 from train import layout_runs  # noqa: E402
 
@@ -43,18 +43,28 @@ def accelerator_compute_on_cpu() -> Iterator[None]:
         yield
 
 
-def train(ctx: ScenarioContext, device: str, steps: int, extra: list[str] = ()) -> None:
+def train(ctx: ScenarioContext, device: str, steps: int, extra: list[str] = (), profile: str = "") -> None:
     """layout_runs.train on `device` (the simulated one present; each rank on its own simdev:0,
-    simulated_device.DEVICE_COUNT says why), eager, foreach AdamW on either."""
+    simulated_device.DEVICE_COUNT says why), eager, foreach AdamW on either; `profile`: the
+    simulated device under that profile of tests/device/profiles.py, with its own AdamW."""
     simulated_device.register()
+    args = [*extra, "--train.device", device, "--parallel.compile", "false"]
+    if profile:
+        with profiles.profile(profiles.PROFILES[profile]):
+            layout_runs.train(ctx, steps, args)
+        return
     with simulated_device.present(), foreach_adamw_on_cpu():
-        layout_runs.train(ctx, steps, [*extra, "--train.device", device, "--parallel.compile", "false"])
+        layout_runs.train(ctx, steps, args)
 
 
-def train_here(corpus: Path, run: Path, device: str, steps: int, *extra: str, resume: str = "auto") -> list[float]:
-    """Train the tiny model in this process on `device` (the simulated one present), eager, resuming
-    what `run` holds (Trainer's `resume` mode); every loss metrics.jsonl holds (an earlier run's too)."""
+def train_here(
+    corpus: Path, run: Path, device: str, steps: int, *extra: str, resume: str = "auto", profile: str = ""
+) -> list[float]:
+    """Train the tiny model in this process on `device` (the simulated one present, under `profile`
+    if given), eager, resuming what `run` holds (Trainer's `resume` mode); every loss
+    metrics.jsonl holds (an earlier run's too)."""
     args = tiny_args(corpus, run, "--train.steps", str(steps), "--train.device", device, "--parallel.compile", "false")
-    with simulated_device.present():
+    present = profiles.profile(profiles.PROFILES[profile]) if profile else simulated_device.present()
+    with present:
         Trainer(load_config("tiny", None, [*args, *extra]), resume=resume, out=lambda _: None).fit()
     return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]

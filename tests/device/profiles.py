@@ -152,7 +152,11 @@ def _efficient_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
-CUDA_LIKE = record.DeviceRecord(simulated_device.TYPE, ring_kernel="efficient", ring_attention=True)
+# What of CUDA's row the simulated device can take: its fused AdamW (the CPU's fused kernel on the
+# host data) and its ring kernel. Not here: compiled blocks (the simulated device's tensors break
+# a captured graph), FlexAttention (compiled only), pinned copies (no pinned allocator), the fused
+# SDPA kernels' selection for the model's own attention (the CPU's choice runs).
+CUDA_LIKE = record.DeviceRecord(simulated_device.TYPE, fused_adamw=True, ring_kernel="efficient", ring_attention=True)
 _HOST_KERNELS = {
     CUDA_LIKE: {
         "_scaled_dot_product_efficient_attention": _efficient_forward,
@@ -172,3 +176,6 @@ def profile(device_record: record.DeviceRecord) -> Iterator[None]:
         mock.patch.dict(simulated_device.HOST_KERNELS, kernels),
     ):
         yield
+
+
+PROFILES = {"cuda-like": CUDA_LIKE, "neuron-like": NEURON_LIKE}  # by the names tests and scenarios use

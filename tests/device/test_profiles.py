@@ -1,0 +1,100 @@
+"""Each profile of the simulated device (tests/device/profiles.py) trains, resumes, generates and
+runs DDP and FSDP2 on two processes with the CPU's numbers, and a checkpoint moves between every
+pair of {cpu, cuda-like, neuron-like}: fused AdamW state (the CPU's, CUDA's) resumed by foreach
+(Neuron's) and back.
+
+cuda-like and the CPU run the same fused AdamW kernel: their losses are equal. neuron-like runs
+foreach AdamW, whose rounding differs from the fused kernel's in the last bits: asserted within 1e-6
+relative."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from device import profiles, simulated_device
+from device.device_runs import train_here
+from device.test_distributed_on_device import LAYOUTS
+from device.test_distributed_on_device import SCENARIOS as CPU_SCENARIOS
+from hlat.cli import main
+from runs import Scenario, ScenarioResults
+
+simulated_device.register()
+STEPS = 4
+HALF = "--checkpoint.every", "2"  # each run also saves step 2: the checkpoint the resumes start from
+DEVICES = {"cpu": ("cpu", ""), **{name: (simulated_device.TYPE, name) for name in profiles.PROFILES}}
+PAIRS = [(a, b) for a in DEVICES for b in DEVICES if a != b]
+SCENARIOS = [s for s in CPU_SCENARIOS if s.name.endswith("-cpu")] + [
+    Scenario(
+        f"profile-{layout}-{name}",
+        "device/device_runs.py:train",
+        2,
+        {"device": f"{simulated_device.TYPE}:0", "steps": 2, "extra": args, "profile": name},
+        simulated_device.TYPE,
+    )
+    for layout, args in LAYOUTS.items()
+    for name in profiles.PROFILES
+]
+
+
+def close(a: list[float], b: list[float], rel: float = 1e-6) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rel * abs(y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(small_corpus, tmp_path_factory) -> dict[str, tuple[Path, list[float]]]:
+    """Per device: the run directory of STEPS uninterrupted steps (checkpoints at 2 and STEPS) and its losses."""
+    runs = {}
+    for name, (device, profile) in DEVICES.items():
+        run = tmp_path_factory.mktemp("uninterrupted") / name
+        runs[name] = run, train_here(small_corpus, run, device, STEPS, *HALF, profile=profile)
+    return runs
+
+
+def test_each_profile_trains_as_the_cpu(uninterrupted):
+    cpu = uninterrupted["cpu"][1]
+    assert len(cpu) == STEPS
+    assert uninterrupted["cuda-like"][1] == cpu  # the same fused kernel on the same numbers
+    assert close(uninterrupted["neuron-like"][1], cpu)  # foreach against fused
+
+
+@pytest.mark.parametrize(("source", "target"), PAIRS, ids=[f"{a}-to-{b}" for a, b in PAIRS])
+def test_a_checkpoint_moves_between_profiles(source, target, uninterrupted, small_corpus, tmp_path):
+    """Step 2's checkpoint of the run on `source`, resumed to STEPS on `target` as a user would."""
+    saved, losses = uninterrupted[source]
+    run = tmp_path / "resumed"
+    shutil.copytree(saved, run, ignore=shutil.ignore_patterns(f"step_{STEPS:08d}"))
+    device, profile = DEVICES[target]
+    resumed = train_here(small_corpus, run, device, STEPS, *HALF, resume="require", profile=profile)
+    assert resumed[:2] == losses[:2]  # the source's own steps, kept
+    assert close(resumed, losses)  # and the target's continue them
+
+
+def test_each_profile_generates_the_cpu_text(uninterrupted):
+    """Greedy decoding from the cuda-like run's checkpoint (the CPU's weights, bit for bit) on each device."""
+    run, _ = uninterrupted["cuda-like"]
+    texts = {}
+    for name, (device, profile) in DEVICES.items():
+        args = ["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", "12", "--device", device]
+        out = io.StringIO()
+        with (
+            profiles.profile(profiles.PROFILES[profile]) if profile else simulated_device.present(),
+            redirect_stdout(out),
+        ):
+            assert main(args) == 0
+        texts[name] = [line for line in out.getvalue().splitlines() if "tokens/s" not in line]  # not the timing
+    assert texts["cuda-like"] == texts["neuron-like"] == texts["cpu"] != []
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_two_processes_on_each_profile_give_the_cpu_losses(scenarios: ScenarioResults, layout: str) -> None:
+    cpu = scenarios.json(f"device-{layout}-cpu", "summary.rank0.json")["losses"]  # foreach AdamW
+    for name in profiles.PROFILES:
+        summary = scenarios.json(f"profile-{layout}-{name}", "summary.rank0.json")
+        assert f"on 2 x {simulated_device.TYPE} (pp 1 x dp 2 x tp 1, {layout})" in " ".join(summary["messages"])
+        losses = summary["losses"]
+        assert losses == cpu if name == "neuron-like" else close(losses, cpu), (name, losses, cpu)
