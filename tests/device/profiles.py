@@ -57,7 +57,9 @@ def _refuses(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
     raise RuntimeError("this compiler takes no graph")
 
 
-NEURON_LIKE = record.DeviceRecord(simulated_device.TYPE, compile_backend=NEURON_LIKE_BACKEND, compile_dynamic=False)
+NEURON_LIKE = record.DeviceRecord(
+    simulated_device.TYPE, compile_backend=NEURON_LIKE_BACKEND, compile_dynamic=False, init_on_host=True
+)
 
 _LSE_ALIGN, _BIAS_ALIGN = 32, 16  # kernel_forward.h: kAlignLSE; kAlignmentQ of the fp32 and 16-bit kernels
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from device import simulated_device
 from device.profiles import GRAPHS, NEURON_LIKE, NEURON_LIKE_BACKEND, REFUSES_EVERYTHING, profile
@@ -87,3 +88,52 @@ def test_bf16_sr_trains_on_the_neuron_like_device(compiling, small_corpus, tmp_p
         json.loads(x)["loss"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in x
     ]
     assert len(losses) == 2
+
+
+class _Int64OnDevice(TorchDispatchMode):
+    """Counts the operators that compute int64 results on the simulated device (copies aside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        results = out if isinstance(out, (tuple, list)) else (out,)
+        if name not in ("copy_", "_to_copy") and any(
+            isinstance(r, torch.Tensor) and r.device.type == simulated_device.TYPE and r.dtype == torch.int64
+            for r in results
+        ):
+            self.count += 1
+        return out
+
+
+def _initial_weights(device: torch.device) -> tuple[dict[str, torch.Tensor], int]:
+    from hlat.config.model import ModelConfig
+    from hlat.config.parallel import ParallelConfig
+    from hlat.parallel.mesh import setup
+    from hlat.parallel.parallelize import build_parallel_model
+
+    cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
+    counter = _Int64OnDevice()
+    with counter:
+        model = build_parallel_model(
+            cfg, parallel=ParallelConfig(), layout=setup(ParallelConfig(), device), device=device, seed=5,
+            n_microbatches=1, precision=PrecisionConfig(),
+        )  # fmt: skip
+    weights = {n: p.detach().cpu() for part in model.parts for n, p in part.named_parameters()}
+    return weights, counter.count
+
+
+def test_initialisation_runs_on_the_host_where_the_record_says_so():
+    """The neuron-like record's init_on_host: the initial weights are the CPU's exactly, and no
+    int64 arithmetic (the value function's hash) runs on the device; the generic record runs it there."""
+    cpu, _ = _initial_weights(torch.device("cpu"))
+    with profile(NEURON_LIKE):
+        on_host, host_ops = _initial_weights(DEVICE)
+    with profile(dataclasses.replace(NEURON_LIKE, init_on_host=False)):
+        on_device, device_ops = _initial_weights(DEVICE)
+    assert host_ops == 0 and device_ops > 100, (host_ops, device_ops)
+    for weights in (on_host, on_device):
+        assert weights.keys() == cpu.keys() and all(torch.equal(weights[n], cpu[n]) for n in cpu)

@@ -45,6 +45,10 @@ class DeviceRecord:
     float8: bool = False  # float8 matmuls, where the device's capability allows (hlat.float8)
     profiler_activity: str | None = None  # the torch.profiler.ProfilerActivity that traces its kernels
     stochastic_rounding_env: str | None = None  # the runtime's switch for hardware stochastic rounding
+    # Initial weights computed on the host and copied (hlat.parallel.init): the value function issues
+    # ~140 int64 operators per chunk (Threefry), which a device without int64 arithmetic runs as host
+    # fallbacks one by one (TorchNeuron's, as read; never measured on one).
+    init_on_host: bool = False
 
     @property
     def dist_backend(self) -> str | None:
@@ -104,6 +108,7 @@ RECORDS: dict[str, DeviceRecord] = {
         compile_backend="neuron",
         compile_dynamic=False,
         stochastic_rounding_env="NEURON_RT_STOCHASTIC_ROUNDING_EN",
+        init_on_host=True,
     ),
 }
 

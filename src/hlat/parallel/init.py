@@ -26,14 +26,15 @@ def canonical_name(name: str) -> str:
     return name
 
 
-def shard_indices(param: torch.Tensor) -> list[torch.Tensor]:
-    """For each dim, the global indices of this rank's elements, in the local tensor's order.
+def shard_indices(param: torch.Tensor, device: torch.device | None = None) -> list[torch.Tensor]:
+    """For each dim, the global indices of this rank's elements, in the local tensor's order, on
+    `device` (default: the parameter's).
 
     Each sharded mesh dim splits them as distribute_tensor splits the tensor (torch.chunk, uneven
     splits included; FSDP2's _StridedShard over a tensor-parallel dim interleaves); Replicate keeps
     them all. Only these 1-D index vectors are built, never the full tensor.
     """
-    indices = [torch.arange(n, device=local_tensor(param).device) for n in param.shape]
+    indices = [torch.arange(n, device=device or local_tensor(param).device) for n in param.shape]
     if not isinstance(param, DTensor):
         return indices
     coordinate = param.device_mesh.get_coordinate()
@@ -57,13 +58,15 @@ def shard_indices(param: torch.Tensor) -> list[torch.Tensor]:
     return indices
 
 
-def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
-    """This rank's elements of `param` from the global-index function, CHUNK elements at a time."""
+def _fill(param: torch.Tensor, name: str, std: float, seed: int, on_host: bool) -> None:
+    """This rank's elements of `param` from the global-index function, CHUNK elements at a time,
+    computed where the parameter lives or, `on_host`, on the CPU and copied over."""
     local = local_tensor(param)
-    indices = shard_indices(param)
+    where = torch.device("cpu") if on_host else local.device
+    indices = shard_indices(param, where)
     strides = [math.prod(param.shape[d + 1 :]) for d in range(param.dim())]
     # Global offsets within a row, by broadcasting (at least 1-D).
-    inner = torch.zeros([1] * max(1, param.dim() - 1), dtype=torch.long, device=local.device)
+    inner = torch.zeros([1] * max(1, param.dim() - 1), dtype=torch.long, device=where)
     for d in range(1, param.dim()):
         inner = inner + indices[d].view(-1, *[1] * (param.dim() - 1 - d)) * strides[d]
     k0, k1 = parameter_key(seed, name)
@@ -75,8 +78,12 @@ def _fill(param: torch.Tensor, name: str, std: float, seed: int) -> None:
 
 
 @torch.no_grad()
-def init_parameters(model: nn.Module, init_std_of: Callable[[str], float | None], seed: int) -> None:
+def init_parameters(
+    model: nn.Module, init_std_of: Callable[[str], float | None], seed: int, on_host: bool = False
+) -> None:
     """Initialise every parameter of `model` (possibly DTensors) where it lives; no communication.
+    `on_host`: compute the values on the CPU and copy them (DeviceRecord.init_on_host: a device
+    that would run the value function's int64 arithmetic as host fallbacks, op by op).
 
     `init_std_of(name)` gives the std (hlat.parallel.init_values for the distribution), or None for
     ones (norm weights). Eager torch ops: compiling the value function (bit-identical) was ~3x
@@ -91,4 +98,4 @@ def init_parameters(model: nn.Module, init_std_of: Callable[[str], float | None]
         elif std == 0.0:
             local_tensor(param).zero_()
         else:
-            _fill(param, name, std, seed)
+            _fill(param, name, std, seed, on_host)

@@ -318,7 +318,7 @@ def build_parallel_model(
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
             apply_data_parallel(module, layout, parallel.dp_sharding, precision)
         module.to_empty(device=device)
-        init_parameters(module, init_std_of, seed)
+        init_parameters(module, init_std_of, seed, on_host=device_record(device.type).init_on_host)
         module.reset_rope()
         parts.append(module if sharded else apply_data_parallel(module, layout, parallel.dp_sharding, precision))
     fsdp = sharded and layout.degrees.dp_cp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
