@@ -50,6 +50,7 @@ VARIANTS = {
 DOCUMENT_ENDS, EOS = [4, 7, 8, 15, 21, 22], 1
 GLOBAL_BATCH, SEQ, MICRO, STEPS = 8, 32, 2, 2
 LR = 1e-3
+CPU = torch.device("cpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +103,9 @@ def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
     return [torch.randint(0, vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS)]
 
 
-def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
-    """Train STEPS steps under `case` and save its results as files named by case.id. `compiled`:
-    each block torch.compiled."""
+def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: torch.device = CPU) -> None:
+    """Train STEPS steps under `case` on `device` and save its results as files named by case.id.
+    `compiled`: each block torch.compiled."""
     model_cfg, sharding = VARIANTS[case.variant], case.dp_sharding
     par = ParallelConfig(
         tp=case.tp,
@@ -124,7 +125,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
         model_cfg,
         parallel=par,
         layout=layout,
-        device=torch.device("cpu"),
+        device=device,
         seed=7,
         n_microbatches=per_dp // micro,
         precision=PrecisionConfig(mode="fp32"),
@@ -142,7 +143,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     losses, norms = [], []
     for tokens in global_batches(model_cfg.vocab_size):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
-        batches = [rows(case, mine[i : i + micro]) for i in range(0, per_dp, micro)]
+        batches = [rows(case, mine[i : i + micro]).to(device) for i in range(0, per_dp, micro)]
         norms.append(module.step(batches, LR).grad_norm.item())
         (loss,), skipped = module.read_losses()
         assert skipped == 0, f"{case.id}: a step was skipped"
@@ -151,7 +152,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False) -> None:
     for part in model.parts:
         full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
     tag = case.id
-    torch.save({k: v.detach().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
+    torch.save({k: v.detach().cpu().clone() for k, v in full.items()}, out / f"{tag}.rank{layout.rank}.pt")
     kv_flops = _kv_flops(model.parts[0], model_cfg.vocab_size) if layout.tp > model_cfg.n_kv_heads else None
     if layout.rank == 0:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]  # > 0: the blocks did compile
@@ -178,10 +179,10 @@ def _kv_flops(part: torch.nn.Module, vocab_size: int) -> int:
     return sum(wk.values())
 
 
-def layouts(ctx, cases: list[dict], backend: str = "") -> None:
+def layouts(ctx, cases: list[dict], backend: str = "", device: torch.device = CPU) -> None:
     """Scenario: each case (a Case as a dict) in turn over this scenario's processes (one: the reference). `backend`:
     "" eager, else every block compiled with that torch.compile backend (the suite runs eager,
-    tests/conftest.py, so compilation is switched back on here)."""
+    tests/conftest.py, so compilation is switched back on here). `device`: where they train."""
     compiled = bool(backend)
     patched = (
         mock.patch.object(parallelize, "compile_blocks", functools.partial(compile_blocks, backend=backend))
@@ -190,5 +191,5 @@ def layouts(ctx, cases: list[dict], backend: str = "") -> None:
     )
     with torch._dynamo.config.patch(disable=not compiled), patched:
         for case in (Case(**fields) for fields in cases):
-            layout = Layout(1, 0, Degrees(), None) if ctx.world == 1 else make_layout(case.degrees, torch.device("cpu"))
-            run(case, layout, ctx.out, compiled)
+            layout = Layout(1, 0, Degrees(), None) if ctx.world == 1 else make_layout(case.degrees, device)
+            run(case, layout, ctx.out, compiled, device)
