@@ -37,7 +37,7 @@ def test_fsdp_when_the_presets_sharding_does_not_fit():
         ("llama3.1-8b", [], DeviceRecord("gpu"), 141 * GIB),  # a device whose compiled TP blocks work
         ("llama3.1-8b", [], FSDP_FIRST, None),  # memory unknown
         ("llama3.1-8b", [], FSDP_FIRST, 8 * GIB),  # does not fit
-        ("hlat-70b", [], FSDP_FIRST, 141 * GIB),  # over 9B parameters
+        ("hlat-70b-gpu", [], FSDP_FIRST, 141 * GIB),  # over 9B parameters
     ],
 )
 def test_the_configured_layout_stands(preset, overrides, record, memory):

@@ -6,12 +6,13 @@ import functools
 import pytest
 
 from hlat.config.layout import Degrees, check_tensor_parallel
-from hlat.config.load import load_config
+from hlat.config.load import load_config, preset_names
 from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError
 from hlat.parallel.saved_activations import block_bytes
-from hlat.planning.memory import activation_bytes_per_layer, plan, state_memory
+from hlat.planning.forecast import Figures, make_system
+from hlat.planning.memory import activation_bytes_per_layer, largest_stage_gib, plan, state_memory
 
 GIB = 1024**3
 
@@ -35,7 +36,7 @@ def test_hlat_7b_on_1024_ranks_matches_hand_calculation():
 
 
 def test_hlat_70b_pipeline_stages():
-    cfg = load_config("hlat-70b")  # TP 8 x PP 8, zero2, fp32 weights (mixed)
+    cfg = load_config("hlat-70b-gpu")  # TP 8 x PP 8, zero2, fp32 weights (mixed)
     degrees, stages = plan(cfg, world=4096)
     assert degrees == Degrees(pp=8, dp_shard=64, tp=8) and len(stages) == 8
     assert [len(s.layers) for s in stages] == [10] * 8
@@ -51,8 +52,8 @@ def test_hlat_70b_pipeline_stages():
 
 
 def test_hlat_70b_with_kv_heads_replicated_over_tp_32():
-    """HLAT's own layout: 8 KV heads over TP 32, so every rank holds the whole KV projections."""
-    degrees, stages = plan(load_config("hlat-70b", None, ["--parallel.tp", "32"]), world=4096)
+    """HLAT's own layout (the preset's): 8 KV heads over TP 32, so every rank holds the whole KV projections."""
+    degrees, stages = plan(load_config("hlat-70b"), world=4096)
     assert degrees == Degrees(pp=8, dp_shard=16, tp=32)
     d, kv, f = 8192, 1024, 28672
     layer = (2 * d * d + 3 * d * f) // 32 + 2 * d * kv + 2 * d
@@ -164,3 +165,17 @@ def test_single_device_state_terms():
     assert (weights, grads) == (2 * LOCAL, 6 * LOCAL)  # bf16 grads + hlat.parallel.grad_accum's fp32 sums
     weights, grads, _ = _state("precision.mode", "mixed", dp=1)
     assert (weights, grads) == (6 * LOCAL, 4 * LOCAL)  # fp32 + the bf16 copies saved for backward
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_shipped_layout_fits_where_it_is_meant_to_run(preset):
+    """The paper's presets on trn1 NeuronCores at the paper's 4096 chips; the others on H100s,
+    with data parallel 8 beside their own tp x pp x cp (training's device_layout may change a GPU
+    layout; the preset's own must fit as shipped)."""
+    cfg = load_config(preset)
+    par = cfg.parallel
+    device, world = ("trn1", 8192) if preset in ("hlat-7b", "hlat-70b") else ("H100 SXM", 8 * par.tp * par.pp * par.cp)
+    cfg = load_config(preset, world=world)
+    _, stages = plan(cfg, world)
+    memory = make_system(device, Figures(None, None, None, None, None, None), cfg, world).memory_gib
+    assert largest_stage_gib(stages) <= memory, (preset, device, largest_stage_gib(stages), memory)

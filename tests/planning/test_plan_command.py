@@ -28,14 +28,37 @@ def test_trn2_plans_a_rank_per_logical_neuroncore(capsys):
     assert any(line.startswith("predicted on 256 x trn2 NeuronCore-v3 (2 nodes of 128;") for line in single)
 
 
-def test_the_70b_on_trn1_does_not_fit_a_neuroncore(capsys):
-    """HLAT's 4096 trn1 chips counted as 4096 ranks of 32 GiB let the 70B "fit (52%)"; Neuron runs a
-    process per 16 GiB NeuronCore, where it does not."""
-    lines = _plan(capsys, "--preset", "hlat-70b", "--world", "8192", "--device", "trn1")
-    assert "rank = 1 NeuronCore-v2 (16 GiB; 2 per chip)" in lines
+def test_the_paper_presets_fit_trn1_at_the_papers_scale(capsys):
+    """HLAT's 4096 trn1 chips are 8192 NeuronCores, a process each: both paper presets plan as
+    shipped (the 70B in HLAT's TP 32 x PP 8; the 7B's 1024 data-parallel ranks get 1024 virtual
+    shards, chosen and said)."""
+    for preset, need in (("hlat-70b", "7.65 GiB per rank (48% of the device)"), ("hlat-7b", "3.95 GiB per rank (25%")):
+        lines = _plan(capsys, "--preset", preset, "--world", "8192", "--device", "trn1")
+        assert "rank = 1 NeuronCore-v2 (16 GiB; 2 per chip)" in lines
+        fit = next(line for line in lines if line.startswith("on trn1 NeuronCore-v2 (16 GiB)"))
+        assert need in fit and fit.endswith(": fits"), fit
+        assert any(line.startswith("predicted on 8192 x trn1") for line in lines)
+    assert "data: 1024 virtual shards (auto for dp 1024; training records them at its first start)" in lines
+
+
+def test_a_layout_that_does_not_fit_predicts_no_days(capsys):
+    """The 70B at TP 8 on NeuronCores of 16 GiB (104%): the plan says so and prints no time or cost."""
+    lines = _plan(capsys, "--preset", "hlat-70b-gpu", "--world", "8192", "--device", "trn1")
     fit = next(line for line in lines if line.startswith("on trn1 NeuronCore-v2 (16 GiB)"))
     assert fit.endswith("(104% of the device): does NOT fit"), fit
-    assert "this layout does NOT fit: add --search to rank the layouts that do" in lines
+    assert (
+        lines[-1]
+        == "this layout does NOT fit, so no time or cost is predicted: add --search to rank the layouts that do"
+    )
+    assert not any("days" in line or line.startswith("predicted") for line in lines)
+
+
+def test_the_plan_is_the_layout_training_runs(capsys):
+    """On H100 hlat-7b trains tp 1 (parallel.device_layout auto): that is the plan, the preset's beside it."""
+    lines = _plan(capsys, "--preset", "hlat-7b", "--world", "64", "--device", "H100 SXM")
+    assert lines[0].startswith("layout: tp 1, zero2 over 64 data-parallel ranks instead of the preset's tp 8"), lines[0]
+    assert lines[0].endswith("; planned below")
+    assert lines[1].startswith("hlat-7b on 64 ranks: pp 1 x dp 64 x tp 1, zero2")
 
 
 def test_search_says_when_a_faster_layout_fits_and_its_overrides_give_it(capsys):

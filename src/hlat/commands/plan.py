@@ -73,10 +73,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.accelerators import by_table_name, format_table
+    from hlat.config.data import AUTO_VIRTUAL_SHARDS, auto_virtual_shards
     from hlat.device.record import calibration_group_record
     from hlat.errors import UserError
     from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
     from hlat.planning.memory import format_fit, format_plan, largest_stage_gib, plan
+    from hlat.planning.switches import format_switches, planned_layout
     from hlat.planning.throughput import step_time
 
     if args.device == "list":
@@ -106,25 +108,38 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             "--device cpu, or --peak-tflops and --memory-gib"
         )
     print("".join(note + "\n" for note in cfg.notes), end="")
+    configured = cfg
+    if system is not None:  # the layout training would run there (parallel.device_layout)
+        cfg, layout_line = planned_layout(configured, args.world, system)
+        if layout_line:
+            print(f"{layout_line}; planned below")
     degrees, stages = plan(cfg, args.world)
     print(format_plan(cfg, args.world, degrees, stages))
+    if not cfg.data.virtual_shards and (shards := auto_virtual_shards(degrees.dp)) != AUTO_VIRTUAL_SHARDS:
+        print(f"data: {shards} virtual shards (auto for dp {degrees.dp}; training records them at its first start)")
     if system is None:
         return 0
     print(format_fit(stages, system))
+    if degrees.tp > system.per_node:
+        print(
+            f"note: tp {degrees.tp} spans {degrees.tp // system.per_node} nodes of {system.per_node}: tensor "
+            f"parallelism crosses the network; --parallel.tp {system.per_node} keeps it in a node"
+            + (" (preset hlat-70b-gpu)" if cfg.name == "hlat-70b" else "")
+        )
     if degrees.cp > 1 and not calibration_group_record(system.calibration_group).ring_attention:
         print(
             f"note: parallel.cp does not train on {system.calibration_group} yet (ring attention has no kernel there)"
         )
     fits = largest_stage_gib(stages) <= system.memory_gib
     if not fits and not args.search:
-        print("this layout does NOT fit: add --search to rank the layouts that do")
+        print("this layout does NOT fit, so no time or cost is predicted: add --search to rank the layouts that do")
+        return 0
     budget = args.tokens or cfg.train.steps * cfg.train.global_batch * cfg.data.seq_len
     price = cfg.train.price_per_node_hour if args.price_per_node_hour is None else args.price_per_node_hour
     own = step_time(cfg, args.world, system)
-    print(format_forecast(own, system, args.world, budget, price))
-    from hlat.planning.switches import format_switches
-
-    print(format_switches(cfg, args.world, system))
+    if fits:
+        print(format_forecast(own, system, args.world, budget, price))
+    print(format_switches(configured, args.world, system))
     if args.search:
         from hlat.planning.layout_search import compare_with_own, format_search, search
 

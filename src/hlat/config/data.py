@@ -61,9 +61,11 @@ class DataConfig:
     bos: bool = False
     """Begin each document with the tokenizer's BOS (BOS + tokens + EOS), as Llama 3 was trained.
     Off: HLAT packed with EOS only. Needs a tokenizer with a BOS token (not the trained BPE)."""
-    virtual_shards: int = 512
+    virtual_shards: int = 0
     """Each source's documents are dealt into this many virtual shards, owned round-robin by the
-    data-parallel ranks; it bounds the data-parallel size and makes resharding exact."""
+    data-parallel ranks; it bounds the data-parallel size and makes resharding exact. 0 = auto:
+    512, or the smallest power of two at least the data-parallel size where that is larger,
+    chosen at a run's first start and kept on every resume (the run's config.toml records it)."""
     val_source: str = ""
     """Validation data: "" = none; "holdout" = a fraction of the (first) source's documents, never
     trained on; otherwise a separate source entry."""
@@ -77,6 +79,10 @@ class DataConfig:
 
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def shard_count(self, dp_size: int) -> int:
+        """The virtual shards dealt over `dp_size` data-parallel ranks: the set count, or auto's."""
+        return self.virtual_shards or auto_virtual_shards(dp_size)
 
     def weight_list(self) -> list[float]:
         n = len(source_entries(self.source))
@@ -122,8 +128,8 @@ class DataConfig:
             problems.append(
                 ("verify_shards", f"{self.verify_shards!r}: use {' or '.join(choices(DataConfig, 'verify_shards'))}")
             )
-        if self.virtual_shards < 1:
-            problems.append(("virtual_shards", f"{self.virtual_shards} must be positive (default 512)"))
+        if self.virtual_shards < 0:
+            problems.append(("virtual_shards", f"{self.virtual_shards} must be positive, or 0 for auto (the default)"))
         if not 0 < self.val_fraction < 1:
             problems.append(("val_fraction", f"{self.val_fraction} must be in (0, 1) (default 0.001)"))
         entries = source_entries(self.source)
@@ -177,3 +183,12 @@ def path_problems(cfg: DataConfig) -> list[tuple[str, str]]:
     if cfg.cache_dir and Path(cfg.cache_dir).expanduser().is_file():
         problems.append(("cache_dir", f"{cfg.cache_dir} is a file; give a directory or leave empty"))
     return problems
+
+
+AUTO_VIRTUAL_SHARDS = 512  # enough for a few hundred data-parallel ranks; a power of two, as auto's others
+
+
+def auto_virtual_shards(dp_size: int) -> int:
+    """data.virtual_shards = 0: 512, or the smallest power of two at least `dp_size` above it (room
+    to resume at any smaller data-parallel size; each shard is one rank's at a time)."""
+    return max(AUTO_VIRTUAL_SHARDS, 1 << max(0, dp_size - 1).bit_length())

@@ -76,12 +76,8 @@ def load_config(
                     )
                 ]
             )
-        _apply_table(
-            cfg,
-            tomllib.loads(resources.files(PRESETS).joinpath(f"{base}.toml").read_text()),
-            source=f"preset {base}",
-            user=False,
-        )
+        for name, preset_table in _preset_tables(base):
+            _apply_table(cfg, preset_table, source=f"preset {name}", user=False)
         cfg.name = base if config_file is None else cfg.name
     _apply_table(cfg, table, source=str(config_file), user=True)
     if preset and file_preset and file_preset != preset:
@@ -92,6 +88,13 @@ def load_config(
         cfg.fit_micro_batch(world)
     cfg.validate(world, checks)
     return cfg
+
+
+def _preset_tables(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """A preset's tables, the preset it names (`preset = "..."`, a variant of another) first."""
+    table = tomllib.loads(resources.files(PRESETS).joinpath(f"{name}.toml").read_text())
+    parent = table.pop("preset", None)
+    return (_preset_tables(parent) if parent else []) + [(name, table)]
 
 
 def read_run_config(path: str | Path) -> RunConfig:

@@ -226,7 +226,7 @@ class RunConfig:
                     "lower train.micro_batch or raise train.global_batch",
                 )
             )
-        if dp > self.data.virtual_shards:
+        if self.data.virtual_shards and dp > self.data.virtual_shards:
             problems.append(
                 (
                     "data.virtual_shards",

@@ -1,6 +1,6 @@
 """hlat plan --hlat: the paper's two runs (7B and 70B on 4096 accelerators, 1.8T tokens) on trn1
-and on the GPU cluster it weighed them against, in the presets' layouts (on trn1 over NeuronCores,
-in HLAT's own)."""
+and on the GPU cluster it weighed them against, in the presets' layouts (HLAT's own, on trn1 over
+NeuronCores; the 70B at TP 8 on the GPU nodes, preset hlat-70b-gpu's)."""
 
 from __future__ import annotations
 
@@ -24,18 +24,17 @@ class Cluster:
 
 
 # HLAT's comparison: 4096 accelerators as 256 trn1.32xlarge (16 Trainium chips) or 512 p4d.24xlarge (8 A100 40GB).
-# Neuron runs a process per NeuronCore, 2 a trn1 chip; there the 70B takes HLAT's TP 32 x PP 8 (the
-# preset's TP 8 is a GPU node's and needs 16.6 GiB of a core's 16), and the 7B's 1024 data-parallel
-# ranks a virtual shard each.
+# Neuron runs a process per NeuronCore, 2 a trn1 chip: the presets' own layouts (the 70B's TP 32 x
+# PP 8; the 7B's 1024 data-parallel ranks get 1024 virtual shards, data.virtual_shards auto). On
+# 8-GPU nodes the 70B runs its GPU layout (preset hlat-70b-gpu's TP 8).
 HLAT_CLUSTERS = (
     Cluster(
         "trn1",
         "trn1.32xlarge",
         21.50,
         ranks_per_accelerator=2,
-        overrides={"hlat-7b": ("--data.virtual_shards", "1024"), "hlat-70b": ("--parallel.tp", "32")},
     ),
-    Cluster("A100 SXM 40GB", "p4d.24xlarge", 32.77),
+    Cluster("A100 SXM 40GB", "p4d.24xlarge", 32.77, overrides={"hlat-70b": ("--parallel.tp", "8")}),
 )
 HLAT_WORLD = 4096
 HLAT_TOKENS = 1.8e12
@@ -44,7 +43,8 @@ HLAT_TOKENS = 1.8e12
 def format_hlat_runs(overrides: list[str]) -> str:
     lines = [
         f"HLAT's runs on {HLAT_WORLD} accelerators (trn1: {HLAT_WORLD * 2} NeuronCore ranks) in the presets' layouts, "
-        "on trn1 in HLAT's (`overrides` apply to both presets); days and cost per trillion tokens, and for the paper's "
+        "HLAT's (on the GPUs the 70B at TP 8; `overrides` apply to both presets); days and cost per trillion tokens, "
+        "and for the paper's "
         f"{HLAT_TOKENS / 1e12:g}T",
         f"{'preset':<9} {'cluster':<34} {'layout':<22} {'GiB/rank':>8} {'tokens/s':>11} {'MFU':>6} "
         f"{'days/1T':>8} {'cost/1T':>11} {'days':>6} {'cost':>12}",

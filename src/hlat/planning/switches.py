@@ -23,17 +23,26 @@ def attention_saved_bytes(cfg: RunConfig) -> float:
     return per_token * cfg.data.seq_len * cfg.train.micro_batch * model.n_layers / cfg.parallel.tp
 
 
+def planned_layout(cfg: RunConfig, world: int, system: System) -> tuple[RunConfig, str | None]:
+    """The config training would run on `world` ranks of `system` (parallel.device_layout
+    applied) and, where that differs from the config's own layout, the line saying so."""
+    record = calibration_group_record(system.calibration_group)
+    return device_layout(cfg, world, record, int(system.memory_gib * GIB))
+
+
 def format_switches(cfg: RunConfig, world: int, system: System) -> str:
+    """`cfg` as configured; the counts are of the layout training would run (planned_layout)."""
     record = calibration_group_record(system.calibration_group)
     lines = [f"speed switches on {system.name} (counted, not measured):"]
-    laid_out, line = device_layout(cfg, world, record, int(system.memory_gib * GIB))
+    laid_out, line = planned_layout(cfg, world, system)
     if line:
-        par = laid_out.parallel
         lines.append(
-            f"  layout: parallel.device_layout auto runs tp 1, {par.dp_sharding} (the plan above is the config's)"
+            f"  layout: parallel.device_layout auto runs tp 1, {laid_out.parallel.dp_sharding} "
+            f"(the config's tp {cfg.parallel.tp}: --parallel.device_layout config)"
         )
     else:
         lines.append(f"  layout: as configured (tp {cfg.parallel.tp})")
+    cfg = laid_out
     par = cfg.parallel
     if par.activation_checkpoint == "selective":
         replayed = (

@@ -56,7 +56,15 @@ from hlat.train.elastic.group import ElasticGroup
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.secret import run_key
 from hlat.train.elastic.shares import ElasticData
-from hlat.train.resume import Progress, RunState, check_init_from, check_run_dir, prepare_run_dir, record_run
+from hlat.train.resume import (
+    Progress,
+    RunState,
+    check_init_from,
+    check_run_dir,
+    prepare_run_dir,
+    record_run,
+    resolve_shard_count,
+)
 from hlat.train.step_data import Accumulation, StepData
 from hlat.train.train_module import TrainModule
 
@@ -102,13 +110,16 @@ def build_run(
     key = run_key(cfg.elastic) if cfg.elastic.enabled else b""  # now: a bad secret fails before the slow steps
     user_callbacks = [load_callback(path) for path in cfg.train.callbacks] + callbacks
     cfg, device, layout, float8, out = _placement(cfg, out)
+    # an elastic group reads whole shares of the global batch (as many as the groups present leave
+    # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
+    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
+    cfg, shards_line = resolve_shard_count(cfg, resume, shares)
+    if shards_line:
+        out(shards_line)
     torch.manual_seed(cfg.train.seed)
     tokenizer = _tokenizer(cfg, layout, out)
     loader = _loader(cfg, tokenizer, layout, out)
     val_batches = _validation(cfg, tokenizer, layout, device)
-    # an elastic group reads whole shares of the global batch (as many as the groups present leave
-    # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
-    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
     accum = cfg.train.global_batch // shares // cfg.train.micro_batch
     model = _model(cfg, layout, device, accum, float8, out)
     tasks = (

@@ -8,6 +8,8 @@ and RNG, the counters) whatever the layout that saved it.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ import torch
 from hlat.atomic_files import write_atomic
 from hlat.checkpoint.manager import CheckpointManager, SaveStats
 from hlat.checkpoint.restore import holds_training_state, init_weights, rank_state_for
+from hlat.config.data import auto_virtual_shards
 from hlat.config.data_paths import source_entries
 from hlat.config.load import RUN_CONFIG, read_run_config
 from hlat.config.run import RunConfig
@@ -107,7 +110,27 @@ def _value(cfg: RunConfig, key: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
+def resolve_shard_count(cfg: RunConfig, resume: str, ranks: int) -> tuple[RunConfig, str | None]:
+    """data.virtual_shards = 0 (auto) made a count: the one the run chose at its first start (its
+    config.toml, where its newest checkpoint can be resumed), else auto's for `ranks` data-parallel
+    ranks (elastic: every group's shares). The count then goes into config.toml with the rest."""
+    if cfg.data.virtual_shards:
+        return cfg, None
+    checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", None).checkpoints()
+    resumable = resume != "fresh" and checkpoints and holds_training_state(checkpoints[-1])
+    saved = (
+        read_run_config(cfg.run_dir).data.virtual_shards if resumable and (cfg.run_dir / RUN_CONFIG).is_file() else 0
+    )
+    count = saved or auto_virtual_shards(ranks)
+    cfg = copy.deepcopy(cfg)
+    cfg.data = dataclasses.replace(cfg.data, virtual_shards=count)
+    why = "kept from the run's first start" if saved else f"auto for {ranks} data-parallel ranks"
+    return cfg, f"data: {count} virtual shards ({why})"
+
+
 def _differs(key: str, saved: Any, now: Any) -> bool:
+    if key == "data.virtual_shards" and now == 0:
+        return False  # auto keeps the count the run chose at its first start (build.shard_count)
     if key not in PATHS:
         return saved != now
     old, new = source_entries(saved), source_entries(now)
