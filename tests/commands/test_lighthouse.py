@@ -1,6 +1,7 @@
 """hlat lighthouse: its numbers are checked in one line, and it listens on loopback unless --host
 says otherwise (an elastic run's groups exchange the whole model: nothing listens on every
-interface by default). Also the elastic inputs checked before a run starts."""
+interface by default). Also the elastic inputs checked before a run starts (a bind address among
+them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hlat.cli import main
 from hlat.config.run import RunConfig
 from hlat.errors import ConfigError, UserError
 from hlat.faults import hold_groups
+from listening import listening
 
 
 @pytest.mark.parametrize(
@@ -34,18 +36,6 @@ def test_bad_numbers_are_one_line(flags, message, capsys):
     assert message in err and len(err.splitlines()) == 1, err
 
 
-def _listening(port: int) -> list[str]:
-    """The local addresses (hex, as /proc/net/tcp* writes them) that listen on `port`."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, hex_port = local.rsplit(":", 1)
-            if state == "0A" and int(hex_port, 16) == port:
-                found.append(address)
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening sockets from /proc/net")
 def test_the_lighthouse_listens_on_loopback_by_default(tmp_path):
     log = tmp_path / "lighthouse.log"
@@ -59,8 +49,8 @@ def test_the_lighthouse_listens_on_loopback_by_default(tmp_path):
         while not (found := re.search(r"listening at \S+:(\d+)", log.read_text())):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
-        addresses = _listening(int(found.group(1)))
-        assert addresses and all(a in ("0100007F", "00000000000000000000000001000000") for a in addresses), addresses
+        addresses = [address for address, port in listening(proc.pid) if port == int(found.group(1))]
+        assert addresses and all(a in ("127.0.0.1", "::1") for a in addresses), addresses
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -87,3 +77,22 @@ def test_the_elastic_hold_hook_is_for_tests_only(monkeypatch):
     monkeypatch.setenv("HLAT_ELASTIC_HOLD", "one:3")
     with pytest.raises(UserError, match="HLAT_ELASTIC_HOLD='one:3': give STEP:GROUPS"):
         hold_groups(1)
+
+
+def test_an_elastic_bind_address_is_one_address_of_this_machine():
+    from hlat.train.elastic.sockets import listening_socket
+
+    cfg = RunConfig()
+    cfg.elastic.enabled, cfg.elastic.lighthouse, cfg.elastic.trusted_network = True, "http://localhost:29510", True
+    cfg.elastic.group = "0"
+    for bad in ("0.0.0.0", "::", "node-3", "10.0.0"):
+        cfg.elastic.bind_address = bad
+        with pytest.raises(ConfigError) as err:
+            cfg.validate()
+        assert [field for field, _ in err.value.problems] == ["elastic.bind_address"], bad
+    cfg.elastic.bind_address = "127.0.0.1"
+    cfg.validate()
+    with pytest.raises(UserError, match=r"^elastic.bind_address=198.51.100.7: cannot listen there .*this machine$"):
+        listening_socket("198.51.100.7")  # a documentation address: on no machine
+    with listening_socket("127.0.0.1") as sock:
+        assert sock.getsockname()[0] == "127.0.0.1"

@@ -4,12 +4,17 @@ address but not the run secret, joins four times while two groups train; it (d) 
 groups' step and sends garbage for the member check and a huge share length, (a) asks for a
 group's state, (b) offers zeroed weights from a higher step, (c) claims step 10^6 with another
 fingerprint. Nothing of a group is read or replaced: the groups train every step with the
-uninterrupted run's losses, tokens and weights, exit 0, and their logs name the rogue. One process
-per group and the rogue, on gloo on loopback, the lighthouse in this process."""
+uninterrupted run's losses, tokens and weights, exit 0, and their logs name the rogue. Meanwhile
+nothing of a group or the lighthouse listens on every interface but the one socket the group's log
+names (torchft's manager server). One process per group and the rogue, on gloo on loopback, the
+lighthouse in this process."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import re
 import secrets
 import subprocess
 import sys
@@ -33,6 +38,7 @@ HOLD = ",".join(["1:2"] + [f"{after + 1}:3" for _, after, _ in ATTACKS])  # the 
 def test_a_rogue_without_the_secret_changes_nothing(small_corpus, tmp_path):
     from torchft.coordination import LighthouseServer
 
+    from listening import listening
     from runs import wait_for_shared_launch
     from test_elastic import DEADLINE_S, SECRET, assert_every_share_once, final_weights, logged_losses, records, wait
     from test_elastic import start_group as start
@@ -55,6 +61,10 @@ def test_a_rogue_without_the_secret_changes_nothing(small_corpus, tmp_path):
             [sys.executable, __file__, servers[1].address(), str(faulty)], stdout=log, stderr=subprocess.STDOUT
         )
     try:
+        for g, proc in enumerate(procs):
+            assert_bound(proc, faulty / f"group{g}.0.log", DEADLINE_S)
+        lighthouses = {int(server.address().rsplit(":", 1)[1]) for server in servers}
+        assert not wildcards([s for s in listening(os.getpid()) if s[1] in lighthouses]), listening(os.getpid())
         for proc in procs:
             wait(proc, faulty)
         wait(reference, straight)
@@ -87,6 +97,26 @@ def test_a_rogue_without_the_secret_changes_nothing(small_corpus, tmp_path):
     secret = next(iter(SECRET.values()))
     for path in (p for p in faulty.rglob("*") if p.is_file()):
         assert secret.encode() not in path.read_bytes(), path
+
+
+def wildcards(sockets: list[tuple[str, int]]) -> set[int]:
+    """The ports of `sockets` (listening.listening) that listen on every interface."""
+    return {port for address, port in sockets if ipaddress.ip_address(address).is_unspecified}
+
+
+def assert_bound(proc: subprocess.Popen, log: Path, deadline_s: float) -> None:
+    """Once the group met the others (its store, state server, manager server and gloo listen),
+    the only socket of it on every interface is the one its start-up log names."""
+    from listening import listening
+
+    deadline = time.monotonic() + deadline_s
+    while "present at step 1 " not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    named = re.search(r"manager server listens on every interface at TCP port (\d+)", log.read_text())
+    assert named, log.read_text()[-3000:]
+    sockets = listening(proc.pid)
+    assert wildcards(sockets) == {int(named.group(1))}, sockets
 
 
 def _rogue(lighthouse: str, run: Path) -> None:

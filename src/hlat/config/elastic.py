@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -28,6 +29,10 @@ class ElasticConfig:
     timeout_s: float = 60.0
     """How long a step waits for the quorum and for a collective before the groups it waits on
     are dropped (a hung or lost group); also how often a group says again which peer it refuses."""
+    bind_address: str = ""
+    """The one address of this machine that the group's sockets listen on (its store and state
+    server), e.g. its address on the cluster network; empty: the address it reaches the lighthouse
+    from. torchft's manager server listens on every interface regardless (docs/operations.md)."""
     secret_file: str = ""
     """A file holding the run's secret, readable by its owner only (`hlat elastic-secret FILE`
     creates one; every group of the run reads the same secret). Groups prove it to each other before
@@ -57,6 +62,8 @@ class ElasticConfig:
             problems.append(("min_groups", f"must be >= 1, got {self.min_groups}"))
         if self.max_groups < self.min_groups:
             problems.append(("max_groups", f"{self.max_groups} is below elastic.min_groups={self.min_groups}"))
+        if self.bind_address:
+            problems.extend(_bind_problems(self.bind_address))
         if self.secret_file and self.secret_env:
             problems.append(("secret_env", "give elastic.secret_file or elastic.secret_env, not both"))
         if not (self.secret_file or self.secret_env or self.trusted_network):
@@ -70,3 +77,13 @@ class ElasticConfig:
         if self.timeout_s <= 0:
             problems.append(("timeout_s", f"must be > 0 seconds, got {self.timeout_s}"))
         return problems
+
+
+def _bind_problems(address: str) -> list[tuple[str, str]]:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return [("bind_address", f"{address!r} is not an IP address: give one address of this machine, e.g. 10.0.0.5")]
+    if ip.is_unspecified:
+        return [("bind_address", f"{address} is every interface: give one address of this machine, e.g. 10.0.0.5")]
+    return []

@@ -36,6 +36,7 @@ from hlat.config.elastic import ElasticConfig
 from hlat.dtensor import local_tensor
 from hlat.errors import UserError
 from hlat.train.elastic.members import member_problems
+from hlat.train.elastic.sockets import bound_store, manager_server_line, manager_server_port
 
 INSTALL = "pip install 'hlat[elastic]'"
 
@@ -65,12 +66,13 @@ def check_lighthouse(address: str, timeout_s: float) -> str:
         ) from None
 
 
-def _group_store() -> tuple[str, int, Any]:
-    """The group's TCPStore that torchft's Manager needs: torchrun's, else one of our own (a plain process)."""
+def _group_store(host: str) -> tuple[str, int, Any]:
+    """The group's TCPStore that torchft's Manager needs: torchrun's, else one of our own (a plain
+    process) on `host`, where the other groups reach it."""
     if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None
-    store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
-    return "localhost", store.port, store
+    store = bound_store(host)
+    return host, store.port, store
 
 
 def local_tensors(state: Any) -> Any:
@@ -150,11 +152,12 @@ class Replicas:
 
         from hlat.train.elastic.transport import AuthenticatedTransport
 
-        host = check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+        reaches = check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
+        host = cfg.bind_address or reaches  # every socket of this group listens there only
         self.cfg, self.key, self.fingerprint = cfg, key, fingerprint
         self.notices = Notices(out, cfg.timeout_s)
         timeout = timedelta(seconds=cfg.timeout_s)
-        store_host, port, self._store = _group_store()
+        store_host, port, self._store = _group_store(host)
         self.transport = AuthenticatedTransport(
             key=key, fingerprint=fingerprint, host=host, timeout=timeout, own_state=state_dict, say=self.notices.say
         )
@@ -177,6 +180,8 @@ class Replicas:
             checkpoint_transport=self.transport,
             init_sync=False,  # every group initialises the same weights from train.seed
         )
+        if rank == 0:  # the group's rank 0 runs torchft's manager server
+            out(manager_server_line(manager_server_port(store_host, port), host))
         self.committed = False
 
     def join(self) -> tuple[int, int]:

@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torchft.checkpointing.transport import CheckpointTransport
 
 from hlat.train.elastic.secret import mac
+from hlat.train.elastic.sockets import listening_socket
 
 MAC_BYTES = 32
 CHALLENGES = 256  # challenges outstanding at most (the oldest is dropped): a flood costs no memory
@@ -231,4 +232,8 @@ def _server(host: str, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPSe
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         daemon_threads = True
 
-    return Server((host, 0), handler)
+    server = Server((host, 0), handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = listening_socket(host)  # a bad elastic.bind_address is one line
+    server.server_address = server.socket.getsockname()
+    return server
