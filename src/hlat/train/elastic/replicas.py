@@ -152,8 +152,8 @@ class Replicas:
 
         from hlat.train.elastic.transport import AuthenticatedTransport
 
-        reaches = check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))
-        host = cfg.bind_address or reaches  # every socket of this group listens there only
+        reaches = check_lighthouse(cfg.lighthouse, min(cfg.timeout_s, 10.0))  # also: fail now if none answers
+        host = cfg.bind_address or reaches  # every socket hlat opens for this group listens there only
         self.cfg, self.key, self.fingerprint = cfg, key, fingerprint
         self.notices = Notices(out, cfg.timeout_s)
         timeout = timedelta(seconds=cfg.timeout_s)

@@ -1,12 +1,11 @@
 """The sockets an elastic group listens on, each bound to one address of this machine
 (elastic.bind_address, else the address it reaches the lighthouse from), never every interface:
 a group's store and state server carry what a run's groups exchange. torchft 0.2.0's manager
-server is the exception (it binds `[::]` itself, with no option): the group names its port."""
+server binds `[::]` itself, with no option to narrow it: the group names its port at start-up."""
 
 from __future__ import annotations
 
 import socket
-from urllib.parse import urlparse
 
 import torch
 
@@ -42,13 +41,11 @@ def manager_server_port(store_host: str, store_port: int) -> int:
     from torchft.manager import MANAGER_ADDR_KEY
 
     store = torch.distributed.TCPStore(store_host, store_port, is_master=False, wait_for_workers=False)
-    port = urlparse(store.get(MANAGER_ADDR_KEY).decode()).port
-    assert port is not None
-    return port
+    return int(store.get(MANAGER_ADDR_KEY).decode().rsplit(":", 1)[1])  # http://HOST:PORT
 
 
 def manager_server_line(port: int, host: str) -> str:
-    """The start-up line naming the one socket of a group that listens on every interface, and its firewall rule."""
+    """The start-up line naming torchft's manager server, which listens on every interface, and its firewall rule."""
     return (
         f"elastic: torchft's manager server listens on every interface at TCP port {port} (torchft 0.2.0 cannot "
         f"bind it to {host}); let only the run's machines reach it, e.g. `iptables -A INPUT -p tcp --dport {port} "
