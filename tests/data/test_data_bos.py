@@ -167,11 +167,15 @@ def test_shards_and_mixtures_with_bos(tmp_path, source, l3, corpus_factory):
     corpus_factory(tmp_path / "other", n_docs=12, seed=5, long_chars=0)
     sources = [source, TextFiles(tmp_path / "other")]
     mixed = PackedLoader(sources, l3, seq_len=SEQ, batch_size=BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
-    stream = stream_of(mixed, 40)
+    streams: list[list[int]] = [[], []]  # each source's rows in order: a row holds one source's tokens
+    for step in range(40):
+        for source, row in zip(mixed._mixture.places(step), mixed.next_batch().tokens.tolist(), strict=True):
+            streams[source] += row
     state = mixed.state_dict()
     bos, eos = l3.bos_id, l3.eos_id
-    assert stream[0] == bos and all(stream[i + 1] == bos for i, t in enumerate(stream[:-1]) if t == eos)
-    assert all(stream[i - 1] == eos for i, t in enumerate(stream) if t == bos and i)
+    for stream in streams:
+        assert stream[0] == bos and all(stream[i + 1] == bos for i, t in enumerate(stream[:-1]) if t == eos)
+        assert all(stream[i - 1] == eos for i, t in enumerate(stream) if t == bos and i)
     assert min(mixed.tokens_emitted) > 0
     resumed = PackedLoader(sources, l3, seq_len=SEQ, batch_size=BATCH, seed=2, weights=[0.7, 0.3], bos_id=l3.bos_id)
     resumed.load_state_dict(roundtrip(state))

@@ -137,9 +137,11 @@ def build_loader(
     batch_size: int,
     dp_rank: int = 0,
     dp_size: int = 1,
+    step_rows: int | None = None,
     log_fn: Callable[[str], None] | None = None,
 ) -> PackedLoader:
-    """The training loader of one data-parallel rank (without the held-out split, if any)."""
+    """The training loader of one data-parallel rank (without the held-out split, if any);
+    `step_rows`: its rows per optimizer step (PackedLoader: each global batch's mixture)."""
     docs, _ = _split(cfg, tokenizer)
     loader = PackedLoader(
         docs,
@@ -156,6 +158,7 @@ def build_loader(
         bad_documents=cfg.bad_documents,
         bos_id=data_bos_id(cfg, tokenizer),
         log_fn=log_fn,
+        step_rows=step_rows,
     )
     if log_fn is not None:
         shares = ", ".join(f"{d.name} x{w:g}" for d, w in zip(loader.docs, loader.weights))

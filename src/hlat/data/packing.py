@@ -6,9 +6,11 @@ document is BOS + tokens + EOS); documents form one token stream, cut into rows 
 Blank documents are skipped and counted; unreadable ones (``BadDocument``) raise, or
 are skipped, counted and logged with ``bad_documents="skip"``.
 
-Mixtures: at each document boundary the next document comes from the source that is furthest
-behind its weight (smallest tokens_emitted / weight; ties to the first). This is deterministic,
-needs no random state, and keeps every source within one document of its share at all times.
+Mixtures: every row comes from one source, chosen by the row's place in its global batch (the
+dp_size x step_rows rows of one optimizer step; BatchMixture): each global batch holds each
+source's rows within one of weight x rows, at every data-parallel size. Each source packs its
+own documents into its rows, carrying a document cut at a row's end into that source's next row. A loader resumed from a state saved before this order (no "mixture" in it)
+keeps the older one: at each document boundary the source furthest behind its token share.
 
 The state (``state_dict``) is only what ``next_batch`` has returned: per source, the position of
 every virtual shard this rank owns (see order.py) and the tokens emitted; the source whose document
@@ -66,7 +68,10 @@ class PackedLoader:
         bos_id: int | None = None,
         prefetch: bool = True,
         log_fn: Callable[[str], None] | None = None,
+        step_rows: int | None = None,
     ):
+        """`step_rows`: this rank's rows per optimizer step (micro-batch x accumulation; default one
+        micro-batch), which places each row in its global batch for the mixture."""
         if seq_len < 2:
             raise ValueError(f"seq_len={seq_len} must be at least 2")
         if batch_size < 1:
@@ -105,6 +110,12 @@ class PackedLoader:
         self.docs_per_epoch = sum(s.docs_per_epoch for s in self.streams)
         self.tokens_emitted = [0] * len(self.docs)
         self._current: int | None = None  # the source whose document is in progress
+        self.step_rows = step_rows or batch_size
+        if self.step_rows % batch_size:
+            raise ValueError(f"step_rows={self.step_rows} must be a multiple of batch_size={batch_size}")
+        self.mixture = "rows"  # the order a resumed older state keeps is "tokens" (the module's docstring)
+        self.rows_emitted = 0
+        self._mixture = BatchMixture(self.weights, dp_size * self.step_rows)
         self.empty_skipped = 0
         self.bad_skipped = 0
 
@@ -139,16 +150,24 @@ class PackedLoader:
         return {d.name: n / total for d, n in zip(self.docs, self.tokens_emitted)}
 
     # ---- packing --------------------------------------------------------------------------------
+    def _row_source(self) -> int | None:
+        """The source the next row comes from, or None where rows mix sources (one source; the older order)."""
+        if len(self.docs) == 1 or self.mixture != "rows":
+            return None
+        batch, row = divmod(self.rows_emitted, self.step_rows)
+        return self._mixture.places(batch)[self.dp_rank * self.step_rows + row]
+
     def _pick(self) -> int:
         if self._current is None:
             self._current = min(range(len(self.docs)), key=lambda k: self.tokens_emitted[k] / self.weights[k])
         return self._current
 
-    def _fill(self, row: np.ndarray) -> None:
+    def _fill(self, row: np.ndarray, source: int | None) -> None:
+        """Pack `row` from `source`'s documents, or (None) from the source each document boundary picks."""
         pos, n = 0, row.shape[0]
         blank_run = 0
         while pos < n:
-            k = self._pick()
+            k = self._pick() if source is None else source
             stream = self.streams[k]
             seg, offset = stream.head()
             offset, last = offset - stream.start, stream.last
@@ -185,7 +204,11 @@ class PackedLoader:
     def next_batch(self) -> Batch:
         rows = np.empty((self.batch_size, self.seq_len), dtype=np.int64)
         for b in range(self.batch_size):
-            self._fill(rows[b])
+            source = self._row_source()
+            if source is not None:
+                self._current = source  # the row's source; its document in progress stays its own
+            self._fill(rows[b], source)
+            self.rows_emitted += 1
         return make_batch(torch.from_numpy(rows), self.eos_id, self.document_masking, self.mask_eos_target)
 
     def __iter__(self):
@@ -210,6 +233,8 @@ class PackedLoader:
             "shards": [s.state_dict() for s in self.streams],
             "tokens_emitted": list(self.tokens_emitted),
             "current": -1 if self._current is None else self._current,
+            "mixture": self.mixture,
+            "rows": self.rows_emitted,
             "empty_skipped": self.empty_skipped,
             "bad_skipped": self.bad_skipped,
         }
@@ -252,14 +277,64 @@ class PackedLoader:
             )
         for stream, shards in zip(self.streams, state["shards"]):
             stream.load_state_dict(shards)
+        self.mixture = state.get("mixture", "tokens")  # a state from before per-batch mixtures keeps its order
         if merged:  # this rank's share of what all ranks emitted; scheduling only needs ratios
             self.tokens_emitted = [t // self.dp_size for t in state["tokens_emitted"]]
+            self.rows_emitted = int(state.get("rows", 0)) // self.dp_size  # saved at a step's end: a place 0
             self._current = None
             self.empty_skipped = self.bad_skipped = 0
         else:
             self.tokens_emitted = list(state["tokens_emitted"])
+            self.rows_emitted = int(state.get("rows", 0))
             self._current = None if state["current"] < 0 else int(state["current"])
             self.empty_skipped, self.bad_skipped = int(state["empty_skipped"]), int(state["bad_skipped"])
+
+
+class BatchMixture:
+    """Which source each row of each global batch comes from. Batch s holds floor(w x rows) or one
+    more rows of each source (so within one of weight x rows), the extra rows going to the sources
+    furthest behind their share of every batch so far (so the shares hold over the run as well).
+    Within the batch the rows are interleaved in the error-minimising order of Megatron's blended
+    datasets (each source's count of places 0..i stays within one of its share), so every
+    data-parallel rank's slice holds a mix. A pure function of (weights, rows, s): every rank, and
+    every data-parallel size, computes the same."""
+
+    def __init__(self, weights: Sequence[float], rows: int) -> None:
+        total = sum(weights)
+        self.shares = [w / total * rows for w in weights]  # rows of each source a batch should hold
+        self.rows = rows
+        self._batch, self._cumulative = 0, [0] * len(weights)  # before batch _batch
+        self._places: list[int] = []
+        self._places_of = -1
+
+    def places(self, batch: int) -> list[int]:
+        """The source of each of batch `batch`'s rows."""
+        if batch != self._places_of:
+            self._places, self._places_of = self._interleave(self._counts(batch)), batch
+        return self._places
+
+    def _counts(self, batch: int) -> list[int]:
+        if batch < self._batch:  # resumed earlier than the cache: from the start again (cheap)
+            self._batch, self._cumulative = 0, [0] * len(self.shares)
+        while True:
+            base = [int(share) for share in self.shares]
+            behind = [
+                share * (self._batch + 1) - done - b for share, done, b in zip(self.shares, self._cumulative, base)
+            ]
+            for k in sorted(range(len(base)), key=lambda k: (-behind[k], k))[: self.rows - sum(base)]:
+                base[k] += 1
+            if self._batch == batch:
+                return base
+            self._cumulative = [done + c for done, c in zip(self._cumulative, base)]
+            self._batch += 1
+
+    def _interleave(self, counts: list[int]) -> list[int]:
+        placed, order = [0] * len(counts), []
+        for i in range(self.rows):
+            k = max(range(len(counts)), key=lambda j: counts[j] * (i + 1) - self.rows * placed[j])
+            placed[k] += 1
+            order.append(k)
+        return order
 
 
 # A source fingerprint is SOURCE|tok=TOKENIZER|split=MAX_DOC_CHARS (documents.tokens_fingerprint;
@@ -338,6 +413,7 @@ def merge_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     merged["tokens_emitted"] = [
         sum(s["tokens_emitted"][k] for s in states) for k in range(len(states[0]["tokens_emitted"]))
     ]
+    merged["rows"] = sum(s.get("rows", 0) for s in states)
     merged["empty_skipped"] = sum(s["empty_skipped"] for s in states)
     merged["bad_skipped"] = sum(s["bad_skipped"] for s in states)
     merged["ranks"] = states

@@ -240,7 +240,7 @@ def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> P
         def rank_loader(rank: int, ranks: int, log: Out | None) -> PackedLoader:
             return build_loader(
                 cfg.data, tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
-                dp_rank=rank, dp_size=ranks, log_fn=log,
+                dp_rank=rank, dp_size=ranks, step_rows=cfg.train.global_batch // ranks, log_fn=log,
             )  # fmt: skip
 
         if not cfg.elastic.enabled:
