@@ -1,5 +1,5 @@
 """Each profile of the simulated device (tests/device/profiles.py) trains, resumes, generates and
-runs DDP and FSDP2 on two processes with the CPU's numbers, and a checkpoint moves between every
+runs DDP and FSDP2 on two processes with the CPU's numbers, evaluates with its log-likelihoods, and a checkpoint moves between every
 pair of {cpu, cuda-like, neuron-like}: fused AdamW state (the CPU's, CUDA's) resumed by foreach
 (Neuron's) and back.
 
@@ -20,6 +20,7 @@ from device import profiles, simulated_device
 from device.device_runs import train_here
 from device.test_distributed_on_device import LAYOUTS
 from device.test_distributed_on_device import SCENARIOS as CPU_SCENARIOS
+from eval.task_files import write_tiny_tasks
 from hlat.cli import main
 from runs import Scenario, ScenarioResults
 
@@ -74,20 +75,37 @@ def test_a_checkpoint_moves_between_profiles(source, target, uninterrupted, smal
     assert close(resumed, losses)  # and the target's continue them
 
 
-def test_each_profile_generates_the_cpu_text(uninterrupted):
-    """Greedy decoding from the cuda-like run's checkpoint (the CPU's weights, bit for bit) on each device."""
+def test_each_profile_evaluates_and_generates_as_the_cpu(uninterrupted, tmp_path):
+    """`hlat eval` (every example's log-likelihoods) and greedy `hlat generate` from the cuda-like
+    run's checkpoint (the CPU's weights, bit for bit) on each device."""
     run, _ = uninterrupted["cuda-like"]
-    texts = {}
+    run = run / "checkpoints" / f"step_{STEPS:08d}"  # one checkpoint (a run directory would be swept)
+    tasks = write_tiny_tasks(tmp_path / "tasks")
+    results = {}
     for name, (device, profile) in DEVICES.items():
-        args = ["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", "12", "--device", device]
-        out = io.StringIO()
-        with (
-            profiles.profile(profiles.PROFILES[profile]) if profile else simulated_device.present(),
-            redirect_stdout(out),
-        ):
-            assert main(args) == 0
-        texts[name] = [line for line in out.getvalue().splitlines() if "tokens/s" not in line]  # not the timing
-    assert texts["cuda-like"] == texts["neuron-like"] == texts["cpu"] != []
+        out, text = tmp_path / f"eval-{name}", io.StringIO()
+        evaluate = ["eval", "--checkpoint", str(run), "--tasks", "arc_easy,perplexity", "--data-dir", str(tasks),
+                    "--output", str(out), "--device", device, "--log-samples"]  # fmt: skip
+        generate = [
+            "generate",
+            "--checkpoint",
+            str(run),
+            "--prompt",
+            "def ",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            device,
+        ]
+        with profiles.profile(profiles.PROFILES[profile]) if profile else simulated_device.present():
+            assert main(evaluate) == 0, name
+            with redirect_stdout(text):
+                assert main(generate) == 0, name
+        samples = [(out / f"samples_{task}.jsonl").read_text() for task in ("arc_easy", "perplexity")]
+        generated = [line for line in text.getvalue().splitlines() if "tokens/s" not in line]  # not the timing
+        results[name] = samples, generated
+    assert results["cuda-like"] == results["neuron-like"] == results["cpu"]
+    assert results["cpu"][1] != []
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
