@@ -155,14 +155,50 @@ def _efficient_backward(
 
 
 # What of CUDA's row the simulated device can take: its fused AdamW (the CPU's fused kernel on the
-# host data) and its ring kernel. Not here: compiled blocks (the simulated device's tensors break
-# a captured graph), FlexAttention (compiled only), pinned copies (no pinned allocator), the fused
-# SDPA kernels' selection for the model's own attention (the CPU's choice runs).
-CUDA_LIKE = record.DeviceRecord(simulated_device.TYPE, fused_adamw=True, ring_kernel="efficient", ring_attention=True)
+# host data), the memory-efficient attention operator for the model's attention (where CUDA would
+# pick it among what this profile offers) and the ring's, and `selective` saving fused attention.
+# Not here: compiled blocks (the simulated device's tensors break a captured graph), FlexAttention
+# (compiled only), pinned copies (no pinned allocator), the flash and cuDNN kernels.
+def _cuda_like_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> torch.Tensor:
+    """scaled_dot_product_attention as CUDA picks it for what this profile offers: the
+    memory-efficient kernel where it takes the inputs (as many key as query heads: it has no
+    grouped-query support), else the math path. Its backward is the operator's own
+    (derivatives.yaml), so recompute policies see CUDA's operator."""
+    if k.size(1) != q.size(1) or not torch.backends.cuda.mem_efficient_sdp_enabled():
+        math = torch.ops.aten._scaled_dot_product_attention_math
+        return math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, -math.inf)
+    if attn_mask is not None:  # broadcast and row-aligned, as torch's sdpa prepares it for the kernel
+        tk = attn_mask.size(-1)
+        attn_mask = F.pad(attn_mask, (0, -tk % _BIAS_ALIGN))[..., :tk].expand(q.size(0), q.size(1), q.size(2), tk)
+    out, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q, k, v, attn_mask, q.requires_grad, dropout_p, is_causal, scale=scale
+    )
+    return out
+
+
+CUDA_LIKE = record.DeviceRecord(
+    simulated_device.TYPE,
+    fused_adamw=True,
+    recompute_fused_attention=False,
+    ring_kernel="efficient",
+    ring_attention=True,
+)
 _HOST_KERNELS = {
     CUDA_LIKE: {
         "_scaled_dot_product_efficient_attention": _efficient_forward,
         "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+        "sdpa": _cuda_like_sdpa,
     }
 }
 

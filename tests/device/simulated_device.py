@@ -46,7 +46,8 @@ DEVICE_COUNT = 1
 TOTAL_MEMORY = 16 * 1024**3
 
 # Operators the CPU has no kernel for that a device profile (tests/device/profiles.py) provides, by
-# operator name: run on the host data in place of the operator.
+# operator name: run on the host data in place of the operator. "sdpa": the profile's choice of
+# kernel for scaled_dot_product_attention (on the device's tensors, above autograd), else the CPU's.
 HOST_KERNELS: dict[str, Callable[..., Any]] = {}
 
 # Operators that move data between the host and the device by design.
@@ -357,7 +358,9 @@ def _attention(
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """SDPA as the CPU runs it (torch picks its math path for an unknown device): the CPU's choice of
-    kernel on the host data, then that kernel, whose own backward autograd records."""
+    kernel on the host data, then that kernel, whose own backward autograd records; or a profile's."""
+    if (profile_sdpa := HOST_KERNELS.get("sdpa")) is not None:
+        return profile_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     hosts = [t.host if isinstance(t, SimTensor) else t for t in (query, key, value, attn_mask)]
     choice = torch._fused_sdp_choice(*hosts, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     if attn_mask is not None and attn_mask.dtype == torch.bool:

@@ -3,18 +3,22 @@ runs DDP and FSDP2 on two processes with the CPU's numbers, evaluates with its l
 pair of {cpu, cuda-like, neuron-like}: fused AdamW state (the CPU's, CUDA's) resumed by foreach
 (Neuron's) and back.
 
-cuda-like and the CPU run the same fused AdamW kernel: their losses are equal. neuron-like runs
-foreach AdamW, whose rounding differs from the fused kernel's in the last bits: asserted within 1e-6
-relative."""
+cuda-like runs the CPU's fused AdamW kernel but CUDA's choice of attention kernel (the math path for
+the tiny model's grouped-query attention, where the CPU runs its flash kernel); neuron-like runs
+foreach AdamW, whose rounding differs from the fused kernel's in the last bits: both asserted
+within 1e-6 relative of the CPU's losses."""
 
 from __future__ import annotations
 
 import io
+import json
 import shutil
+from collections import Counter
 from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+import torch
 
 from device import profiles, simulated_device
 from device.device_runs import train_here
@@ -22,6 +26,12 @@ from device.test_distributed_on_device import LAYOUTS
 from device.test_distributed_on_device import SCENARIOS as CPU_SCENARIOS
 from eval.task_files import write_tiny_tasks
 from hlat.cli import main
+from hlat.config.model import ModelConfig
+from hlat.config.parallel import ParallelConfig
+from hlat.config.precision import PrecisionConfig
+from hlat.data.batch import Batch, labels_for
+from hlat.parallel.mesh import setup
+from hlat.parallel.parallelize import build_parallel_model, global_target_count
 from runs import Scenario, ScenarioResults
 
 simulated_device.register()
@@ -59,7 +69,7 @@ def uninterrupted(small_corpus, tmp_path_factory) -> dict[str, tuple[Path, list[
 def test_each_profile_trains_as_the_cpu(uninterrupted):
     cpu = uninterrupted["cpu"][1]
     assert len(cpu) == STEPS
-    assert uninterrupted["cuda-like"][1] == cpu  # the same fused kernel on the same numbers
+    assert close(uninterrupted["cuda-like"][1], cpu)  # CUDA's attention kernel choice
     assert close(uninterrupted["neuron-like"][1], cpu)  # foreach against fused
 
 
@@ -77,7 +87,7 @@ def test_a_checkpoint_moves_between_profiles(source, target, uninterrupted, smal
 
 def test_each_profile_evaluates_and_generates_as_the_cpu(uninterrupted, tmp_path):
     """`hlat eval` (every example's log-likelihoods) and greedy `hlat generate` from the cuda-like
-    run's checkpoint (the CPU's weights, bit for bit) on each device."""
+    run's checkpoint on each device."""
     run, _ = uninterrupted["cuda-like"]
     run = run / "checkpoints" / f"step_{STEPS:08d}"  # one checkpoint (a run directory would be swept)
     tasks = write_tiny_tasks(tmp_path / "tasks")
@@ -101,11 +111,21 @@ def test_each_profile_evaluates_and_generates_as_the_cpu(uninterrupted, tmp_path
             assert main(evaluate) == 0, name
             with redirect_stdout(text):
                 assert main(generate) == 0, name
-        samples = [(out / f"samples_{task}.jsonl").read_text() for task in ("arc_easy", "perplexity")]
+        samples = [
+            json.loads(line) for task in ("arc_easy", "perplexity") for line in (out / f"samples_{task}.jsonl").open()
+        ]
         generated = [line for line in text.getvalue().splitlines() if "tokens/s" not in line]  # not the timing
         results[name] = samples, generated
-    assert results["cuda-like"] == results["neuron-like"] == results["cpu"]
-    assert results["cpu"][1] != []
+    assert results["neuron-like"] == results["cpu"]  # the CPU's attention kernel: the same numbers
+    # cuda-like runs CUDA's kernel choice (the math path for grouped-query attention): its scores
+    # agree to rounding and its greedy text exactly
+    (cuda, text), (cpu, cpu_text) = results["cuda-like"], results["cpu"]
+    assert text == cpu_text != []
+    for got, want in zip(cuda, cpu, strict=True):
+        assert {k: v for k, v in got.items() if k != "loglikelihoods"} == {
+            k: v for k, v in want.items() if k != "loglikelihoods"
+        }
+        assert got.get("loglikelihoods", []) == pytest.approx(want.get("loglikelihoods", []), rel=1e-5)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -116,3 +136,27 @@ def test_two_processes_on_each_profile_give_the_cpu_losses(scenarios: ScenarioRe
         assert f"on 2 x {simulated_device.TYPE} (pp 1 x dp 2 x tp 1, {layout})" in " ".join(summary["messages"])
         losses = summary["losses"]
         assert losses == cpu if name == "neuron-like" else close(losses, cpu), (name, losses, cpu)
+
+
+@pytest.mark.parametrize(("recompute_attention", "calls"), [("auto", 1), ("true", 2)])
+def test_selective_saves_cudas_fused_attention(recompute_attention, calls):
+    """`selective` on the cuda-like profile saves the memory-efficient operator's output (its record's
+    recompute_fused_attention false, as CUDA's): one forward call per layer and step; replayed
+    with parallel.recompute_attention true: two. Multi-head attention, which CUDA's kernel takes."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=64, max_seq_len=32)
+    par = ParallelConfig(activation_checkpoint="selective", recompute_attention=recompute_attention)
+    counted: Counter[str] = Counter()
+    with profiles.profile(profiles.CUDA_LIKE):
+        forward = simulated_device.HOST_KERNELS["_scaled_dot_product_efficient_attention"]
+        simulated_device.HOST_KERNELS["_scaled_dot_product_efficient_attention"] = lambda *a, **k: (
+            counted.update(["forward"]) or forward(*a, **k)
+        )
+        device = torch.device(simulated_device.TYPE)
+        model = build_parallel_model(
+            cfg, parallel=par, layout=setup(par, device), device=device, seed=0, n_microbatches=1,
+            precision=PrecisionConfig(),
+        )  # fmt: skip
+        tokens = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+        batches = [Batch(tokens, labels_for(tokens)).to(device)]
+        model.forward_backward(batches, global_target_count(batches, model.layout))
+    assert counted["forward"] == calls * cfg.n_layers
