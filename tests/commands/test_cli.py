@@ -82,3 +82,29 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
     assert [r["step"] for r in records if "val_loss" in r] == [4]
     assert (run / "tokenizer.json").is_file()
     assert (run / "checkpoints" / "step_00000004" / "manifest.json").is_file()
+
+
+CONFIG_ERRORS_WITHOUT_TORCH = """
+import json, sys
+from hlat.cli import main
+codes = [
+    main(["train", "--trian.steps", "5"]),
+    main(["train", "--train.steps", "five"]),
+    main(["plan", "--world", "8", "--trian.steps", "5"]),
+    main(["params", "tiny", "--trian.steps", "5"]),
+    main(["doctor", "--trian.steps", "5"]),
+]
+print(json.dumps({"codes": codes, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_config_errors_are_reported_before_torch_is_imported():
+    """A typo costs a fraction of a second, not the seconds torch's import takes (one process:
+    the first command to import torch would hide the others')."""
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIG_ERRORS_WITHOUT_TORCH], capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"codes": [2] * 5, "torch": False}, done.stderr
+    assert done.stderr.count("trian.steps: unknown section 'trian'; did you mean 'train'?") == 4
+    assert "hlat train: invalid configuration:\n  train.steps: expected int, got 'five'" in done.stderr

@@ -37,12 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.commands import preflight
-    from hlat.device.resolve import resolve_device
-    from hlat.parallel.mesh import setup, teardown, world_from_env
+    from hlat.parallel.world import world_from_env
 
     world, rank, local_rank = world_from_env()
     cfg = load_run_config(args, overrides)  # the layout is a check of the table, not an error
+    from hlat.commands import preflight  # torch: after the config's checks
+    from hlat.device.resolve import resolve_device
+    from hlat.parallel.mesh import setup, teardown
+
     cfg.fit_micro_batch(world)  # as hlat train would
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     os.environ["HLAT_COLLECTIVE_TIMEOUT_S"] = str(args.timeout)  # read by mesh.setup and the hang report

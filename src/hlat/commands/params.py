@@ -19,9 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.model import count_params, flops_per_token, model_spec
-
     cfg = load_run_config(args, overrides)
+    from hlat.model import count_params, flops_per_token, model_spec  # torch: after the config's checks
+
     n = count_params(cfg.model)
     flops = flops_per_token(cfg.model, cfg.data.seq_len)
     embedding = cfg.model.vocab_size * cfg.model.d_model

@@ -72,16 +72,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.accelerators import by_table_name, format_table
-    from hlat.config.data import AUTO_VIRTUAL_SHARDS, auto_virtual_shards
     from hlat.device.record import calibration_group_record
     from hlat.errors import UserError
-    from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
-    from hlat.planning.memory import format_fit, format_plan, largest_stage_gib, plan
-    from hlat.planning.switches import format_switches, planned_layout
-    from hlat.planning.throughput import step_time
 
     if args.device == "list":
+        from hlat.accelerators import format_table
+
         print(format_table())
         return 0
     if args.calibration:
@@ -97,9 +93,17 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.world is None:
         raise UserError("--world is required: the number of ranks to plan for, e.g. --world 64")
     _check_numbers(args)
+    cfg = load_run_config(args, overrides, world=args.world)  # as hlat train on that many ranks
+    # only now: the planner imports torch (seconds), which a config typo should not wait for
+    from hlat.accelerators import by_table_name
+    from hlat.config.data import AUTO_VIRTUAL_SHARDS, auto_virtual_shards
+    from hlat.planning.forecast import Figures, format_forecast, make_system, nodes_of
+    from hlat.planning.memory import format_fit, format_plan, largest_stage_gib, plan
+    from hlat.planning.switches import format_switches, planned_layout
+    from hlat.planning.throughput import step_time
+
     if args.device and args.device != "cpu":
         by_table_name(args.device)  # before the plan: a typo fails at once
-    cfg = load_run_config(args, overrides, world=args.world)  # as hlat train on that many ranks
     figures = Figures(args.peak_tflops, args.memory_gib, args.intra_gbs, args.inter_gbs, args.per_node, args.efficiency)
     system = make_system(args.device, figures, cfg, args.world)
     if args.search and system is None:

@@ -33,12 +33,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
-    from hlat.parallel.mesh import teardown, world_from_env
-    from hlat.train.trainer import Trainer
+    from hlat.parallel.world import world_from_env
 
     world, rank, _ = world_from_env()
-    # the layout is validated here, on every rank alike, before any process group starts
+    # the layout is validated here, on every rank alike, before any process group starts; and
+    # before torch is imported (seconds), so that a typo costs well under one
     cfg = load_run_config(args, overrides, world=world)
+    from hlat.parallel.mesh import teardown
+    from hlat.train.trainer import Trainer
+
     if rank == 0:
         for note in [*cfg.notes, *filter(None, [no_data_warning(cfg)])]:
             print(note, flush=True)

@@ -24,6 +24,7 @@ from hlat.config.parallel import ParallelConfig
 from hlat.device.record import device_record
 from hlat.device.runtime import set_device
 from hlat.errors import UserError
+from hlat.parallel.world import world_from_env
 
 
 @dataclass
@@ -93,11 +94,6 @@ class Layout:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-
-def world_from_env() -> tuple[int, int, int]:
-    """(world size, global rank, local rank) as set by torchrun; a plain run is (1, 0, 0)."""
-    return int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
 
 
 def setup(cfg: ParallelConfig, device: torch.device) -> Layout:

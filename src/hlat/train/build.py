@@ -38,9 +38,10 @@ from hlat.model import count_params, flops_per_token
 from hlat.model.attention import check_attention_backend
 from hlat.optim.update_probe import decide_update_compile
 from hlat.parallel.compile import decide_compile
-from hlat.parallel.mesh import Layout, setup, world_from_env
+from hlat.parallel.mesh import Layout, setup
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
+from hlat.parallel.world import world_from_env
 from hlat.planning.device_layout import device_layout
 from hlat.precision import compute_dtype, state_bytes_per_param
 from hlat.progress import Heartbeat

@@ -29,8 +29,8 @@ from hlat.metrics.memory import MemoryMeter
 from hlat.metrics.sinks import perplexity
 from hlat.optim import lr_multiplier
 from hlat.parallel.hang import watch
-from hlat.parallel.mesh import world_from_env
 from hlat.parallel.parallelize import ParallelModel
+from hlat.parallel.world import world_from_env
 from hlat.train.build import build_run
 from hlat.train.callbacks.base import Callback
 from hlat.train.interrupt import Interrupted, Interrupts
