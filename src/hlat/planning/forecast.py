@@ -14,8 +14,9 @@ from hlat.config.run import RunConfig
 from hlat.errors import UserError
 from hlat.metrics.cpu_peak import cpu_peak, read_cpu_facts
 from hlat.planning.calibration import efficiencies
-from hlat.planning.throughput import StepTime, System
+from hlat.planning.throughput import StepTime, System, step_time
 from hlat.precision import compute_dtype
+from hlat.progress import duration
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,20 @@ def format_forecast(step: StepTime, system: System, world: int, budget_tokens: f
             f"tokens, {cost / budget_tokens * 1e6:.4f} per million)"
         )
     return "\n".join(lines)
+
+
+def run_estimate(cfg: RunConfig, world: int, device: str, peak_tflops: float, steps: int) -> str | None:
+    """The line a run prints before its first step: `hlat plan`'s predicted step on `device` (a
+    table row, or "cpu") at the trainer's peak, and `steps` of them; None where the planner has no
+    model of the system (a multi-node run without a network figure)."""
+    try:
+        system = make_system(device, Figures(peak_tflops=peak_tflops), cfg, world)
+    except UserError:
+        system = None
+    if system is None:
+        return None
+    step = step_time(cfg, world, system)
+    return (
+        f"estimate (hlat plan's model at {system.efficiency:.0%} of {peak_tflops * 1e3:,.4g} GFLOP/s per rank, "
+        f"not a measurement): {step.total_s:.3g} s a step, {duration(step.total_s * steps)} for {steps:,} steps"
+    )

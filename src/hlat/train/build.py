@@ -27,7 +27,7 @@ from hlat.data.tokenizer import Tokenizer
 from hlat.device.record import device_record
 from hlat.device.resolve import resolve_device
 from hlat.device.rounding import stochastic_rounding
-from hlat.device.runtime import total_memory
+from hlat.device.runtime import accelerator, total_memory
 from hlat.errors import DataError
 from hlat.eval.in_training import InTrainingTasks
 from hlat.float8 import check_float8, float8_line
@@ -43,11 +43,13 @@ from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.parallel.slow_ranks import SlowRankReport
 from hlat.parallel.world import world_from_env
 from hlat.planning.device_layout import device_layout
+from hlat.planning.forecast import run_estimate
 from hlat.precision import compute_dtype, state_bytes_per_param
 from hlat.progress import Heartbeat
 from hlat.train.callbacks.base import Callback, load_callback
 from hlat.train.callbacks.checkpointing import Checkpointing, WeightArchives
 from hlat.train.callbacks.evaluation import Tasks, ValidationLoss
+from hlat.train.callbacks.heartbeat import StepHeartbeat
 from hlat.train.callbacks.metrics import LossPlot, Metrics
 from hlat.train.callbacks.profiler import Profiler
 from hlat.train.callbacks.recovery import SpikeRecovery
@@ -135,6 +137,9 @@ def build_run(
     if layout.is_main:  # only now: a start that fails leaves the run directory as it was
         prepare_run_dir(cfg, resume)
     start = state.start(resume, out)
+    estimate = _estimate(cfg, layout, device, peak, cfg.train.steps - start.step)
+    if estimate:
+        out(estimate)
     data: StepData = (
         ElasticGroup(cfg, module, loader, progress, set_progress, out, key=key)
         if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
@@ -146,7 +151,7 @@ def build_run(
     all_callbacks = (
         _builtin_callbacks(cfg, layout, device, recovery, val_batches, tasks, out)
         + user_callbacks
-        + _reporting_callbacks(cfg, layout)
+        + _reporting_callbacks(cfg, layout, out)
     )
     return Run(
         cfg, device, layout, out, tokenizer, data, val_batches, module, state, accum,
@@ -309,6 +314,15 @@ def _peak(cfg: RunConfig, layout: Layout, device: torch.device) -> Peak:
     return resolve_peak(device, dtype, cfg.train.peak_tflops, shapes, default_cache_dir())
 
 
+def _estimate(cfg: RunConfig, layout: Layout, device: torch.device, peak: Peak, steps: int) -> str | None:
+    """The planner's step and run time here (rank 0's: the others have no peak), before step 1."""
+    found = accelerator(device) if device.type != "cpu" else None
+    name = "cpu" if device.type == "cpu" else found[1].name if found and found[1] else None
+    if peak.tflops is None or name is None or steps <= 0:
+        return None
+    return run_estimate(cfg, layout.world, name, peak.tflops, steps)
+
+
 def _model_lines(
     cfg: RunConfig, layout: Layout, device: torch.device, model: ParallelModel, peak: Peak, out: Out
 ) -> None:
@@ -349,11 +363,11 @@ def _builtin_callbacks(
     return callbacks + [Profiler(StepProfiler(cfg.profile, profile_dir, device, layout.rank, out))]
 
 
-def _reporting_callbacks(cfg: RunConfig, layout: Layout) -> list[Callback]:
+def _reporting_callbacks(cfg: RunConfig, layout: Layout, out: Out) -> list[Callback]:
     """After the user's: records are written once every callback has added its fields; the
     loss plot, the run's last line and the sample come last."""
     callbacks: list[Callback] = []
     if layout.is_main:
         callbacks += [LossPlot()] if cfg.train.plot else []
-        callbacks.append(Metrics())
+        callbacks += [Metrics(), StepHeartbeat(out)]
     return callbacks + ([Sample()] if cfg.train.sample_prompt else [])
