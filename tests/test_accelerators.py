@@ -120,3 +120,12 @@ def test_plan_shows_the_device_memory_and_whether_it_fits(capsys):
     assert fit and any(line.endswith(" days") for line in lines[fit[0] + 1 :]), lines
     assert main(["plan", "--device", "list"]) == 0
     assert "L40S" in capsys.readouterr().out
+
+
+def test_an_unknown_device_suggests_the_rows_it_begins_or_the_closest():
+    with pytest.raises(
+        UserError, match=r"unknown device 'H100'; did you mean 'H100 SXM' or 'H100 PCIe' or 'H100 NVL'\?"
+    ):
+        by_table_name("H100")
+    with pytest.raises(UserError, match=r"unknown device 'h100sxm'; did you mean 'H100 SXM'\?"):
+        by_table_name("h100sxm")

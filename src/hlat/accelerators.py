@@ -23,6 +23,7 @@ EFA bandwidth over its ranks), in GB/s; a Trainium chip's links are shared by it
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import torch
@@ -316,7 +317,13 @@ def by_table_name(name: str) -> Accelerator:
     for accelerator in ACCELERATORS:
         if wanted in (n.lower() for n in (accelerator.name, *accelerator.aliases)):
             return accelerator
-    raise UserError(f"unknown device {name!r}; pick one of: {', '.join(repr(a.name) for a in ACCELERATORS)}")
+    # the rows a name begins (H100: its three forms), else the closest spelling of any name
+    spelled = {n.lower(): a.name for a in ACCELERATORS for n in (a.name, *a.aliases)}
+    close = [row for n, row in spelled.items() if n.startswith(wanted)] or [
+        spelled[n] for n in difflib.get_close_matches(wanted, spelled, n=1)
+    ]
+    mean = f"; did you mean {' or '.join(repr(row) for row in dict.fromkeys(close))}?" if close else ""
+    raise UserError(f"unknown device {name!r}{mean}; pick one of: {', '.join(repr(a.name) for a in ACCELERATORS)}")
 
 
 def format_table() -> str:

@@ -14,6 +14,7 @@ be a single rank's, so each rank that meets it prints it, naming itself.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import signal
@@ -84,19 +85,44 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    parser = build_parser()
     try:
-        args, overrides = build_parser().parse_known_args(argv)
+        args, overrides = parser.parse_known_args(argv)
     except ArgumentsRefused as err:
         return _report(err.prog, err, debug)
     prog = f"hlat {args.command}"
     try:
-        if overrides and args.command not in TAKES_OVERRIDES:
-            raise ArgumentsRefused(prog, f"unrecognized arguments: {' '.join(overrides)}; see {prog} --help")
+        # a config override names a section.field: an undotted --x close to a flag is that flag mistyped
+        close = _close_flags(overrides, _flags(parser, args.command))
+        refused = overrides if args.command not in TAKES_OVERRIDES else [a for a in overrides if a in close]
+        if refused:
+            hints = "".join(f"; {arg.split('=', 1)[0]}: did you mean {close[arg]}?" for arg in refused if arg in close)
+            raise ArgumentsRefused(prog, f"unrecognized arguments: {' '.join(refused)}{hints}; see {prog} --help")
         return importlib.import_module(f"hlat.commands.{COMMANDS[args.command]}").run(args, overrides)
     except EXPECTED as err:
         return _report(prog, err, debug=args.debug or debug)
     except KeyboardInterrupt as err:
         return _interrupted(prog, err)
+
+
+def _flags(parser: argparse.ArgumentParser, command: str) -> list[str]:
+    """The --flags of subcommand `command`."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return [flag for action in sub.choices[command]._actions for flag in action.option_strings if flag[:2] == "--"]
+
+
+def _close_flags(unknown: list[str], flags: list[str]) -> dict[str, str]:
+    """{argument: the flag of `flags` it is closest to} for each unknown --x or --x=VALUE whose
+    name is close to one (difflib's ratio of at least 0.6, without the dashes every flag shares);
+    a --section.field is not a flag."""
+    names = {flag[2:]: flag for flag in flags}
+    close = {}
+    for arg in unknown:
+        name = arg.split("=", 1)[0]
+        found = difflib.get_close_matches(name[2:], names, n=1) if name.startswith("--") and "." not in name else []
+        if found:
+            close[arg] = names[found[0]]
+    return close
 
 
 def _report(prog: str, err: BaseException, debug: bool) -> int:

@@ -7,6 +7,8 @@ code 2; other exceptions keep their traceback.
 
 from __future__ import annotations
 
+import difflib
+
 
 class UserError(Exception):
     """An expected failure whose message names what to fix; `hlat` shows it without a traceback."""
@@ -30,3 +32,10 @@ class ConfigError(UserError, ValueError):
 class ResumeError(UserError, ValueError):
     """A checkpoint that cannot resume this run as configured (e.g. its data position was made
     with other data settings); the message names the setting and the value to resume with."""
+
+
+def did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
+    """The tail of an unknown-name message: " 'word'; did you mean 'PREFIXclosest'?", or " 'word'"
+    when no choice is close."""
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"

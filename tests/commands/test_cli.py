@@ -108,3 +108,14 @@ def test_config_errors_are_reported_before_torch_is_imported():
     assert result == {"codes": [2] * 5, "torch": False}, done.stderr
     assert done.stderr.count("trian.steps: unknown section 'trian'; did you mean 'train'?") == 4
     assert "hlat train: invalid configuration:\n  train.steps: expected int, got 'five'" in done.stderr
+
+
+def test_a_mistyped_flag_names_the_flag_it_is_close_to(capsys):
+    assert main(["eval", "--checkpoint", "run", "--out", "results", "--task", "boolq"]) == 2
+    err = capsys.readouterr().err
+    assert "--out: did you mean --output?; --task: did you mean --tasks?; see hlat eval --help" in err
+    # a command that takes config overrides: an undotted --x close to its flag is that flag
+    assert main(["plan", "--world", "8", "--devcie", "trn1"]) == 2
+    assert "unrecognized arguments: --devcie; --devcie: did you mean --device?" in capsys.readouterr().err
+    assert main(["train", "--fersh=1"]) == 2
+    assert "unrecognized arguments: --fersh=1; --fersh: did you mean --fresh?" in capsys.readouterr().err

@@ -7,7 +7,6 @@ through read_run_config); RunConfig.to_toml is its one writer.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import tomllib
 from collections.abc import Sequence
 from importlib import resources
@@ -16,7 +15,7 @@ from typing import Any
 
 from hlat.config.fields import value_problem
 from hlat.config.run import Check, RunConfig
-from hlat.errors import ConfigError, UserError
+from hlat.errors import ConfigError, UserError, did_you_mean
 
 DEFAULT_PRESET = "tiny"
 PRESETS = "hlat.config.presets"
@@ -232,10 +231,3 @@ def _bool_word(value: bool | str) -> str:
     if text in ("false", "0", "no", "off"):
         return "false"
     return text
-
-
-def did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
-    """The tail of an unknown-name message: " 'word'; did you mean 'PREFIXclosest'?", or " 'word'"
-    when no choice is close."""
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f" {word!r}; did you mean '{prefix}{close[0]}'?" if close else f" {word!r}"

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hlat.config.fields import choices, field_docs, field_types
-from hlat.config.load import did_you_mean
 from hlat.config.run import RunConfig
-from hlat.errors import UserError
+from hlat.errors import UserError, did_you_mean
 from hlat.toml_value import toml_value
 
 REFERENCE_COMMAND = "hlat config --reference > docs/configuration.md"
