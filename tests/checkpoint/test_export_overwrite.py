@@ -1,6 +1,9 @@
 """hlat export writes into a new or empty directory; --overwrite replaces an earlier export (no
 stale shard or index survives) and refuses a directory holding anything else; a planted link is
-removed, never followed."""
+removed, never followed. It says which step it exported, and the weights are as readable as the
+other files it writes."""
+
+import stat
 
 from hlat.cli import USER_ERROR_EXIT, main
 from hlat.config.load import load_config
@@ -21,7 +24,11 @@ def test_export_over_an_earlier_export(tmp_path, small_corpus, capsys):
     victim.write_text("the user's file")
     (out / "config.json").unlink()
     (out / "config.json").symlink_to(victim)
+    capsys.readouterr()
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().out.startswith("exported step 1 (run/step_00000001) of ")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # safetensors alone would make its file owner-only
     assert victim.read_text() == "the user's file" and not (out / "config.json").is_symlink()
     assert not (out / "model.safetensors.index.json").exists()  # one file now: no stale shards or index
     assert [p.name for p in out.glob("model*")] == ["model.safetensors"]

@@ -101,7 +101,7 @@ def test_run_trained_with_bos_evaluates_exports_and_imports_with_it(llama3, tmp_
     lm = LanguageModel(loaded.model, loaded.tokenizer, prefix_token=loaded.prefix_token, bos=True, progress=False)
     context, continuation = lm.encode_pair("a fox", " jumps")
     assert context == [tok.bos_id, *tok.encode("a fox")] and continuation == tok.encode(" jumps")
-    out, _ = export_hf(run, tmp_path / "exported")
+    out = export_hf(run, tmp_path / "exported").out
     assert json.loads((out / "config.json").read_text())["bos_token_id"] == tok.bos_id
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["add_bos_token"] is True and config["bos_token"] == BOS

@@ -186,7 +186,7 @@ def test_init_from_is_ignored_once_the_run_has_a_checkpoint(small_corpus, tmp_pa
         "--train.steps",
     )
     Trainer(tiny_cfg(small_corpus, tmp_path / "source", *one, "1"), out=quiet).fit()
-    hf, _ = export_hf(tmp_path / "source", tmp_path / "hf")
+    hf = export_hf(tmp_path / "source", tmp_path / "hf").out
     source = _checkpoint_weights(
         tmp_path / "source" / "checkpoints" / "step_00000001", tiny_cfg(small_corpus, tmp_path).model
     )

@@ -8,7 +8,10 @@ tensors from a checkpoint of any training layout; only the names change (hlat.mo
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,12 +32,20 @@ EXPORT_FILES = (
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    architecture: str  # the transformers class written (e.g. LlamaForCausalLM)
+    checkpoint: str  # what was read: <run>/step_N
+    step: int | None  # its optimizer step (None for a checkpoint that records none)
+
+
 def export_hf(
     source: Path, out: Path, max_shard_bytes: int = 5 * 2**30, dtype: str = "float32", overwrite: bool = False
-) -> tuple[Path, str]:
+) -> Exported:
     """`source`: an hlat checkpoint (step_N/), archive, or run directory (its newest checkpoint).
     `out` must be missing or empty; with `overwrite`, an earlier export there is removed first
-    (hlat.output_dir). Returns `out` and the transformers architecture written (e.g. LlamaForCausalLM)."""
+    (hlat.output_dir)."""
     from safetensors.torch import save_file
 
     if dtype not in DTYPES:
@@ -103,9 +114,11 @@ def export_hf(
             indent=1,
         ),
     )
-    return out, mapping.architecture
+    return Exported(out, mapping.architecture, loaded.name, loaded.step)
 
 
 def _save_shard(save_file: Callable[..., None], tensors: dict[str, torch.Tensor], path: Path) -> None:
     with atomic_path(path) as temporary:
-        save_file(tensors, str(temporary), metadata={"format": "pt"})
+        mode = stat.S_IMODE(temporary.stat().st_mode)  # a plain open's, as every other file written
+        save_file(tensors, str(temporary), metadata={"format": "pt"})  # replaces it with an owner-only file
+        os.chmod(temporary, mode)

@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     from hlat.checkpoint.hf_export import export_hf
 
-    out, architecture = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype, args.overwrite)
-    print(f"exported {args.source} to {out} (Hugging Face {architecture})")
+    done = export_hf(args.source, args.out, int(args.shard_gb * 2**30), args.dtype, args.overwrite)
+    step = f"step {done.step:,}" if done.step is not None else "a checkpoint without a step"
+    print(f"exported {step} ({done.checkpoint}) of {args.source} to {done.out} (Hugging Face {done.architecture})")
     return 0
