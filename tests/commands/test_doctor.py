@@ -20,7 +20,10 @@ def test_single_process_passes_and_prints_the_table(tmp_path, capsys):
     assert "check" in out and "figure" in out and "all checks passed" in out
     for name in ("devices", "layout", "run dir writable", "disk", "all_reduce latency"):
         assert name in out
-    assert not list((tmp_path / "run").iterdir()), "the writability probe was left behind"
+    assert not (tmp_path / "run").exists(), "the writability probe or the directory made for it was left behind"
+    (tmp_path / "kept").mkdir()  # a run directory that existed stays
+    assert main(["doctor", "--train.run_dir", str(tmp_path / "kept")]) == 0
+    assert (tmp_path / "kept").is_dir() and not list((tmp_path / "kept").iterdir())
 
 
 def test_disk_fails_when_the_checkpoints_do_not_fit(tmp_path, capsys):

@@ -5,6 +5,7 @@ Each check returns a `Check` record; hlat.commands.doctor runs them and prints t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import statistics
@@ -198,8 +199,10 @@ def check_disk(cfg: RunConfig, rank: int) -> Check:
 
 
 def check_writable(run_dir: Path, rank: int) -> Check:
-    """Create, fsync and delete a file in the run directory (creating the directory if needed)."""
+    """Create, fsync and delete a file in the run directory, creating the directory if needed and
+    removing what it created (a check leaves no empty runs/<preset> behind)."""
     probe = run_dir / f".hlat-doctor-{rank}-{os.getpid()}"
+    created = [d for d in (run_dir, *run_dir.parents) if not d.exists()]  # deepest first
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # O_EXCL: never through a link
@@ -209,6 +212,9 @@ def check_writable(run_dir: Path, rank: int) -> Check:
         finally:
             os.close(fd)
         probe.unlink()
+        for directory in created:
+            with contextlib.suppress(OSError):  # no longer empty: another node's probe, or a run started
+                directory.rmdir()
     except OSError as err:
         return Check(
             "run dir writable",
