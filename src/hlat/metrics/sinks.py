@@ -217,9 +217,8 @@ def plot_loss(run_dir: Path, title: str) -> Path | None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]
-    ax.plot([r["tokens"] for r in train], [r["loss"] for r in train], lw=1.5, label="train")
+    ax.plot(*loss_points(records), lw=1.5, label="train")
     if val:
         ax.plot([r["tokens"] for r in val], [r["val_loss"] for r in val], "o-", lw=1.5, label="validation")
         ax.legend()
@@ -233,6 +232,22 @@ def plot_loss(run_dir: Path, title: str) -> Path | None:
         fig.savefig(temporary, format="png")
     plt.close(fig)
     return path
+
+
+def loss_points(records: list[dict[str, Any]]) -> tuple[list[float], list[float]]:
+    """(tokens seen, loss) of every step the training records cover, from step 1: each record's
+    step_losses (its window's steps) at the tokens of their steps, interpolated from the record
+    before it; a record without them (older runs) is its window's mean at its own tokens."""
+    tokens: list[float] = []
+    losses: list[float] = []
+    before_step, before_tokens = 0, 0
+    for record in (r for r in records if "loss" in r):
+        window = record.get("step_losses") or [record["loss"]]
+        per_step = (record["tokens"] - before_tokens) / max(record["step"] - before_step, 1)
+        tokens += [record["tokens"] - (len(window) - 1 - i) * per_step for i in range(len(window))]
+        losses += window
+        before_step, before_tokens = record["step"], record["tokens"]
+    return tokens, losses
 
 
 def _percent(fraction: float | None) -> str:

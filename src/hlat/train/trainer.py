@@ -273,6 +273,7 @@ class Trainer:
             {
                 "step": self.step,
                 "loss": mean,
+                "step_losses": losses,  # each step's since the last record: the loss plot draws every step
                 "ppl": perplexity(mean),
                 "lr": output.lr,
                 "grad_norm": output.grad_norm.item(),
