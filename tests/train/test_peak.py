@@ -11,7 +11,7 @@ import hlat.metrics.peak as peak_module
 from hlat.accelerators import by_table_name
 from hlat.config.load import read_run_config
 from hlat.metrics.cpu_peak import MAX_FREQ, CpuFacts, cpu_peak, max_clock_ghz, physical_cores
-from hlat.metrics.gemm_ceiling import CACHE_FILE, MAX_AGE_S, gemm_ceiling_tflops, model_shapes
+from hlat.metrics.gemm_ceiling import CACHE_FILE, MAX_AGE_S, cpu_load_note, gemm_ceiling_tflops, model_shapes
 from hlat.metrics.peak import resolve_peak, slow_bf16_warning
 from hlat.metrics.sinks import read_metrics
 from hlat.model import Llama
@@ -100,6 +100,25 @@ def test_gemm_ceiling_is_measured_again_when_a_week_old(tmp_path):
     assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, False)
 
 
+def test_a_ceiling_measured_under_load_is_used_but_not_kept(tmp_path):
+    """A CPU whose load average exceeds its cores times GEMMs low (28 GFLOP/s, 18% of peak, on a
+    shared 2-core machine): that figure serves this run and the next start measures again."""
+    shapes = model_shapes(64, 128, 32)
+    measured = iter([1.0, 2.0, 3.0, 4.0] * 2)
+    measure = lambda *args: next(measured)  # noqa: E731
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure, keep=False) == (
+        4.0,
+        False,
+    )
+    assert not (tmp_path / CACHE_FILE).exists()
+    assert gemm_ceiling_tflops(CPU, "Test CPU", torch.float32, shapes, tmp_path, measure=measure) == (4.0, False)
+    assert cpu_load_note(CPU, (10.2, 9.0, 8.0), 2) == (
+        "measured under load (load average 10.2 on 2 cores): not cached, measured again next start"
+    )
+    assert cpu_load_note(CPU, (2.0, 9.0, 8.0), 2) is None  # its own threads on every core: not loaded
+    assert cpu_load_note(torch.device("meta"), (10.2, 9.0, 8.0), 2) is None  # a CPU's cores only
+
+
 def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypatch):
     def no_measuring(*args, **kwargs):
         raise AssertionError("an override must not measure")
@@ -110,7 +129,7 @@ def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypa
         assert (override.tflops, override.ceiling_tflops, override.warning) == (2.5, None, None)
         assert "set by train.peak_tflops" in override.summary
 
-    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (0.1, True))
+    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args, **kwargs: (0.1, True))
     # two threads, whatever this process runs with (tests/conftest.py: one): the formula's peak then
     # exceeds the 0.1 TFLOP/s ceiling
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
@@ -118,17 +137,17 @@ def test_selection_order_override_then_table_then_cpu_formula(tmp_path, monkeypa
     assert cpu.tflops == pytest.approx(min(torch.get_num_threads(), 4) * 32 * 2.3e-3)
     assert "measured GEMM ceiling 100 GFLOP/s" in cpu.summary and cpu.mfu_of_gemm(0.05e12, 1) == pytest.approx(0.5)
     # A ceiling above the formula (a clock read below the boost clock) becomes the peak: MFU stays <= 1.
-    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (5.0, True))
+    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args, **kwargs: (5.0, True))
     faster = resolve_peak(CPU, torch.float32, 0, [], tmp_path, cpu=facts())
     assert faster.tflops == 5.0 and "the measured GEMM ceiling, as it exceeds the theoretical" in faster.summary
 
-    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (400.0, True))
+    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args, **kwargs: (400.0, True))
     monkeypatch.setattr(peak_module, "accelerator", lambda device: ("NVIDIA L40S", by_table_name("L40S")))
     assert resolve_peak(torch.device("cuda"), torch.bfloat16, 0, [], tmp_path).tflops == 400.0
-    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (100.0, True))
+    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args, **kwargs: (100.0, True))
     bf16 = resolve_peak(torch.device("cuda"), torch.bfloat16, 0, [], tmp_path)
     assert bf16.tflops == 362.1 and "NVIDIA L40S = L40S, dense bf16" in bf16.summary
-    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args: (50.0, True))
+    monkeypatch.setattr(peak_module, "gemm_ceiling_tflops", lambda *args, **kwargs: (50.0, True))
     assert resolve_peak(torch.device("cuda"), torch.float32, 0, [], tmp_path).tflops == 91.6  # "highest": no TF32
 
 

@@ -1,6 +1,7 @@
 """The achievable matmul rate of this machine: the best GEMM throughput over a few shapes,
-measured once per machine and kept in the hlat cache directory for a week (MAX_AGE_S): a figure
-measured while the machine was loaded is replaced by the next measurement, not kept for ever.
+measured once per machine and kept in the hlat cache directory for a week (MAX_AGE_S). A CPU
+figure measured while other work shared the cores (`cpu_load_note`: a load average above the
+core count) is used for this run only and not kept, so the next start measures again.
 
 The shapes are the model's own feed-forward matmuls at micro_batch x seq_len rows, as a training
 step runs them (forward, input gradient, weight gradient, with their transposed operands), plus
@@ -12,6 +13,7 @@ the threads in use, the torch version, the dtype and the shapes.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +48,10 @@ def gemm_ceiling_tflops(
     cache_dir: Path,
     seconds: float = 0.2,
     measure: Callable[..., float] | None = None,
+    keep: bool = True,
 ) -> tuple[float, bool]:
-    """(best TFLOP/s over `shapes`, whether it came from the cache)."""
+    """(best TFLOP/s over `shapes`, whether it came from the cache); a new measurement is cached
+    only with `keep`."""
     key = "|".join(
         [
             device_name,
@@ -64,9 +68,25 @@ def gemm_ceiling_tflops(
         return float(entry["tflops"]), True
     measure = measure or measure_gemm_tflops
     best = max(measure(device, dtype, shape, seconds) for shape in shapes)
-    cache[key] = {"tflops": best, "measured_at": time.time()}  # an entry without a time (older files) is stale
-    _store(path, cache)
+    if keep:
+        cache[key] = {"tflops": best, "measured_at": time.time()}  # an entry without a time (older files) is stale
+        _store(path, cache)
     return best, False
+
+
+def cpu_load_note(
+    device: torch.device, load: tuple[float, float, float] | None = None, cores: int | None = None
+) -> str | None:
+    """On a CPU whose 1-minute load average (`load`, default os.getloadavg()) exceeds its cores:
+    more tasks wanted them than there were, so a GEMM timed now reads low. The note says so; None
+    on an idle enough CPU, and on other devices."""
+    if device.type != "cpu":
+        return None
+    load = load or os.getloadavg()
+    cores = cores or os.cpu_count() or 1
+    if load[0] <= cores:
+        return None
+    return f"measured under load (load average {load[0]:.1f} on {cores} cores): not cached, measured again next start"
 
 
 def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, shape: Shape, seconds: float) -> float:

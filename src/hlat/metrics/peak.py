@@ -15,7 +15,7 @@ import torch
 
 from hlat.device.runtime import accelerator
 from hlat.metrics.cpu_peak import CpuFacts, cpu_peak, has_native_bf16, read_cpu_facts
-from hlat.metrics.gemm_ceiling import Shape, gemm_ceiling_tflops
+from hlat.metrics.gemm_ceiling import Shape, cpu_load_note, gemm_ceiling_tflops
 
 
 @dataclass(frozen=True)
@@ -88,18 +88,20 @@ def _with_ceiling(
     cache_dir: Path,
 ) -> Peak:
     """`per`: "per device" or "per process"; `how`: how `tflops` was obtained."""
-    ceiling, _ = gemm_ceiling_tflops(device, name, dtype, shapes, cache_dir)
+    load = cpu_load_note(device)
+    ceiling, cached = gemm_ceiling_tflops(device, name, dtype, shapes, cache_dir, keep=load is None)
+    note = f"; the GEMM ceiling was {load}" if load and not cached else ""
     if ceiling > tflops:  # the clock read (or the table) is below what the device runs at
         return Peak(
             ceiling,
             f"MFU against {_rate(ceiling)} {per}, the measured GEMM ceiling, as it exceeds the "
-            f"theoretical {_rate(tflops)}{how} (the device runs faster than that figure assumes)",
+            f"theoretical {_rate(tflops)}{how} (the device runs faster than that figure assumes){note}",
             ceiling,
         )
     return Peak(
         tflops,
         f"MFU against {_rate(tflops)} {per}{how}; measured GEMM ceiling {_rate(ceiling)} "
-        f"({ceiling / tflops:.0%} of peak)",
+        f"({ceiling / tflops:.0%} of peak){note}",
         ceiling,
     )
 
