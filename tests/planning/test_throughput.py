@@ -14,7 +14,7 @@ from hlat.errors import UserError
 from hlat.model import flops_per_token
 from hlat.planning.calibration import RUNS, calibration_group_of, efficiencies, errors, format_calibration
 from hlat.planning.forecast import Figures, format_forecast, make_system
-from hlat.planning.layout_search import search
+from hlat.planning.layout_search import TIE_RULE, format_search, search
 from hlat.planning.throughput import LayoutChoice, System, executed_flops_per_token, step_time
 
 # 100 TFLOP/s at half efficiency = 50 TFLOP/s of compute; 4 ranks per node.
@@ -166,3 +166,19 @@ def test_forecast_prints_days_and_cost_by_hand():
     step = step_time(_tiny(), 1, SYSTEM, _layout())
     text = format_forecast(step, SYSTEM, 1, budget_tokens=step.tokens_per_s * 86400 * 2, price=10.0)
     assert "in 2 days" in text and "cost at 10.00 per node-hour: 480 " in text  # 2 days x 24 h x 1 node x 10
+
+
+def test_search_breaks_ties_by_its_stated_rule_and_prints_it():
+    """Layouts the model predicts equal (their traffic all hidden) come in TIE_RULE's order."""
+    cfg = load_config("tiny", None, ["--data.seq_len", "256", "--train.global_batch", "8"])
+    found = search(cfg, 4, System("test", 100.0, 80.0, 2, 100.0, 10.0, "gpu", 0.5))
+    fastest = [c for c in found if c.step.tokens_per_s == found[0].step.tokens_per_s]
+    assert len(fastest) > 1
+    keys = [
+        (c.layout.tp * c.layout.pp * c.layout.cp, c.step.issued_comm_s, c.layout.recompute != "none", c.memory_gib)
+        for c in fastest
+    ]
+    assert keys == sorted(keys)
+    assert [c.layout.recompute for c in fastest] == ["none", "op"]  # here the rule's third term decides
+    table = format_search(found, 3, 1e9, 0.0, 2)
+    assert table.endswith(f"{len(fastest)} layouts tie for the fastest prediction; {TIE_RULE}")

@@ -49,9 +49,22 @@ def search(cfg: RunConfig, world: int, system: System) -> list[Candidate]:
                 continue
             for cp in _divisors(world // (tp * pp), world):
                 found += _variants(cfg, world, system, tp, pp, cp, stages)
-    # equal predictions: the least model parallelism first (the smaller matrices of more tp lose
-    # efficiency the model does not see), then the least memory
-    return sorted(found, key=lambda c: (-c.step.tokens_per_s, c.layout.tp * c.layout.pp * c.layout.cp, c.memory_gib))
+    return sorted(found, key=_rank)
+
+
+TIE_RULE = (
+    "equal predictions are ordered by: least model parallelism (tp x pp x cp), then least traffic "
+    "issued per step (hidden or not: HSDP's within-node shards before a world-wide fsdp), then no "
+    "recompute, then least memory"
+)
+
+
+def _rank(c: Candidate) -> tuple[float, int, float, bool, float]:
+    """Fastest first; among equal predictions (TIE_RULE) what the model does not price: the smaller
+    matrices of more model parallelism lose efficiency, traffic it counts as hidden may not be,
+    and a recompute policy is a feature the run need not carry."""
+    lay = c.layout
+    return (-c.step.tokens_per_s, lay.tp * lay.pp * lay.cp, c.step.issued_comm_s, lay.recompute != "none", c.memory_gib)
 
 
 def _variants(
@@ -178,4 +191,7 @@ def format_search(found: list[Candidate], top: int, budget_tokens: float, price:
     lines.append(
         f"{len(found)} layouts fit; comm = tensor parallel + context-parallel ring + exposed data parallel + pipeline sends"
     )
+    tied = sum(c.step.tokens_per_s == found[0].step.tokens_per_s for c in found)
+    if tied > 1:
+        lines.append(f"{tied} layouts tie for the fastest prediction; {TIE_RULE}")
     return "\n".join(lines)

@@ -100,6 +100,12 @@ class StepTime:
     model_flops_per_token: float
     peak_tflops: float
     cp_s: float = 0.0  # ring attention's K/V shifts, exposed
+    dp_issued_s: float = 0.0  # all data-parallel traffic, hidden or not
+
+    @property
+    def issued_comm_s(self) -> float:
+        """Seconds of every collective and send the step issues, overlapped or not."""
+        return self.tp_s + self.cp_s + self.pp_s + self.dp_issued_s
 
     @property
     def total_s(self) -> float:
@@ -215,7 +221,10 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         # each TP rank sends its sequence-parallel slice of the activations
         pp_s = _seconds(2 * micro * virtual * activation / lay.tp, _bandwidth(system, 2 * lay.dp * lay.tp))
         bubble = (compute + tp_s) * (lay.pp - 1) / (micro * virtual)
-    return StepTime(compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s)
+    return StepTime(
+        compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s,
+        gather_s + reduce_s + after_s,
+    )  # fmt: skip
 
 
 def local_kv_width(model: ModelConfig, tp: int) -> int:
