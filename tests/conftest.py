@@ -49,13 +49,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The scenarios of every module with a selected test, in collection order (tests/runs.py); a
-    scenario two modules list (one reads the other's results) runs once."""
+    """The scenarios of every module with a selected test, in collection order (tests/runs.py), the
+    waiting ones first; a scenario two modules list (one reads the other's results) runs once."""
     modules = dict.fromkeys(item.module for item in session.items if isinstance(item, pytest.Function))
     by_name: dict[str, Scenario] = {}
     for scenario in (s for m in modules for s in getattr(m, "SCENARIOS", ())):
         assert by_name.setdefault(scenario.name, scenario) == scenario, f"two scenarios named {scenario.name!r}"
-    session.stash[_SCENARIOS] = list(by_name.values())
+    session.stash[_SCENARIOS] = sorted(by_name.values(), key=lambda s: not s.waiting)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -19,6 +19,13 @@ asking test with the scenario's traceback if it raised. A scenario may read an e
 (`ctx.root / other_name`). Launching costs ~5-10 s of imports per process; a scenario costs only
 its own work.
 
+A check that must start processes of its own but spends most of its time waiting (a collective
+timeout, a lighthouse's heartbeats, a group killed and restarted) runs them from a world-1
+scenario too, inside `with outside(ctx):` (the test process's environment, so they start as
+they would from the test), and leaves what the test asserts in its directory: it then waits
+beside the single-process tests instead of after them. Such a scenario says `waiting=True`: the
+launch runs those first (tests/conftest.py).
+
 The shared launch starts in the background when the session starts, and the single-process
 tests run beside it: tests/conftest.py orders the modules that read scenarios or start processes
 of their own last, and `torchrun` first waits for the shared launch to end, so no two launches
@@ -37,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +55,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 TESTS = Path(__file__).parent
 WORKER = TESTS / "scenario_worker.py"
 PLAN = "plan.json"
+ENV = "env.json"  # the test process's environment when the launch started (outside)
 LAUNCH_TIMEOUT_S = 1200  # the shared launch, all scenarios together: a bound for hangs, not a budget
 ARRIVAL_TIMEOUT_S = LAUNCH_TIMEOUT_S  # a rank waiting for the others to reach its next scenario
 
@@ -122,6 +131,10 @@ class Scenario:
     # the device type whose torch.distributed backend the group takes (hlat.device.record), with gloo
     # beside it for host tensors; a type the call's module registers when imported (a simulated device)
     device: str = "cpu"
+    # most of its time waiting (a timeout, heartbeats, holds: processes of its own, `outside`): the
+    # launch runs these first, beside the single-process tests' start, and the scenarios that keep
+    # the cores busy after them, so no core idles while the tests that read the launch wait for it
+    waiting: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +146,21 @@ class ScenarioContext:
     corpus: Path  # the session's small corpus (tests/conftest.py: small_corpus)
     rank: int
     world: int
+
+
+@contextlib.contextmanager
+def outside(ctx: ScenarioContext) -> Iterator[None]:
+    """Within a scenario: os.environ as the test process's own while the processes a test would
+    start itself are started (torchrun, hlat train): none of the shared launch's torchrun
+    variables or collective timeout reach them."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(json.loads((ctx.root / ENV).read_text()))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class SharedLaunch:
@@ -150,6 +178,7 @@ class SharedLaunch:
         self._results: ScenarioResults | None = None
         self.process: subprocess.Popen | None = None
         if scenarios:
+            (root / ENV).write_text(json.dumps(dict(os.environ)))
             (root / PLAN).write_text(
                 json.dumps({"corpus": str(corpus), "scenarios": [vars(s) for s in scenarios]}, indent=1)
             )

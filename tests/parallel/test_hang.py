@@ -1,41 +1,22 @@
 """A rank that stops answering (alive, silent) makes the others fail with an error that names it."""
 
-import time
-
 import pytest
 
 from hlat.parallel.hang import _missing, _ranks, is_timeout
-from runs import tiny_args, torchrun
+from runs import Scenario, ScenarioResults
+
+# the launch of its own runs from the shared launch, where its timeout waits beside other tests
+SCENARIOS = [Scenario("hang-stuck-rank", "parallel/hang_runs.py:stuck_rank", waiting=True)]
 
 
-def test_stuck_rank_is_named_with_the_step_and_phase(small_corpus, tmp_path):
-    marker = tmp_path / "fault-done"
-    env = {
-        "HLAT_FAULT": "hang:3:1",
-        "HLAT_FAULT_MARKER": str(marker),
-        "HLAT_COLLECTIVE_TIMEOUT_S": "10",
-    }  # > the tokenizer barrier on a loaded machine
-    start = time.monotonic()
-    done = torchrun(
-        2,
-        # interrupt_save_s 0: the frozen rank ends at torchrun's SIGTERM, not at its SIGKILL 30 s later
-        # (it sleeps in the fault, so the save deadline's timer never wakes it)
-        [
-            "-m",
-            "hlat",
-            "train",
-            *tiny_args(small_corpus, tmp_path / "run", "--train.steps", "6", "--train.interrupt_save_s", "0"),
-        ],
-        env=env,
-        timeout=180,
-        check=False,
-    )
-    elapsed = time.monotonic() - start
-    assert marker.is_file(), "the fault never fired"
-    assert done.returncode != 0
-    assert "CollectiveTimeout: step 3, training step" in done.stderr, done.stderr[-4000:]
-    assert "rank 1 never arrived within 10 s; rank 0 waited" in done.stderr, done.stderr[-4000:]
-    assert elapsed < 120
+def test_stuck_rank_is_named_with_the_step_and_phase(scenarios: ScenarioResults):
+    out = scenarios.path("hang-stuck-rank")
+    done = scenarios.json("hang-stuck-rank", "result.json")
+    assert (out / "fault-done").is_file(), "the fault never fired"
+    assert done["returncode"] != 0
+    assert "CollectiveTimeout: step 3, training step" in done["stderr"], done["stderr"][-4000:]
+    assert "rank 1 never arrived within 10 s; rank 0 waited" in done["stderr"], done["stderr"][-4000:]
+    assert done["elapsed"] < 120
 
 
 class FakeStore:

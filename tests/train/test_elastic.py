@@ -1,67 +1,33 @@
 """Elastic data parallelism on torchft (hlat.train.elastic): replica groups of one process each,
-on gloo on one machine, with the lighthouse in this process. A group killed (SIGKILL) mid-run
-drops out, the survivors go on in the same processes, the group restarted two steps later rejoins
-from a live peer; every (step, share) of the data order is trained exactly once, on the same
-tokens as an uninterrupted run, to the same weights (groups of several processes:
-tests/train/test_elastic_groups.py). Not tested: several machines, NCCL, real node failures (the
-kill is injected: hlat.faults).
+on gloo on one machine, started with their lighthouse from a scenario of the shared launch
+(tests/train/elastic_runs.py). A group killed (SIGKILL) mid-run drops out, the survivors go on
+in the same processes, the group restarted two steps later rejoins from a live peer; every
+(step, share) of the data order is trained exactly once, on the same tokens as an uninterrupted
+run, to the same weights (groups of several processes: tests/train/test_elastic_groups.py). Not
+tested: several machines, NCCL, real node failures (the kill is injected: hlat.faults).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import secrets
-import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from torchft.coordination import LighthouseServer
 
+from elastic_runs import DEADLINE_S, ELASTIC, GROUPS, KILL, SECRET, STEPS, lighthouse, records
 from hlat.checkpoint.manager import CheckpointManager
 from hlat.errors import UserError
 from hlat.metrics.sinks import read_metrics
 from hlat.train.elastic.replicas import import_torchft
-from runs import checkpoint_tensors, tiny_args, wait_for_shared_launch
+from runs import Scenario, ScenarioResults, checkpoint_tensors, tiny_args
 
-GROUPS, STEPS, KILL = 3, 8, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
-ELASTIC = [
-    "--train.global_batch", "6", "--train.micro_batch", "1", "--train.steps", str(STEPS),
-    "--parallel.compile", "false", "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS),
-    "--elastic.timeout_s", "60", "--elastic.secret_env", "HLAT_TEST_RUN_SECRET",
-]  # fmt: skip
-SECRET = {"HLAT_TEST_RUN_SECRET": secrets.token_hex(32)}  # the run secret of every group these tests start
-DEADLINE_S = 300  # a bound for hangs, not a budget
-
-
-def lighthouse(min_groups: int):
-    return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=10_000, heartbeat_timeout_ms=1500)
-
-
-def start_group(corpus: Path, run: Path, server, group: int, min_groups: int, *extra: str, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
-    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
-    args += ["--elastic.min_groups", str(min_groups)]
-    log = open(run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log", "w")
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", **SECRET, **env}
-    return subprocess.Popen([sys.executable, "-m", "hlat", "train", *args], stdout=log, stderr=log, env=environ)
-
-
-def records(run: Path) -> list[dict]:
-    return [
-        json.loads(line) for f in sorted(run.glob("group[012]/tokens.*.jsonl")) for line in f.read_text().splitlines()
-    ]
-
-
-def wait(proc: subprocess.Popen, run: Path) -> None:
-    code = proc.wait(timeout=DEADLINE_S)
-    assert code == 0, "\n".join(f.read_text()[-3000:] for f in sorted(run.glob("*.log")))
+# the groups start from the shared launch, where their waiting runs beside other tests
+SCENARIOS = [Scenario("elastic-killed-restarted", "train/elastic_runs.py:killed_restarted", waiting=True)]
 
 
 def assert_every_share_once(got: list[dict], want: list[dict], steps: int, shares: int) -> None:
@@ -85,39 +51,14 @@ def final_weights(run: Path, scratch: Path, steps: int = STEPS) -> dict[str, tor
     return {k: v for k, v in checkpoint_tensors(path, scratch).items() if k.startswith("model.")}
 
 
-def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small_corpus, tmp_path):
-    wait_for_shared_launch()
-    straight, faulty = tmp_path / "straight", tmp_path / "faulty"
-    straight.mkdir()
-    faulty.mkdir()
-    # the uninterrupted run: one group holding all three shares (the data order does not depend on
-    # how many groups are present), beside the faulty run, at a lighthouse of its own
-    alone, shared = lighthouse(1), lighthouse(2)
-    reference = start_group(small_corpus, straight, alone, 0, 1)
-    # all three at step 1; three again at KILL + 2 (the intruder is the third) and at KILL + 3 (group 1)
-    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS},{KILL + 3}:{GROUPS}"}
-    fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
-    procs = [start_group(small_corpus, faulty, shared, g, 2, **hold, **(fault if g == 1 else {})) for g in range(3)]
-    assert procs[1].wait(timeout=DEADLINE_S) == -9, "group 1 was not killed"
-    deadline = time.monotonic() + DEADLINE_S
-    while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivors trained two steps without it
-        assert time.monotonic() < deadline and all(p.poll() is None for p in (procs[0], procs[2])), "survivors stopped"
-        time.sleep(0.2)
-    # while the survivors hold before step KILL + 2, a group whose data differs (one file of a copy of
-    # the corpus, elsewhere: only the content is fingerprinted) arrives: it is refused when it would
-    # heal from them (the step it joined is retried); then group 1 comes back
-    other = shutil.copytree(small_corpus, tmp_path / "other-corpus")
-    first = sorted(other.iterdir())[0]
-    first.write_text(first.read_text() + "\n# another line\n")
-    intruder = start_group(other, faulty, shared, 3, 2)
-    assert intruder.wait(timeout=DEADLINE_S) == 2
-    refusal = (faulty / "group3.0.log").read_text().strip().splitlines()[-1]
-    assert refusal.startswith("hlat train: elastic group 3 refused: its configuration or data"), refusal
-    restarted = start_group(small_corpus, faulty, shared, 1, 2, **hold)
-    for proc in (procs[0], procs[2], restarted, reference):
-        wait(proc, faulty if proc is not reference else straight)
-    shared.shutdown()
-    alone.shutdown()
+def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(scenarios: ScenarioResults, tmp_path):
+    """Group 1 of three killed before step KILL (its death, the survivors' two steps without it, the
+    refusal of an intruder whose data differs: asserted as elastic_runs.killed_restarted runs them),
+    restarted after KILL + 1 and back from step KILL + 3; one group holding all three shares trained the same steps uninterrupted beside them."""
+    out = scenarios.path("elastic-killed-restarted")
+    straight, faulty = out / "straight", out / "faulty"
+    started = scenarios.json("elastic-killed-restarted", "pids.json")
+    procs, restarted = started["groups"], started["restarted"]
 
     got, want = records(faulty), records(straight)
     assert_every_share_once(got, want, STEPS, GROUPS)
@@ -128,9 +69,9 @@ def test_group_killed_restarted_and_intruder_refused_keep_every_token_once(small
     assert all(by_step[s] == ["0", "1", "2"] for s in (1, 2, KILL + 3)), by_step
     assert all(sorted(set(by_step[s])) == ["0", "2"] for s in (KILL, KILL + 1, KILL + 2)), by_step
     pids = {g: {r["pid"] for r in got if r["group"] == g} for g in "012"}
-    assert pids["0"] == {procs[0].pid} and pids["2"] == {procs[2].pid}
-    assert pids["1"] == {procs[1].pid, restarted.pid}
-    assert any(r["pid"] == restarted.pid and r["step"] == KILL + 3 for r in got)
+    assert pids["0"] == {procs[0]} and pids["2"] == {procs[2]}
+    assert pids["1"] == {procs[1], restarted}
+    assert any(r["pid"] == restarted and r["step"] == KILL + 3 for r in got)
     assert "rejoined from group" in (faulty / "group1.1.log").read_text()
     assert not (faulty / "group3" / "tokens.3.jsonl").exists()
     # the same weights as the uninterrupted run, to the order of summation (fp32, a few ulps of the 1e-2 weights)

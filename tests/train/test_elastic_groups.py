@@ -1,7 +1,7 @@
 """Elastic replica groups of several processes (hlat.train.elastic): two groups of two ranks, each a
-torchrun job running FSDP2 over its ranks, on gloo on one machine, with the lighthouse in this
-process. One rank of a group killed (SIGKILL) mid-run takes its group down (torchrun ends the
-other rank); the survivors go on in the same processes, the group restarted two steps later
+torchrun job running FSDP2 over its ranks, on gloo on one machine, started with the lighthouses
+from a scenario of the shared launch (tests/train/elastic_group_runs.py). One rank of a group
+killed (SIGKILL) mid-run takes its group down (torchrun ends the other rank); the survivors go on in the same processes, the group restarted two steps later
 rejoins, each rank from the same rank of the live group; every (step, share) of the data order is
 trained exactly once, on the same tokens as an uninterrupted run, to the same weights. Beside
 them, uninterrupted, two groups of tp 2 and one group of pp 2 holding both shares train the same
@@ -12,103 +12,28 @@ CP/HSDP inside a group, a tp or pp group killed, real node failures.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
+from elastic_group_runs import GROUPS, KILL, STEPS, records
 from hlat.train.elastic.shares import ElasticData
-from runs import start_torchrun, tiny_args, wait_for_shared_launch
-from test_elastic import DEADLINE_S, SECRET, assert_every_share_once, final_weights, lighthouse
+from runs import Scenario, ScenarioResults
+from test_elastic import assert_every_share_once, final_weights
 
-GROUPS, RANKS, STEPS, KILL = 2, 2, 6, 3  # group 1 dies before step KILL and is restarted after step KILL + 1
-ELASTIC = [
-    "--train.global_batch", "4", "--train.micro_batch", "1", "--train.steps", str(STEPS),
-    "--parallel.compile", "false", "--parallel.dp_sharding", "fsdp", "--elastic.enabled", "true",
-    "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60", "--elastic.secret_env", "HLAT_TEST_RUN_SECRET",
-    "--schedule.warmup_steps", "2", "--schedule.decay_steps", "4",
-]  # fmt: skip
+# the groups start from the shared launch, where their waiting runs beside other tests
+KILLED = "elastic-groups-killed-restarted"
+SCENARIOS = [Scenario(KILLED, "train/elastic_group_runs.py:killed_restarted", waiting=True)]
 
 
-def start_group(corpus: Path, run: Path, server, group: int, *extra: str, min_groups: int = 1, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
-    args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
-    args += ["--elastic.min_groups", str(min_groups)]
-    log = run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log"
-    return start_torchrun(RANKS, ["-m", "hlat", "train", *args], log, {**SECRET, **env})
-
-
-def workers(torchrun_pid: int) -> set[int]:
-    """The processes torchrun started (its children)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == torchrun_pid:
-            found.add(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for f in sorted(run.glob("group*/tokens.*.jsonl")) for line in f.read_text().splitlines()]
-
-
-def wait(proc, run: Path) -> None:
-    code = proc.wait(timeout=DEADLINE_S)
-    assert code == 0, "\n".join(f.read_text()[-4000:] for f in sorted(run.glob("*.log")))
-
-
-def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(small_corpus, tmp_path):
-    wait_for_shared_launch()
-    straight, faulty, tp, pp = (tmp_path / name for name in ("straight", "faulty", "tp", "pp"))
-    for run in (straight, faulty, tp, pp):
-        run.mkdir()
-    # the uninterrupted run: one group of two ranks holding both shares, at a lighthouse of its own
-    alone, shared, both, alone_pp = lighthouse(1), lighthouse(1), lighthouse(GROUPS), lighthouse(1)
-    reference = start_group(small_corpus, straight, alone, 0)
-    # beside it, uninterrupted too: two groups each running tp over its two ranks, both present every
-    # step, and one group of pp 2 holding both shares (a schedule step per share)
-    others = {
-        proc: run
-        for run, server, flag, groups in (
-            (tp, both, "tp", GROUPS),
-            (pp, alone_pp, "pp", 1),
-        )
-        for proc in [
-            start_group(small_corpus, run, server, g, f"--parallel.{flag}", str(RANKS), min_groups=groups)
-            for g in range(groups)
-        ]
-    }
-    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS},{KILL + 2}:{GROUPS}"}  # both at step 1, and again at KILL + 2
-    fault = {"HLAT_FAULT": f"step:{KILL}:0", "HLAT_FAULT_MARKER": str(tmp_path / "killed")}
-    procs = [start_group(small_corpus, faulty, shared, g, **hold, **(fault if g == 1 else {})) for g in range(GROUPS)]
-    deadline = time.monotonic() + DEADLINE_S
-    while len(dead := workers(procs[1].pid)) < RANKS:  # group 1's two ranks, to see both go
-        assert time.monotonic() < deadline and procs[1].poll() is None, "group 1 did not start"
-        time.sleep(0.2)
-    assert procs[1].wait(timeout=DEADLINE_S) != 0, "group 1 was not killed"
-    assert "killed rank 0" in (tmp_path / "killed").read_text()
-    assert "exitcode  : -9" in (faulty / "group1.0.log").read_text()  # rank 0 by the fault, then torchrun
-    assert not any(alive(pid) for pid in dead), "a rank of the killed group lives on"  # ended its peer
-    while not any(r["step"] == KILL + 1 for r in records(faulty)):  # the survivor trained two steps alone
-        assert time.monotonic() < deadline and procs[0].poll() is None, "the survivor stopped"
-        time.sleep(0.2)
-    survivors = workers(procs[0].pid)
-    restarted = start_group(small_corpus, faulty, shared, 1, **hold)
-    for proc, run in {procs[0]: faulty, restarted: faulty, reference: straight, **others}.items():
-        wait(proc, run)
-    for server in (shared, alone, both, alone_pp):
-        server.shutdown()
+def test_group_of_two_ranks_killed_and_restarted_keeps_every_token_once(scenarios: ScenarioResults, tmp_path):
+    """The runs and what must hold while they run (the killed group's ranks all gone, the survivor
+    training on): elastic_group_runs.killed_restarted."""
+    out = scenarios.path(KILLED)
+    straight, faulty, tp, pp = (out / name for name in ("straight", "faulty", "tp", "pp"))
+    started = scenarios.json(KILLED, "pids.json")
+    dead, survivors = set(started["dead"]), set(started["survivors"])
 
     got, want = records(faulty), records(straight)
     assert_every_share_once(got, want, STEPS, GROUPS)

@@ -38,10 +38,11 @@ HOLD = ",".join(["1:2"] + [f"{after + 1}:3" for _, after, _ in ATTACKS])  # the 
 def test_a_rogue_without_the_secret_changes_nothing(small_corpus, tmp_path):
     from torchft.coordination import LighthouseServer
 
+    from elastic_runs import DEADLINE_S, SECRET, records, wait
+    from elastic_runs import start_group as start
     from listening import listening
     from runs import wait_for_shared_launch
-    from test_elastic import DEADLINE_S, SECRET, assert_every_share_once, final_weights, logged_losses, records, wait
-    from test_elastic import start_group as start
+    from test_elastic import assert_every_share_once, final_weights, logged_losses
 
     wait_for_shared_launch()
     straight, faulty = tmp_path / "straight", tmp_path / "faulty"
