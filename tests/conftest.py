@@ -34,9 +34,11 @@ torch.set_num_threads(1)
 
 
 def _waits_for_processes(item: pytest.Item) -> bool:
-    """Whether a test's module reads scenarios or starts processes of its own (through tests/runs.py)."""
+    """Whether a test reads scenarios (asks for the `scenarios` fixture) or its module starts
+    processes of its own (through tests/runs.py). The other tests of a module that lists scenarios
+    run beside the shared launch, as single-process tests."""
     module = getattr(item, "module", None)
-    return bool(getattr(module, "SCENARIOS", None)) or any(
+    return "scenarios" in getattr(item, "fixturenames", ()) or any(
         getattr(module, name, None) in (runs, runs.torchrun, runs.launch, runs.start_torchrun)
         for name in ("runs", "torchrun", "launch", "start_torchrun")
     )
