@@ -5,6 +5,7 @@ under torchrun --max-restarts; a NaN gradient; a loss spike. Injected with hlat.
 
 import dataclasses
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,21 +16,35 @@ from hlat.config.load import load_config
 from hlat.device import record
 from hlat.optim import skips_exactly
 from hlat.train.trainer import Trainer
-from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, launch, tiny_args
+from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tensors, tiny_args
 
 STEPS = ["--train.steps", "6", "--checkpoint.every", "2"]
-# the uninterrupted run both kills are compared with, in the shared launch (tests/runs.py)
-SCENARIOS = [Scenario("faults-straight", "train/layout_runs.py:train", 2, {"steps": 6, "extra": STEPS[2:]})]
+FAULTS = {"kill-rank1-training": "step:4:1", "kill-rank0-committing": "commit:4:0"}
+# the uninterrupted run both kills are compared with, in the shared launch (tests/runs.py), and the
+# kills: launches of their own (a kill and torchrun's restart), started from it (tests/train/launch_runs.py)
+SCENARIOS = [Scenario("faults-straight", "train/layout_runs.py:train", 2, {"steps": 6, "extra": STEPS[2:]})] + [
+    Scenario(
+        f"faults-{name}",
+        "train/launch_runs.py:hlat_train",
+        kwargs={
+            "nproc": 2,
+            "extra": STEPS,
+            "env": {"HLAT_FAULT": fault, "HLAT_FAULT_MARKER": "{out}/fault-done"},
+            "restarts": 2,
+        },
+    )
+    for name, fault in FAULTS.items()
+]
 
 
-@pytest.mark.parametrize("fault", ["step:4:1", "commit:4:0"], ids=["kill-rank1-training", "kill-rank0-committing"])
-def test_killed_rank_restarts_and_matches_uninterrupted_run(scenarios: ScenarioResults, small_corpus, tmp_path, fault):
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_killed_rank_restarts_and_matches_uninterrupted_run(scenarios: ScenarioResults, tmp_path, name):
     straight = scenarios.path("faults-straight") / "run"
-    faulty = tmp_path / "faulty"
-    marker = tmp_path / "fault-done"
-    env = {"HLAT_FAULT": fault, "HLAT_FAULT_MARKER": str(marker)}
-    out = launch(2, tiny_args(small_corpus, faulty, *STEPS), env=env, restarts=2)
-    assert marker.is_file(), "the fault never fired"
+    killed = scenarios.path(f"faults-{name}")
+    faulty = killed / "run"
+    out = SimpleNamespace(**scenarios.json(f"faults-{name}", "result.json"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert (killed / "fault-done").is_file(), "the fault never fired"
     # step 4's checkpoint was never committed (or never started): the restart resumed from step 2
     assert "resuming from" in out.stdout and "step_00000002" in out.stdout, out.stdout[-2000:]
     assert "is deprecated" not in out.stderr, out.stderr[-2000:]  # no rank repeats a torch warning per checkpoint

@@ -1,0 +1,25 @@
+"""Scenario function (tests/runs.py) that starts `hlat train` under a torchrun launch of its own,
+from the shared launch: a fault that kills a rank and torchrun's restart must be a launch of its
+own, but need not wait for the shared launch to end (tests/train/test_fault_tolerance.py,
+tests/train/test_async_save_fault.py assert on what it leaves)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from runs import ScenarioContext, outside, tiny_args, torchrun  # noqa: E402
+
+
+def hlat_train(ctx: ScenarioContext, nproc: int, extra: list[str], env: dict[str, str], restarts: int = 0) -> None:
+    """`hlat train` of the tiny model (runs.tiny_args, run directory ctx.out/run) on `nproc`
+    processes under `torchrun --max-restarts restarts`, with `env` added ("{out}" in a value:
+    ctx.out); its exit code, stdout and stderr to result.json."""
+    env = {name: value.format(out=ctx.out) for name, value in env.items()}
+    args = tiny_args(ctx.corpus, ctx.out / "run", *extra)
+    with outside(ctx):
+        done = torchrun(nproc, ["-m", "hlat", "train", *args], env=env, restarts=restarts, check=False)
+    result = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    (ctx.out / "result.json").write_text(json.dumps(result))
