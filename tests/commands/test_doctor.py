@@ -1,12 +1,25 @@
 """`hlat doctor`: pre-flight checks as one process and under torchrun; failures name the fix."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from hlat.cli import main
 from hlat.commands import preflight
 from hlat.config.load import load_config
 from hlat.model import count_params
-from runs import torchrun
+from runs import Scenario, ScenarioResults
+
+# a launch of its own, started from the shared launch (tests/launch_runs.py), with the collective
+# timeout _restore_timeout gives the tests here
+DOCTOR = ["-m", "hlat", "doctor", "--train.run_dir", "{out}/run", "--bandwidth-mib", "4"]
+SCENARIOS = [
+    Scenario(
+        "doctor-torchrun",
+        "launch_runs.py:command",
+        kwargs={"nproc": 2, "target": DOCTOR, "env": {"HLAT_COLLECTIVE_TIMEOUT_S": "60"}, "timeout": 300},
+    )
+]
 
 
 @pytest.fixture(autouse=True)
@@ -48,10 +61,9 @@ def test_checkpoint_bytes_follow_precision_retention_and_archives():
     assert preflight.checkpoint_bytes(cfg)[0] == 4 * 12 * n + 2 * 4 * n
 
 
-def test_torchrun_two_processes_pass_with_a_bandwidth_figure(tmp_path):
-    done = torchrun(
-        2, ["-m", "hlat", "doctor", "--train.run_dir", str(tmp_path / "run"), "--bandwidth-mib", "4"], timeout=300
-    )
+def test_torchrun_two_processes_pass_with_a_bandwidth_figure(scenarios: ScenarioResults):
+    done = SimpleNamespace(**scenarios.json("doctor-torchrun", "result.json"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     assert "hlat doctor: tiny, 2 processes" in done.stdout and "all checks passed" in done.stdout
     assert "[rank 1] ok    devices" in done.stdout
     assert "busbw" in done.stdout and "pp 1 x dp 2 x tp 1" in done.stdout

@@ -6,6 +6,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,7 +18,7 @@ from hlat.model import Llama
 from hlat.model.hf import hf_config_dict
 from hlat.toml_value import toml_value
 from llama3_tokenizer import write_llama3_tokenizer
-from runs import tiny_args, torchrun
+from runs import Scenario, ScenarioResults, tiny_args
 
 TINY = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
 
@@ -271,13 +272,17 @@ def test_debug_flag_and_other_ranks(capsys, monkeypatch):
     )
 
 
-def test_a_bad_layout_is_reported_once_under_torchrun(tmp_path):
+# a launch of its own (torchrun's report of a failed rank), started from the shared launch (tests/launch_runs.py)
+BAD_LAYOUT = ["-m", "hlat", "train", "--parallel.tp", "3", "--train.run_dir", "{out}/run"]
+SCENARIOS = [Scenario("bad-layout-torchrun", "launch_runs.py:command", kwargs={"nproc": 2, "target": BAD_LAYOUT})]
+
+
+def test_a_bad_layout_is_reported_once_under_torchrun(scenarios: ScenarioResults):
     """The layout is checked before any process group starts; rank 0 alone prints it."""
-    done = torchrun(
-        2, ["-m", "hlat", "train", "--parallel.tp", "3", "--train.run_dir", str(tmp_path / "run")], check=False
-    )
+    out = scenarios.path("bad-layout-torchrun")
+    done = SimpleNamespace(**scenarios.json("bad-layout-torchrun", "result.json"))
     assert done.returncode != 0
     assert done.stderr.count("hlat train: invalid configuration") == 1, done.stderr[-3000:]
     assert "parallel.tp: tp=3 x pp=1 = 3 does not divide the world size 2" in done.stderr
     assert "exitcode  : 2" in done.stderr and "hlat/cli.py" not in done.stderr  # torchrun's own report only
-    assert not (tmp_path / "run").exists()  # nothing started
+    assert not (out / "run").exists()  # nothing started

@@ -9,10 +9,10 @@ ASYNC = ["--checkpoint.every", "2", "--checkpoint.async_save", "true"]
 FAULT = {"HLAT_FAULT": "writing:4:1", "HLAT_FAULT_MARKER": "{out}/fault-done"}  # rank 1, while step 4's save is written
 SCENARIOS = [
     Scenario("async-straight", "train/layout_runs.py:train", 2, {"steps": 6, "extra": ASYNC}),
-    # a launch of its own (kill and restart), started from the shared launch (tests/train/launch_runs.py)
+    # a launch of its own (kill and restart), started from the shared launch (tests/launch_runs.py)
     Scenario(
         "async-killed",
-        "train/launch_runs.py:hlat_train",
+        "launch_runs.py:hlat_train",
         kwargs={"nproc": 2, "extra": ["--train.steps", "6", *ASYNC], "env": FAULT, "restarts": 2},
     ),
 ]

@@ -21,11 +21,11 @@ from runs import Scenario, ScenarioResults, assert_same_tensors, checkpoint_tens
 STEPS = ["--train.steps", "6", "--checkpoint.every", "2"]
 FAULTS = {"kill-rank1-training": "step:4:1", "kill-rank0-committing": "commit:4:0"}
 # the uninterrupted run both kills are compared with, in the shared launch (tests/runs.py), and the
-# kills: launches of their own (a kill and torchrun's restart), started from it (tests/train/launch_runs.py)
+# kills: launches of their own (a kill and torchrun's restart), started from it (tests/launch_runs.py)
 SCENARIOS = [Scenario("faults-straight", "train/layout_runs.py:train", 2, {"steps": 6, "extra": STEPS[2:]})] + [
     Scenario(
         f"faults-{name}",
-        "train/launch_runs.py:hlat_train",
+        "launch_runs.py:hlat_train",
         kwargs={
             "nproc": 2,
             "extra": STEPS,
