@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-import runs
 from hlat.cli import main
 from hlat.eval import GenerateRequest, LanguageModel
 from hlat.eval.stream import TextStream
+from runs import tiny_args
 
 
 def full_forward_greedy(model, ids: list[int], steps: int, eos: int) -> list[int]:
@@ -61,7 +61,7 @@ def test_generate_command_and_the_end_of_training_sample(small_corpus, tmp_path,
         main(
             [
                 "train",
-                *runs.tiny_args(
+                *tiny_args(
                     small_corpus,
                     run_dir,
                     "--train.steps",
