@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
@@ -217,3 +218,19 @@ def profile(device_record: record.DeviceRecord) -> Iterator[None]:
 
 
 PROFILES = {"cuda-like": CUDA_LIKE, "neuron-like": NEURON_LIKE}  # by the names tests and scenarios use
+
+
+@contextlib.contextmanager
+def counted_kernels(calls: Counter[str]) -> Iterator[None]:
+    """Inside a profile: each of its host kernels counts its calls into `calls` while the block runs."""
+    kernels = simulated_device.HOST_KERNELS
+
+    def counting(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        return lambda *args, **kwargs: calls.update([name]) or kernel(*args, **kwargs)
+
+    saved = dict(kernels)
+    kernels.update({name: counting(name, kernel) for name, kernel in saved.items()})
+    try:
+        yield
+    finally:
+        kernels.update(saved)

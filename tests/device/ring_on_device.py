@@ -4,11 +4,9 @@ comparison with the ring's tensors on the device, and the calls of each of the p
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +21,7 @@ simulated_device.register()  # at import: the scenario worker forms the group on
 
 def compare(ctx: Any, kv_heads: int, documents: bool) -> None:
     calls: Counter[str] = Counter()
-    with profiles.profile(profiles.CUDA_LIKE), _counted(simulated_device.HOST_KERNELS, calls):
+    with profiles.profile(profiles.CUDA_LIKE), profiles.counted_kernels(calls):
         compare_on(ctx, kv_heads, documents, torch.device(simulated_device.TYPE))
     path = ctx.out / f"errors.rank{ctx.rank}.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"kernel_calls": calls}))
-
-
-@contextlib.contextmanager
-def _counted(kernels: dict[str, Callable[..., Any]], calls: Counter[str]) -> Iterator[None]:
-    """Each of `kernels` counting its calls into `calls` while the block runs."""
-
-    def counting(name: str, kernel: Callable[..., Any]) -> Callable[..., Any]:
-        return lambda *args, **kwargs: calls.update([name]) or kernel(*args, **kwargs)
-
-    saved = dict(kernels)
-    kernels.update({name: counting(name, kernel) for name, kernel in saved.items()})
-    try:
-        yield
-    finally:
-        kernels.update(saved)

@@ -23,6 +23,7 @@ the bias corrections computed from it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -161,7 +162,8 @@ class BF16AdamW(torch.optim.Optimizer):
         self.static = backend is not None and not record.compile_dynamic  # type: ignore[union-attr]
         self.update = compiled_update(backend, not self.static) if backend else adamw_update_
         sizes = {local_tensor(p).numel() for group in self.param_groups for p in group["params"]}
-        self.recompile_limit = max(torch._dynamo.config.recompile_limit, len(sizes))
+        # static: room for a kernel per size (dynamo falls back to eager past its recompile limit)
+        self.recompile_limit = max(torch._dynamo.config.recompile_limit, len(sizes)) if self.static else None
         self.names = dict(names or {})
         for group in self.param_groups:
             for p in group["params"]:
@@ -182,36 +184,41 @@ class BF16AdamW(torch.optim.Optimizer):
         found_inf: torch.Tensor | None = getattr(self, "found_inf", None)
         skips: dict[torch.device, torch.Tensor] = {}  # found_inf (or no skip) on each parameter device
         position = 0  # without a name: the position across groups, the same on every data-parallel replica
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            group["calls"] += 1
-            for p in group["params"]:
-                position += 1
-                if p.grad is None:
-                    continue
-                local = local_tensor(p)
-                skip = skips.get(local.device)
-                if skip is None:
-                    skip = skips[local.device] = (
-                        torch.zeros((), device=local.device)
-                        if found_inf is None
-                        else found_inf.to(local.device, torch.float32, non_blocking=True)
+        room = (
+            torch._dynamo.config.patch(recompile_limit=self.recompile_limit)
+            if self.recompile_limit
+            else contextlib.nullcontext()
+        )
+        with room:
+            for group in self.param_groups:
+                beta1, beta2 = group["betas"]
+                group["calls"] += 1
+                for p in group["params"]:
+                    position += 1
+                    if p.grad is None:
+                        continue
+                    local = local_tensor(p)
+                    skip = skips.get(local.device)
+                    if skip is None:
+                        skip = skips[local.device] = (
+                            torch.zeros((), device=local.device)
+                            if found_inf is None
+                            else found_inf.to(local.device, torch.float32, non_blocking=True)
+                        )
+                    state = self.state[p]
+                    if not state:
+                        state["step"] = torch.zeros((), dtype=torch.float32, device=local.device)
+                        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    step = state["step"].add_(1 - skip)
+                    offset, salt = _shard_position(p)
+                    lr, seed = (
+                        group["lr"],
+                        int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt)),
                     )
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=local.device)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                step = state["step"].add_(1 - skip)
-                offset, salt = _shard_position(p)
-                lr, seed = (
-                    group["lr"],
-                    int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt)),
-                )
-                if self.static:
-                    lr = _as_tensor(lr, local.device, torch.float32)
-                    offset, seed = (_as_tensor(v, local.device, torch.int32) for v in (offset, seed))
-                with torch._dynamo.config.patch(recompile_limit=self.recompile_limit):
+                    if self.static:
+                        lr = _as_tensor(lr, local.device, torch.float32)
+                        offset, seed = (_as_tensor(v, local.device, torch.int32) for v in (offset, seed))
                     self.update(
                         local.view(-1),
                         _local_grad(p).view(-1),
