@@ -128,7 +128,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
         print(
             f"note: tp {degrees.tp} spans {degrees.tp // system.per_node} nodes of {system.per_node}: tensor "
             f"parallelism crosses the network; --parallel.tp {system.per_node} keeps it in a node"
-            + (" (preset hlat-70b-gpu)" if cfg.name == "hlat-70b" else "")
         )
     if degrees.cp > 1 and not calibration_group_record(system.calibration_group).ring_attention:
         print(
