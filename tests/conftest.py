@@ -1,6 +1,8 @@
 import os
+import resource
 import shutil
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,10 +71,23 @@ def _shared_launch(request, tmp_path_factory, small_corpus, _isolated_cache) -> 
     launch.stop()
 
 
+_TEST_CPU: dict[str, float] = {}  # each test's CPU seconds in this process (not in processes it starts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    start = time.process_time()
+    try:
+        return (yield)
+    finally:
+        _TEST_CPU[item.nodeid] = time.process_time() - start
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     """Where the shared launch's time went (it runs beside the tests, so --durations misses it):
-    its wall time, how long tests waited for it, and its slowest scenarios."""
+    its wall time, how long tests waited for it, and its slowest scenarios with their CPU time over
+    every rank (the suite is bound by CPU: a scenario's CPU is what cutting it gives back)."""
     launch = config.stash.get(_LAUNCH, None)
     if launch is None or launch.process is None:
         return
@@ -82,8 +97,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     terminalreporter.write_line(
         f"wall {wall}, tests waited {launch.waited:.1f} s, scenarios {sum(seconds.values()):.1f} s (rank 0)"
     )
+    cpu = {name: launch.scenario_cpu(name) for name in seconds}
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    terminalreporter.write_line(
+        f"CPU: scenarios {sum(cpu.values()):.1f} s; the tests' process {own.ru_utime + own.ru_stime:.1f} s, "
+        f"what it started and waited for (the launch too) {children.ru_utime + children.ru_stime:.1f} s"
+    )
     for name, s in sorted(seconds.items(), key=lambda item: -item[1])[:25]:
-        terminalreporter.write_line(f"{s:8.1f} s  {name}")
+        terminalreporter.write_line(f"{s:8.1f} s {cpu[name]:8.1f} s CPU  {name}")
+    terminalreporter.write_sep("=", "the tests that used most CPU in this process")
+    for name, s in sorted(_TEST_CPU.items(), key=lambda item: -item[1])[:15]:
+        terminalreporter.write_line(f"{s:8.1f} s CPU  {name}")
 
 
 @pytest.fixture(scope="session")

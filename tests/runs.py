@@ -225,6 +225,10 @@ class SharedLaunch:
         found = (re.fullmatch(r"scenario (\S+): ([0-9.]+) s", line) for line in lines)
         return {m[1]: float(m[2]) for m in found if m}
 
+    def scenario_cpu(self, name: str) -> float:
+        """A scenario's CPU seconds, over its ranks and the processes it started and waited for."""
+        return sum(float(f.read_text()) for f in (self.root / name).glob("cpu.rank*"))
+
     def stop(self) -> None:
         """End of session: a launch still running (a run cut short, e.g. -x) is killed."""
         if self.process is not None and self.process.poll() is None:

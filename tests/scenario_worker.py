@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -49,6 +50,12 @@ def join_group(index: int, rank: int, world: int, device: str) -> None:
     store.wait([f"arrived/{r}" for r in range(world)])
     backend = device_record(device).process_group_backend  # what hlat.parallel.mesh.setup would start
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=collective_timeout())
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time and that of the children it waited for (a scenario's own processes)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def forget_meshes() -> None:
@@ -90,7 +97,7 @@ def main() -> None:
         out = root / spec["name"]
         out.mkdir(parents=True, exist_ok=True)
         os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds()
         try:
             fn = load(spec["call"])
             if world > 1:
@@ -105,6 +112,7 @@ def main() -> None:
             if dist.is_initialized():
                 dist.destroy_process_group()
             forget_meshes()
+            (out / f"cpu.rank{rank}").write_text(f"{cpu_seconds() - cpu:.2f}")
             if rank == 0:  # what each scenario costs, for the launch's timeout budget
                 print(f"scenario {spec['name']}: {time.perf_counter() - started:.1f} s", flush=True)
     sys.stdout.flush()
