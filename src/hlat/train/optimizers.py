@@ -8,7 +8,8 @@ its own, and nothing is gathered to one rank.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -69,8 +70,28 @@ class Optimizers:
         for part, opt in zip(self.parts, self.optimizers):
             local = _local(opt)
             own = [{k: group[k] for k in _IMPLEMENTATION if k in group} for group in local.param_groups]
-            set_optimizer_state_dict(part, local, state, options=_FLAT)
+            with _without_empty_groups(local):
+                set_optimizer_state_dict(part, local, state, options=_FLAT)
             _keep_implementation(local, own)
+
+
+@contextlib.contextmanager
+def _without_empty_groups(optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """Hide the param groups that hold no parameter while a state loads: ZeRO-1's partition of a
+    group can be empty on a rank (more ranks than that group's parameters), and torch's loader
+    reads every group's first parameter name. They come back at their places after the load
+    (ZeroRedundancyOptimizer matches its groups to the local optimizer's by position)."""
+    groups = optimizer.param_groups
+    empty = {i: group for i, group in enumerate(groups) if not group["params"]}
+    if not empty:
+        yield
+        return
+    optimizer.param_groups = [group for group in groups if group["params"]]
+    try:
+        yield
+    finally:
+        loaded = iter(optimizer.param_groups)
+        optimizer.param_groups = [empty[i] if i in empty else next(loaded) for i in range(len(groups))]
 
 
 # Param-group entries that say how an update runs on the device that built the optimizer, not what
