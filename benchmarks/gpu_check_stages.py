@@ -285,7 +285,8 @@ def _peak_tflops(device: torch.device, mode: str) -> float | None:
 
 
 def stage_end_to_end(out: Results, device: torch.device, sizes: Sizes, work: Path, dry: bool) -> None:
-    """`hlat train` (tiny preset, a small BPE on 40 standard-library files) + resume + `hlat generate`, through the CLI."""
+    """`hlat train` (tiny preset, a small BPE on 40 standard-library files) + resume + `hlat generate`,
+    through the CLI; then train.deterministic twice, which must agree bit for bit."""
     from hlat.cli import main
 
     corpus = work / "corpus"
@@ -322,6 +323,22 @@ def stage_end_to_end(out: Results, device: torch.device, sizes: Sizes, work: Pat
         device.type,
     ]
     out.run("generate", sizes.check_s, partial(cli, *generate))
+
+    def deterministic() -> dict[str, Any]:
+        """train.deterministic twice from scratch (torch's deterministic algorithms on this device):
+        the same losses and gradient norms, bit for bit. Last: the setting stays on in this process."""
+        found = []
+        for name in ("det-a", "det-b"):
+            argv = [*common, "--train.run_dir", str(work / name), "--train.micro_batch", "2"]
+            code = main(["train", "--fresh", *argv, "--train.deterministic", "true", "--train.steps", str(steps)])
+            if code:
+                return {"exit_code": code, "status": "fail"}
+            records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
+            found.append([(r["loss"], r["grad_norm"]) for r in records if "loss" in r])
+        same = found[0] == found[1]
+        return {"same_bits": same, "steps": len(found[0]), "status": "ok" if same else "fail"}
+
+    out.run("deterministic", sizes.check_s, deterministic)
 
 
 STAGES = {"env": stage_env, "parity": stage_parity, "throughput": stage_throughput, "switches": stage_switches}

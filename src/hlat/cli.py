@@ -133,14 +133,15 @@ def _report(prog: str, err: BaseException, debug: bool) -> int:
             traceback.print_exc()
         where = f" (rank {rank})" if rank and group_started else ""
         print(f"{prog}{where}: {err}", file=sys.stderr, flush=True)
+    code = getattr(err, "exit_code", USER_ERROR_EXIT)  # a failure a launcher tells apart (hlat.train.replay: 3)
     if group_started:
         # Leave without interpreter teardown, as a finished multi-process run does: gloo's
         # threads can race it and turn this exit code into SIGABRT.
         sys.stdout.flush()
-        os._exit(USER_ERROR_EXIT)
+        os._exit(code)
     if rank:  # the launcher stops every rank once one exits: let rank 0 print the error first
         time.sleep(QUIET_RANK_DELAY_S)
-    return USER_ERROR_EXIT
+    return code
 
 
 def _interrupted(prog: str, err: KeyboardInterrupt) -> int:

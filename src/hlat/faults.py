@@ -29,6 +29,11 @@ step it burns SECONDS more of CPU time (not wall time, so the delay is the same 
 machine), inside the step, as compute (hlat.parallel.slow_ranks must name it). It never writes a
 marker: a slow node stays slow.
 
+HLAT_FAULT="flip:STEP:RANK" makes rank RANK compute wrong without crashing (silent data corruption):
+in optimizer step STEP of a train.deterministic run, one bit of the first transformer block's
+output flips in its first micro-batch; recomputing that micro-batch anywhere gives the right bits
+(hlat.train.replay must name the rank). No marker: it is not a process fault.
+
 HLAT_ELASTIC_HOLD="STEP:GROUPS[,STEP:GROUPS...]" makes an elastic group (elastic.enabled) wait
 before optimizer step STEP until GROUPS replica groups are present, so that a test knows which
 groups train which steps (all groups at the first step; a restarted group back before a later one), for at most HOLD_TIMEOUT_S,
@@ -58,7 +63,9 @@ _POINT = {
 TESTING_ENV = "HLAT_TESTING"
 _KILLS = ("step", "commit", "writing")
 _USAGE = (
-    "FAULT:STEP:RANK with FAULT one of " + ", ".join([*_KILLS, *_POINT]) + " (sigint/sigterm/sighup take an optional "
+    "FAULT:STEP:RANK with FAULT one of "
+    + ", ".join([*_KILLS, *_POINT, "flip"])
+    + " (sigint/sigterm/sighup take an optional "
     ":COUNT), or slow:STEP:RANK:SECONDS"
 )
 
@@ -77,7 +84,7 @@ def fault_spec() -> tuple[str, int, int, float | None] | None:
     fault = parts[0]
     lengths = {"slow": (4,), **dict.fromkeys(_SIGNALS, (3, 4))}.get(fault, (3,))
     try:
-        if fault not in (*_KILLS, *_POINT, "slow") or len(parts) not in lengths:
+        if fault not in (*_KILLS, *_POINT, "slow", "flip") or len(parts) not in lengths:
             raise ValueError
         step, rank = int(parts[1]), int(parts[2])
         extra = None if len(parts) == 3 else (float(parts[3]) if fault == "slow" else int(parts[3]))
@@ -95,7 +102,7 @@ def _strikes(point: str, step: int, rank: int, raising: bool) -> str | None:
     if spec is None:
         return None
     fault, want_step, want_rank, _ = spec
-    if fault == "slow" or fault.startswith("fail-") != raising:
+    if fault in ("slow", "flip") or fault.startswith("fail-") != raising:
         return None
     if (point, step, rank) != (_POINT.get(fault, fault), want_step, want_rank):
         return None
@@ -128,6 +135,12 @@ def maybe_fail(point: str, step: int, rank: int) -> None:
     """Raise OSError at save step `point` (mkdir, write, hash or commit) when HLAT_FAULT asks."""
     if _strikes(point, step, rank, raising=True):
         raise OSError(f"injected fault fail-{point} (HLAT_FAULT) at step {step} on rank {rank}")
+
+
+def flips(step: int, rank: int) -> bool:
+    """Whether HLAT_FAULT="flip:STEP:RANK" asks this rank to compute step `step`'s first micro-batch wrong."""
+    spec = fault_spec()
+    return spec is not None and spec[0] == "flip" and (spec[1], spec[2]) == (step, rank)
 
 
 def maybe_slow(step: int, rank: int) -> None:

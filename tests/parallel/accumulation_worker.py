@@ -80,12 +80,12 @@ def recording_grads(model: ParallelModel, into: dict[str, torch.Tensor]) -> Iter
     before clipping: what the micro-batches summed to, in the parameters' dtype."""
     clip = model.clip_grad_norm_
 
-    def record_then_clip(max_norm: float) -> torch.Tensor:
+    def record_then_clip(max_norm: float, norm: torch.Tensor | None = None) -> torch.Tensor:
         for part in model.raw_parts:
             for name, p in part.named_parameters():
                 grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
                 into[name] = grad.detach().float().clone()
-        return clip(max_norm)
+        return clip(max_norm, norm)
 
     with mock.patch.object(model, "clip_grad_norm_", record_then_clip):
         yield

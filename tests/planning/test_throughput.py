@@ -182,3 +182,14 @@ def test_search_breaks_ties_by_its_stated_rule_and_prints_it():
     assert [c.layout.recompute for c in fastest] == ["none", "op"]  # here the rule's third term decides
     table = format_search(found, 3, 1e9, 0.0, 2)
     assert table.endswith(f"{len(fastest)} layouts tie for the fastest prediction; {TIE_RULE}")
+
+
+def test_the_deterministic_mode_reduces_once_per_micro_batch():
+    # dp 2 accumulating 4 micro-batches of 1: the mode's 4 all-reduces move 4 x the default's one;
+    # under FSDP2 its 4 reduce-scatters add 3 x the default's one to the same weight gathers
+    cfg = dataclasses.replace(_tiny(), train=dataclasses.replace(_tiny().train, micro_batch=1))
+    on = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    ddp = [step_time(c, 2, SYSTEM, _layout(dp=2)).dp_issued_s for c in (cfg, on)]
+    assert ddp[1] == pytest.approx(4 * ddp[0])
+    fsdp = [step_time(c, 2, SYSTEM, _layout(dp=2, sharding="fsdp")).dp_issued_s for c in (cfg, on)]
+    assert fsdp[1] - fsdp[0] == pytest.approx(3 * ddp[0] / 2)  # a reduce-scatter moves half an all-reduce

@@ -36,9 +36,11 @@ def holds_training_state(path: Path) -> bool:
 
 
 def rank_state_for(
-    manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int, same_layout: bool
+    manager: CheckpointManager, path: Path, rank: int, dp_rank: int, dp: int, same_layout: bool, merged: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(loader state, RNG state or None) for this process from checkpoint `path`.
+    """(loader state, RNG state or None) for this process from checkpoint `path`; `merged`: every
+    saved rank's state merged, even where the saved run had `dp` ranks too (train.deterministic's
+    loader holds several ranks' positions: hlat.train.global_batch).
 
     RNG states belong to a process of the saved layout; a resharded run keeps its seeded ones.
     Only rank files that the manifest lists (and `check` verified) are read.
@@ -64,7 +66,7 @@ def rank_state_for(
     if "all" in by_dp:  # merged without its shares' own states (an earlier hlat): reshard from it
         return by_dp["all"], None
     saved_dp = next(iter(by_dp.values()))["dp_size"]
-    if saved_dp == dp:  # only tensor/pipeline degrees changed: every rank keeps its position
+    if saved_dp == dp and not merged:  # only tensor/pipeline degrees changed: every rank keeps its position
         return by_dp[dp_rank], None
     return merge_states(list(by_dp.values())), None
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from hlat.config.checkpoint import CheckpointConfig
 from hlat.config.data import DataConfig
+from hlat.config.deterministic import deterministic_layout_problems, deterministic_problems
 from hlat.config.elastic import ElasticConfig
 from hlat.config.eval import EvalConfig
 from hlat.config.fields import value_problem, value_problems
@@ -78,7 +79,7 @@ class RunConfig:
                     f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit",
                 )
             )
-        problems += self.elastic_problems()
+        problems += self.elastic_problems() + deterministic_problems(self)
         if self.eval.every and not self.data.val_source:
             problems.append(
                 (
@@ -179,6 +180,7 @@ class RunConfig:
         problems = []
         if self.elastic.enabled and world > 1:
             problems += self._elastic_group_problems(world, degrees.dp)
+        problems += deterministic_layout_problems(self, degrees)
         checks = [
             lambda: check_data_parallel(self.parallel.dp_sharding, degrees),
             lambda: check_context_parallel(degrees, self.parallel.dp_sharding, self.data.seq_len),
@@ -242,7 +244,8 @@ class RunConfig:
         in `notes`. Anything that still does not fit is left for validate to report."""
         current, batch = self.train.micro_batch, self.train.global_batch
         if (
-            "train.micro_batch" in self.user_set
+            self.train.deterministic  # the micro-batch is part of what two layouts must share
+            or "train.micro_batch" in self.user_set
             or min(current, batch, self.parallel.tp, self.parallel.pp, self.parallel.cp) < 1
         ):
             return

@@ -22,6 +22,18 @@ class TrainConfig:
     """Sequences per forward/backward pass."""
     seed: int = 0
     """Seeds the weight initialisation and the data order."""
+    deterministic: bool = False
+    """Bit-identical training across data-parallel layouts: the saved model, optimizer and loader
+    state and the logged losses are the same bits for any dp degree (a power of two), DDP, ZeRO-1/2,
+    FSDP2 or HSDP (2 replicas), any split of the global batch into accumulation steps and any resume
+    point. The global batch is read as global_batch / micro_batch (a power of two) data shares and
+    summed in one fixed order; one reduction per micro-batch, one intra-op thread on the CPU
+    (docs/reproducibility.md)."""
+    replay_every: int = 0
+    """train.deterministic runs: every this many steps each data-parallel rank recomputes another
+    rank's first micro-batch and compares the gradient's SHA-256 with the owner's; a rank two others
+    disagree with is named (rank, host, device) and the run stops with exit status 3 (silent data
+    corruption; docs/reproducibility.md). 0 = off."""
     device: str = "auto"
     """The device to train on: "auto" = the accelerator torch finds (torch.accelerator: CUDA, ROCm, XPU,
     MPS, Trainium's neuron, ...), else the CPU; or a device type as torch names it ("cpu", "cuda",

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hlat.config.precision import PrecisionConfig
 from hlat.parallel.mesh import Layout, fsdp_mesh
+from hlat.parallel.ordered_sum import GradientTap, OrderedReduceScatter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -44,17 +45,29 @@ NO_BUFFER_SYNC = (
 )
 
 
-def apply_data_parallel(model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig) -> nn.Module:
-    """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place)."""
+def apply_data_parallel(
+    model: nn.Module, layout: Layout, sharding: str, precision: PrecisionConfig, tap: GradientTap | None = None
+) -> nn.Module:
+    """Wrap `model` for data parallelism; returns the module to run (DDP wraps, FSDP2 is in place).
+    With a `tap` (train.deterministic): FSDP2 sums each micro-batch's gradients in rank order
+    (hlat.parallel.ordered_sum) and feeds them to the tap; replicated weights are not wrapped, the
+    train module sums them."""
     if layout.degrees.dp_cp == 1:
         return model
     if sharding in ("zero2", "fsdp"):
         # With tp > 1 FSDP2 shards over dp the DTensors that TP already placed on the tp dim.
         dp_mesh, policy = fsdp_mesh(layout), mixed_precision_policy(precision)
         reshard = sharding == "fsdp"
-        for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        units = [*model.layers.values(), model]
+        for unit in units:
+            fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        if tap is not None:
+            for unit in units:
+                unit.set_custom_reduce_scatter(OrderedReduceScatter(tap))
+                unit.set_gradient_divide_factor(1.0)  # losses are scaled by the global target count alone
+                unit.set_force_sum_reduction_for_comms(True)
+        return model
+    if tap is not None:
         return model
     # ddp and zero1 both replicate the weights and all-reduce gradients; zero1 shards the optimizer.
     return DistributedDataParallel(model, process_group=layout.group("dp_cp"), **NO_BUFFER_SYNC)

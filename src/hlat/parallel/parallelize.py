@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from hlat.parallel.grad_accum import Fp32GradAccumulator
 from hlat.parallel.init import init_parameters
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.mesh import Layout
+from hlat.parallel.ordered_sum import GradientTap
 from hlat.parallel.pipeline import build_schedule, cut_stage, split_layers, stage_indices
 from hlat.parallel.tensor_parallel import apply_tensor_parallel
 from hlat.parallel.tied_embeddings import TiedEmbeddings, tie_across_stages
@@ -61,6 +62,7 @@ class ParallelModel:
     grad_accumulator: Fp32GradAccumulator | None = None  # bf16 storage with fp32_grad_accum, without FSDP2
     tied: TiedEmbeddings | None = None  # tied embeddings under pp > 1: this rank's copy on the first or last stage
     pipeline_microbatches: int = 1  # the micro-batches of one schedule step (pp > 1)
+    gradient_tap: GradientTap | None = None  # train.deterministic: what FSDP2 reduces goes through it
     _loss_scale: list[torch.Tensor] = field(default_factory=list)
 
     def parameters(self) -> list[nn.Parameter]:
@@ -126,6 +128,26 @@ class ParallelModel:
                 total += full_tensor(loss.detach())
             rank_loss = total / n_targets
         return rank_loss
+
+    def backward_each(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> Iterator[torch.Tensor]:
+        """train.deterministic's accumulation (hlat.train.deterministic): each micro-batch's forward and
+        backward on its own, `.grad` holding that micro-batch's gradient alone (as FSDP2 reduced it,
+        or this rank's under replication) when its loss / n_targets is yielded. One process, no
+        pipeline, no context parallelism (hlat.config.deterministic)."""
+        device = batches[0].tokens.device
+        model, params = self.parts[0], self.parameters()
+        try:
+            self._fill_bf16_cache()
+            for batch in batches:
+                for param in params:
+                    param.grad = None
+                with self._context(device):
+                    logits, labels = self._forward(model, batch)
+                    loss = token_loss_sum(logits, labels)
+                    (loss / n_targets).backward()
+                yield full_tensor(loss.detach()) / n_targets
+        finally:
+            self._clear_bf16_cache()
 
     def _forward(self, model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and the labels they are scored against: with context parallelism, of this cp
@@ -226,10 +248,12 @@ class ParallelModel:
         return norm
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
-        """Clip every gradient by the true global norm; return that norm (before clipping)."""
+    def clip_grad_norm_(self, max_norm: float, norm: torch.Tensor | None = None) -> torch.Tensor:
+        """Clip every gradient by the true global norm (`norm`, if computed otherwise); return that
+        norm (before clipping)."""
         params = [p for p in self.parameters() if p.grad is not None]
-        norm = self._global_norm([p.grad for p in self._counted(params)])
+        if norm is None:
+            norm = self._global_norm([p.grad for p in self._counted(params)])
         torch.nn.utils.clip_grads_with_norm_(params, max_norm if max_norm > 0 else float("inf"), norm, foreach=True)
         return norm
 
@@ -273,10 +297,12 @@ def build_parallel_model(
     compiled: bool = False,
     float8: bool = False,
     attention: str = "auto",
+    deterministic: bool = False,
 ) -> ParallelModel:
     """`compiled`: torch.compile each block (the run's decision: hlat.parallel.compile.decide_compile).
     `float8`: the blocks' linears as torchao float8 matmuls (precision.float8; refused where unsupported).
-    `attention`: the SDPA backend (train.attention_backend), refused where the device lacks it."""
+    `attention`: the SDPA backend (train.attention_backend), refused where the device lacks it.
+    `deterministic`: train.deterministic's data parallelism (hlat.parallel.data_parallel)."""
     check_layout(model_cfg, parallel, layout)
     check_grad_accum(precision, parallel.dp_sharding, layout.degrees.dp_cp)
     if float8:
@@ -304,6 +330,7 @@ def build_parallel_model(
     else:
         n_stages, indices, raw = 1, [0], [full]
     sharded = parallel.dp_sharding in ("zero2", "fsdp")
+    tap = GradientTap() if deterministic else None
     parts = []
     for module in raw:
         if layout.tp > 1:
@@ -316,11 +343,11 @@ def build_parallel_model(
         if compiled:
             compile_blocks(module, device.type, mode=parallel.compile_mode)
         if sharded:  # FSDP2 shards on meta, so only this rank's shard is ever allocated
-            apply_data_parallel(module, layout, parallel.dp_sharding, precision)
+            apply_data_parallel(module, layout, parallel.dp_sharding, precision, tap)
         module.to_empty(device=device)
         init_parameters(module, init_std_of, seed, on_host=device_record(device.type).init_on_host)
         module.reset_rope()
-        parts.append(module if sharded else apply_data_parallel(module, layout, parallel.dp_sharding, precision))
+        parts.append(module if sharded else apply_data_parallel(module, layout, parallel.dp_sharding, precision, tap))
     fsdp = sharded and layout.degrees.dp_cp > 1  # FSDP2 accumulates in its reduce dtype (mixed_precision_policy)
     accumulator = (
         Fp32GradAccumulator(p for m in raw for p in m.parameters()) if precision.fp32_grad_accum and not fsdp else None
@@ -336,6 +363,7 @@ def build_parallel_model(
         attention_backend=attention,
         bf16_cache={} if precision.bf16_weight_cache else None,
         grad_accumulator=accumulator,
+        gradient_tap=tap,
     )
     if layout.pp > 1:
         pm.tied, pm.pipeline_microbatches = tie_across_stages(raw, indices, n_stages, layout), n_microbatches

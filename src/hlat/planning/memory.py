@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -212,7 +213,12 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, f
     prec, sharding = cfg.precision, cfg.parallel.dp_sharding
     elem = param_dtype(prec.mode).itemsize
     pp, dp = degrees.pp, degrees.dp
-    accumulating = cfg.train.global_batch // dp // cfg.train.micro_batch > 1
+    micro = cfg.train.global_batch // dp // cfg.train.micro_batch
+    # train.deterministic reduces every micro-batch (FSDP2 holds no unsharded sum between them) and
+    # keeps its slots' sums as a binary counter: up to log2(micro) + 1 more gradients
+    deterministic = cfg.train.deterministic
+    accumulating = micro > 1 and not deterministic
+    partial_sums = math.ceil(math.log2(micro)) + 1 if deterministic and micro > 1 else 0
     # HSDP shards within a replica; zero1 and plain FSDP over all of dp, and cp's ranks beside it
     shards = degrees.dp_shard * degrees.cp
     optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
@@ -228,12 +234,14 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, f
             accum_elem = DTYPES[prec.reduce_dtype].itemsize
         else:
             accum_elem = 4 if prec.fp32_grad_accum else elem
-        grads = local * elem / shards + (local * accum_elem if accumulating else 0)
+        grads = local * elem / shards * (1 + partial_sums) + (local * accum_elem if accumulating else 0)
         return weights, grads, optimizer
     # mixed: the bf16 copy of each weight (hlat.precision.Bf16Weights) is saved for backward.
     weights = local * elem + (2 * local if prec.mode == "mixed" else 0)
     grads = local * elem + (4 * local if prec.fp32_grad_accum else 0)  # hlat.parallel.grad_accum's fp32 sums
-    return weights, grads, optimizer
+    if deterministic and dp > 1:  # the ordered all-reduce's flat input, all-to-all and gathered buffers
+        grads += 3 * local * elem
+    return weights, grads + local * elem * partial_sums, optimizer
 
 
 def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees: Degrees, n_stages: int) -> StagePlan:

@@ -253,6 +253,8 @@ def _data_parallel_s(
     ranks = lay.dp * lay.cp  # cp's ranks reduce their gradients beside dp's (hlat.parallel.mesh: dp_cp)
     if ranks == 1:
         return 0.0, 0.0, 0.0
+    # train.deterministic reduces each micro-batch's gradients on its own (hlat.train.deterministic)
+    reductions = micro if cfg.train.deterministic else 1
     prec = cfg.precision
     stored = param_dtype(prec.mode).itemsize
     gathered = 2 if prec.mode == "mixed" else stored  # mixed gathers its bf16 weights
@@ -261,15 +263,17 @@ def _data_parallel_s(
     ring = (ranks - 1) / ranks
     if lay.sharding in ("ddp", "zero1"):
         after = _seconds(ring * local * stored, whole) if lay.sharding == "zero1" else 0.0
-        return 0.0, _seconds(2 * ring * local * reduced, whole), after
+        return 0.0, _seconds(2 * ring * local * reduced * reductions, whole), after
     shard = lay.dp_shard * lay.cp  # FSDP2 shards over dp_shard x cp (HSDP replicates the rest)
     kept = not cfg.parallel.reshard_after_backward or lay.pp > 1  # gathered once per step
     gathers = 1 if kept else micro * (1 if lay.sharding == "zero2" else 2)
     within = _bandwidth(system, shard * lay.tp)
     gather = _seconds((shard - 1) / shard * local * gathers * gathered, within)
-    reduce = _seconds((shard - 1) / shard * local * reduced, within)
+    reduce = _seconds((shard - 1) / shard * local * reduced * reductions, within)
     replicas = lay.dp // lay.dp_shard
-    across = _seconds(2 * (replicas - 1) / replicas * local / shard * reduced, whole) if replicas > 1 else 0.0
+    across = (
+        _seconds(2 * (replicas - 1) / replicas * local / shard * reduced * reductions, whole) if replicas > 1 else 0.0
+    )
     return gather, reduce + across, 0.0
 
 

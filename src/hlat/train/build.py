@@ -55,10 +55,13 @@ from hlat.train.callbacks.profiler import Profiler
 from hlat.train.callbacks.recovery import SpikeRecovery
 from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
+from hlat.train.deterministic import DeterministicTrainModule, fix_numerics
 from hlat.train.elastic.group import ElasticGroup
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.secret import run_key
 from hlat.train.elastic.shares import ElasticData
+from hlat.train.global_batch import GlobalBatch
+from hlat.train.replay import Replay
 from hlat.train.resume import (
     Progress,
     RunState,
@@ -115,15 +118,22 @@ def build_run(
     cfg, device, layout, float8, out = _placement(cfg, out)
     # an elastic group reads whole shares of the global batch (as many as the groups present leave
     # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
-    shares = cfg.elastic.max_groups * layout.dp if cfg.elastic.enabled else layout.dp
+    # train.deterministic: every micro-batch of the global batch a share of its own (hlat.train.global_batch)
+    shares = (
+        cfg.elastic.max_groups * layout.dp
+        if cfg.elastic.enabled
+        else cfg.train.global_batch // cfg.train.micro_batch
+        if cfg.train.deterministic
+        else layout.dp
+    )
     cfg, shards_line = resolve_shard_count(cfg, resume, shares)
     if shards_line:
         out(shards_line)
     torch.manual_seed(cfg.train.seed)
     tokenizer = _tokenizer(cfg, layout, out)
-    loader = _loader(cfg, tokenizer, layout, out)
+    loader = _loader(cfg, tokenizer, layout, device, out)
     val_batches = _validation(cfg, tokenizer, layout, device)
-    accum = cfg.train.global_batch // shares // cfg.train.micro_batch
+    accum = cfg.train.global_batch // (layout.dp if cfg.train.deterministic else shares) // cfg.train.micro_batch
     model = _model(cfg, layout, device, accum, float8, out)
     tasks = (
         InTrainingTasks(cfg.eval, cfg.model, tokenizer, layout, device, cfg.precision.mode, cfg.data.bos)
@@ -143,6 +153,8 @@ def build_run(
     data: StepData = (
         ElasticGroup(cfg, module, loader, progress, set_progress, out, key=key)
         if isinstance(module, ElasticTrainModule) and isinstance(loader, ElasticData)
+        else loader
+        if isinstance(loader, GlobalBatch)
         else Accumulation(loader, accum, layout, device)
     )
     if layout.is_main:  # the run directory is self-contained: evaluation and export read it
@@ -174,6 +186,8 @@ def _placement(cfg: RunConfig, out: Out) -> tuple[RunConfig, torch.device, Layou
         check_float8(device, layout.tp)
     check_attention_backend(cfg.train.attention_backend, device)
     out = out if layout.is_main else (lambda _: None)
+    if cfg.train.deterministic:  # before any kernel runs (the compile probe, the initialisation)
+        out(fix_numerics(device))
     for line in (layout_line, narrow):
         if line:
             out(line)
@@ -188,8 +202,7 @@ def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, ou
     update = decide_update_compile(precision=cfg.precision, optim=cfg.optim, device=device, out=out)
     if update.line:
         out(update.line)
-    return (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(
-        model,
+    common = dict(
         optim=cfg.optim,
         precision=replace(cfg.precision, compile_optimizer=update.compiled),
         dp_sharding=cfg.parallel.dp_sharding,
@@ -197,6 +210,24 @@ def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, ou
         max_grad_norm=cfg.recovery.max_grad_norm,
         hardware_rounding=rounding.hardware,
     )
+    if cfg.elastic.enabled:
+        return ElasticTrainModule(model, **common)
+    if not cfg.train.deterministic:
+        return TrainModule(model, **common)
+    layout = model.layout
+    replay = (
+        Replay(
+            cfg.train.replay_every,
+            layout.group("dp"),
+            layout.dp_rank,
+            layout.dp,
+            device,
+            cfg.run_dir / "metrics.jsonl",
+        )
+        if cfg.train.replay_every and layout.dp > 1
+        else None
+    )
+    return DeterministicTrainModule(model, replay=replay, **common)
 
 
 def _tokenizer(cfg: RunConfig, layout: Layout, out: Out) -> Tokenizer:
@@ -238,8 +269,11 @@ def _verify_shards(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Ou
         raise DataError(f"data.source: {first}")
 
 
-def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> PackedLoader | ElasticData:
-    """This rank's loader; an elastic group's holds every data share's position."""
+def _loader(
+    cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, device: torch.device, out: Out
+) -> PackedLoader | ElasticData | GlobalBatch:
+    """This rank's loader; an elastic group's holds every data share's position, and a
+    deterministic run's this rank's shares of the global batch."""
     _verify_shards(cfg, tokenizer, layout, out)
     with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", out):
 
@@ -249,6 +283,11 @@ def _loader(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, out: Out) -> P
                 dp_rank=rank, dp_size=ranks, step_rows=cfg.train.global_batch // ranks, log_fn=log,
             )  # fmt: skip
 
+        if cfg.train.deterministic:
+            shares = cfg.train.global_batch // cfg.train.micro_batch
+            return GlobalBatch(
+                lambda j: rank_loader(j, shares, out if j == layout.dp_rank else None), shares, layout, device
+            )
         if not cfg.elastic.enabled:
             return rank_loader(layout.dp_rank, layout.dp, out)
         shares, logged = cfg.elastic.max_groups, False
@@ -301,6 +340,7 @@ def _model(cfg: RunConfig, layout: Layout, device: torch.device, accum: int, flo
             compiled=compiled.enabled,
             float8=float8,
             attention=cfg.train.attention_backend,
+            deterministic=cfg.train.deterministic,
         )
 
 

@@ -249,7 +249,9 @@ class RunState:
         record = {"pp": lay.pp, "dp": lay.dp, "tp": lay.tp, "dp_sharding": self.cfg.parallel.dp_sharding}
         # HSDP's shard degree and cp only where they are used: older records stay equal
         hsdp = {"dp_shard": lay.dp_shard} if lay.dp_replicate > 1 else {}
-        return record | hsdp | ({"cp": lay.cp} if lay.cp > 1 else {})
+        # the deterministic mode's loader state is its shares', merged: another mode's must be dealt again
+        mode = {"deterministic": True} if self.cfg.train.deterministic else {}
+        return record | hsdp | ({"cp": lay.cp} if lay.cp > 1 else {}) | mode
 
     def save(self, progress: Progress) -> SaveStats:
         """Under checkpoint.async_save it returns once the state is staged."""
@@ -279,7 +281,8 @@ class RunState:
             self.module.load_state_dict(state)
         same = shared.get("layout") == self.layout_record()
         lay = self.layout
-        loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same)
+        merged = self.cfg.train.deterministic
+        loader, rng = rank_state_for(self.checkpoints, path, lay.rank, lay.dp_rank, lay.dp, same, merged)
         try:
             self.loader.load_state_dict(loader)
         except ResumeError as err:

@@ -29,10 +29,13 @@ def accumulate(model: ParallelModel, micro_batches: Sequence[Batch], n_targets: 
     return model.forward_backward(micro_batches, n_targets)
 
 
-def clip(model: ParallelModel, grad_clip: float, max_grad_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clip(
+    model: ParallelModel, grad_clip: float, max_grad_norm: float, norm: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(pre-clip global grad norm, whether the step must be skipped), on device: a norm that is not
-    finite, or above `max_grad_norm` (> 0), skips it; the norm is the same on every rank."""
-    grad_norm = model.clip_grad_norm_(grad_clip)
+    finite, or above `max_grad_norm` (> 0), skips it; the norm is the same on every rank. `norm`:
+    the gradients' global norm computed otherwise (train.deterministic's)."""
+    grad_norm = model.clip_grad_norm_(grad_clip, norm)
     bad = ~torch.isfinite(grad_norm)
     if max_grad_norm > 0:
         bad |= grad_norm > max_grad_norm

@@ -4,7 +4,8 @@ counter) kept on device inside it until a logging step reads them in one host sy
 
 The trainer asks it to step, to read its losses, and for its state; it never touches the loss
 parts or the counter itself. A train module that reduces over more than the model's own ranks
-(an elastic group: hlat.train.elastic.module) overrides the step's phases, not the step.
+(an elastic group: hlat.train.elastic.module), or in a fixed order (train.deterministic:
+hlat.train.deterministic), overrides the step's phases, not the step.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class TrainModule:
     def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
         """One optimizer step at learning rate `lr` (hlat.train.step); no host sync."""
         self.optimizers.set_lr(lr)
-        rank_loss = self._reduce(accumulate(self.model, micro_batches, self._target_count(micro_batches)))
-        grad_norm, bad = clip(self.model, self.grad_clip, self.max_grad_norm)
+        rank_loss = self._reduce(self._accumulate(micro_batches, self._target_count(micro_batches)))
+        grad_norm, bad = self._clip()
         committed = self._commit()
         if committed:
             update(self.optimizers, bad, self._skipped)
@@ -85,9 +86,17 @@ class TrainModule:
         self.optimizers.zero_grad()
         return StepOutput(lr, grad_norm, committed)
 
-    # --- the phases a subclass that reduces over more ranks overrides -------------------------
+    # --- the phases a subclass that reduces otherwise overrides (elastic groups, the deterministic mode)
     def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         return target_count(self.model, micro_batches)
+
+    def _accumulate(self, micro_batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
+        """Forward and backward: this rank's part of the global mean loss, the gradients in .grad."""
+        return accumulate(self.model, micro_batches, n_targets)
+
+    def _clip(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pre-clip global grad norm, whether to skip the step), the gradients clipped."""
+        return clip(self.model, self.grad_clip, self.max_grad_norm)
 
     def _reduce(self, rank_loss: torch.Tensor) -> torch.Tensor:
         """After backward: the gradients and `rank_loss` as the optimizer step sees them."""

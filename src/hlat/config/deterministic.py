@@ -1,0 +1,84 @@
+"""What train.deterministic supports: the rules, asked before any process group exists
+(docs/reproducibility.md says why each one holds)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hlat.config.layout import Degrees
+
+if TYPE_CHECKING:
+    from hlat.config.run import RunConfig
+
+MODES = ("fp32", "mixed")  # bf16 storage rounds each update: its noise is not keyed by global position yet
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The rules that do not depend on the world size."""
+    if cfg.train.replay_every < 0:
+        return [("train.replay_every", f"must be >= 0 (0 = off), got {cfg.train.replay_every}")]
+    if not cfg.train.deterministic:
+        if cfg.train.replay_every:
+            return [
+                (
+                    "train.replay_every",
+                    "replay compares gradients bit for bit, which needs --train.deterministic true",
+                )
+            ]
+        return []
+    problems = []
+    batch, micro = cfg.train.global_batch, cfg.train.micro_batch
+    if micro >= 1 and not batch % micro and not _power_of_two(batch // micro):
+        problems.append(
+            (
+                "train.global_batch",
+                f"train.deterministic sums the step's micro-batches as a binary tree: "
+                f"{batch} / train.micro_batch={micro} = {batch // micro} micro-batches is not a power of two",
+            )
+        )
+    if cfg.precision.mode not in MODES:
+        problems.append(
+            (
+                "precision.mode",
+                f"train.deterministic runs precision.mode fp32 or mixed, not {cfg.precision.mode} (its bf16 "
+                "weight updates are not yet keyed by position in the whole tensor)",
+            )
+        )
+    if cfg.elastic.enabled:
+        problems.append(
+            ("train.deterministic", "elastic groups do not reduce in the canonical order yet: one or the other")
+        )
+    return problems
+
+
+def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tuple[str, str]]:
+    """The rules of a layout: the data-parallel degree a power of two (a subtree of each step's
+    tree), and the degrees that change what a matmul or attention sums (tp, cp) or how a schedule
+    accumulates (pp) at 1 for now."""
+    if not cfg.train.deterministic:
+        return []
+    problems = []
+    for name in ("tp", "pp", "cp"):
+        if getattr(degrees, name) > 1:
+            problems.append(
+                (
+                    f"parallel.{name}",
+                    f"train.deterministic runs data parallelism only for now; set --parallel.{name} 1",
+                )
+            )
+    if not _power_of_two(degrees.dp):
+        problems.append(("train.deterministic", f"needs a power-of-two data-parallel degree, got dp={degrees.dp}"))
+    if degrees.dp_replicate > 2:
+        problems.append(
+            (
+                "parallel.dp_shard",
+                f"train.deterministic sums HSDP's replicas with torch's all-reduce, in a fixed order for 2 "
+                f"replicas only; got {degrees.dp_replicate} (dp {degrees.dp} / dp_shard {degrees.dp_shard}): "
+                f"use --parallel.dp_shard {degrees.dp // 2} or 0",
+            )
+        )
+    return problems

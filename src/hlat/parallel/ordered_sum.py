@@ -1,0 +1,168 @@
+"""Sums whose bits do not depend on the layout: train.deterministic's reductions (docs/reproducibility.md).
+
+A floating-point sum depends on the order of its additions. The deterministic mode fixes one order
+for every gradient, loss and norm of a step, whichever rank computed which part:
+
+- Gradients: a complete binary tree over the global batch's micro-batches in their global index
+  (a power of two of them). With d data-parallel ranks, rank r computes micro-batch t*d + r at
+  accumulation slot t, so each slot's d gradients are one subtree, summed across ranks in rank
+  order (`tree_sum` after an all-to-all); the slots' sums then pair up locally in the tree's upper
+  levels (`PairwiseSum`). dp 1 runs the same tree with d = 1. fp32 addition is commutative, so
+  each node's bits are fixed by its two children, on any rank.
+- The gradient norm: each row's sum of squares in fp64 (a row lies whole on one rank under FSDP2's
+  dim-0 shards), gathered in global row order and summed once (`canonical_norm`).
+- Losses: each micro-batch's, gathered by global index and summed as the gradients are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the interface set_custom_reduce_scatter takes
+from torch.distributed.tensor import DTensor
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def tree_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum `parts` (a power of two of them) as a complete binary tree in their order."""
+    assert is_power_of_two(len(parts)), len(parts)
+    level = list(parts)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
+    return level[0]
+
+
+class PairwiseSum:
+    """Add lists of tensors one at a time; `total()` equals `tree_sum` over them, element by element,
+    holding at most log2(count) + 1 partial sums (a binary counter)."""
+
+    def __init__(self) -> None:
+        self._stack: list[tuple[int, list[torch.Tensor]]] = []  # (subtree height, its sums)
+        self._count = 0
+
+    def add(self, tensors: list[torch.Tensor]) -> None:
+        height, node = 0, tensors
+        while self._stack and self._stack[-1][0] == height:
+            _, left = self._stack.pop()
+            node = [a + b for a, b in zip(left, node)]
+            height += 1
+        self._stack.append((height, node))
+        self._count += 1
+
+    def total(self) -> list[torch.Tensor]:
+        assert len(self._stack) == 1 and is_power_of_two(self._count), f"{self._count} added: not a power of two"
+        (_, node), self._stack, self._count = self._stack[0], [], 0
+        return node
+
+
+class GradientTap:
+    """The SHA-256 of what is fed to it while open (a micro-batch's gradient tensors, in the order
+    backward produces them)."""
+
+    def __init__(self) -> None:
+        self._hash: hashlib._Hash | None = None
+
+    def open(self) -> None:
+        self._hash = hashlib.sha256()
+
+    def feed(self, tensor: torch.Tensor) -> None:
+        if self._hash is not None:
+            flat = tensor.detach().reshape(-1).contiguous().cpu()
+            self._hash.update(flat.view(torch.uint8).numpy().tobytes())
+
+    def close(self) -> bytes:
+        digest, self._hash = self._hash.digest(), None
+        return digest
+
+
+def _ordered_chunk(flat: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """This rank's chunk (of `size` equal chunks of `flat`) summed over the group in rank order."""
+    size = dist.get_world_size(group)
+    received = torch.empty_like(flat)
+    dist.all_to_all_single(received, flat, group=group)
+    return tree_sum(list(received.chunk(size)))
+
+
+def ordered_all_reduce_(tensors: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """Sum `tensors` over `group` in place, in rank order (a tree): the same bits on every rank and
+    for every grouping of the same ordered values. The traffic of a ring all-reduce (an all-to-all
+    and an all-gather)."""
+    if group is None or dist.get_world_size(group) == 1 or not tensors:
+        return
+    size = dist.get_world_size(group)
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    padded = -flat.numel() % size
+    if padded:
+        flat = torch.cat([flat, flat.new_zeros(padded)])
+    mine = _ordered_chunk(flat, group)
+    gathered = torch.empty_like(flat)
+    dist.all_gather_single(gathered, mine, group=group)
+    offset = 0
+    for t in tensors:
+        t.copy_(gathered[offset : offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+class OrderedReduceScatter(ReduceScatter):
+    """FSDP2's gradient reduce-scatter as a tree in rank order (FSDPModule.set_custom_reduce_scatter;
+    its divide factor set to 1 and its reductions forced to sums). What this rank hands it (its own
+    unsharded gradients) goes through `tap` too (hlat.train.replay's digests)."""
+
+    def __init__(self, tap: GradientTap) -> None:
+        self.tap = tap
+
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: object,
+        async_op: bool = False,
+    ) -> None:
+        assert op == dist.ReduceOp.SUM, f"the ordered reduce-scatter sums, got {op}"
+        self.tap.feed(input_tensor)
+        output_tensor.copy_(_ordered_chunk(input_tensor, group))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _row_squares(grad: torch.Tensor) -> torch.Tensor:
+    """Each row's (dim 0's) sum of squares, in fp64 (a square of an fp32 value is exact there)."""
+    local = _local(grad).detach()
+    rows = local.reshape(local.shape[0], math.prod(local.shape[1:])) if local.dim() > 1 else local.reshape(-1, 1)
+    return rows.double().square().sum(dim=1)
+
+
+def canonical_norm(grads: list[torch.Tensor], shard_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The L2 norm of `grads`, the same bits however their rows are sharded over `shard_group`
+    (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole tensors).
+    Each parameter's row sums are put back in global row order before one fp64 sum; fp32 result."""
+    device = grads[0].device if grads else torch.device("cpu")
+    squares = [_row_squares(g) for g in grads]
+    if shard_group is not None and dist.get_world_size(shard_group) > 1:
+        size = dist.get_world_size(shard_group)
+        counts = torch.tensor([s.numel() for s in squares], dtype=torch.int64, device=device)
+        every = [torch.empty_like(counts) for _ in range(size)]
+        dist.all_gather(every, counts, group=shard_group)
+        longest = max(int(c.sum()) for c in every)
+        mine = torch.zeros(longest, dtype=torch.float64, device=device)
+        flat = torch.cat(squares) if squares else mine[:0]
+        mine[: flat.numel()] = flat
+        gathered = [torch.empty_like(mine) for _ in range(size)]
+        dist.all_gather(gathered, mine, group=shard_group)
+        pieces = [g[: int(c.sum())].split(c.tolist()) for g, c in zip(gathered, every)]
+        squares = [piece for p in range(len(squares)) for piece in (pieces[r][p] for r in range(size))]
+    rows = torch.cat(squares) if squares else torch.zeros(0, dtype=torch.float64, device=device)
+    return rows.sum().sqrt().float()

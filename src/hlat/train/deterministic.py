@@ -1,0 +1,136 @@
+"""train.deterministic's step: every reduction of a step in one fixed order, whatever the
+data-parallel layout (docs/reproducibility.md; the sums: hlat.parallel.ordered_sum).
+
+Rank r of d computes, at accumulation slot t, the global batch's micro-batch t*d + r
+(hlat.train.global_batch). After each micro-batch's backward its gradients are summed over the
+data-parallel ranks in rank order (FSDP2 in its reduce-scatter, replicated weights here), and the
+slots' sums pair up as a binary tree; the loss, the target count and the gradient norm follow the
+same rule. The optimizer update is elementwise, so it adds no order of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from hlat.data.batch import IGNORE_INDEX, Batch
+from hlat.faults import flips
+from hlat.parallel.ordered_sum import PairwiseSum, canonical_norm, ordered_all_reduce_, tree_sum
+from hlat.parallel.parallelize import ParallelModel
+from hlat.train.replay import Replay, flip_one_bit
+from hlat.train.step import clip
+from hlat.train.train_module import TrainModule
+
+
+def fix_numerics(device: torch.device) -> str:
+    """Make each kernel's result depend on its inputs alone; the start-up line that says how. The
+    CPU's GEMMs split their reductions by thread, so every process runs one intra-op thread;
+    accelerators run torch's deterministic algorithms (a kernel without one fails by name)."""
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+        return "deterministic: on (one fixed reduction order; one intra-op thread per process)"
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's deterministic workspaces
+    torch.use_deterministic_algorithms(True)
+    return "deterministic: on (one fixed reduction order; torch.use_deterministic_algorithms)"
+
+
+class DeterministicTrainModule(TrainModule):
+    """The train module of train.deterministic: its accumulation, clipping and target count are the
+    ordered ones; everything else is TrainModule's. `replay` (train.replay_every): its checks,
+    before the update of every step it is due."""
+
+    def __init__(self, model: ParallelModel, *, replay: Replay | None = None, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.replay, self.steps = replay, 0  # the steps this process ran (replay's schedule)
+        layout = model.layout
+        self.sharded = any(isinstance(p, DTensor) for p in model.parameters())  # FSDP2 (tp is 1 here)
+        self.dp_group = layout.group("dp") if layout.dp > 1 else None
+        self.shard_group = (
+            (layout.group("dp_shard") if layout.dp_replicate > 1 else self.dp_group) if self.sharded else None
+        )
+        self.dp_rank, self.dp = layout.dp_rank, layout.dp
+
+    def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """Exact in int64 (a float sum of counts rounds past 2**24)."""
+        count = sum((b.labels != IGNORE_INDEX).sum() for b in micro_batches).to(torch.int64)
+        if self.dp_group is not None:
+            dist.all_reduce(count, group=self.dp_group)
+        return count.float().clamp_min(1.0)
+
+    def _accumulate(self, micro_batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
+        """The global batch's gradient in .grad as a tree over its micro-batches; the loss on dp rank 0
+        (0 elsewhere, so that the logging step's sum over ranks adds exact zeros)."""
+        self.steps += 1
+        replaying = self.replay is not None and self.replay.due(self.steps)
+        params, sums, losses = self.model.parameters(), PairwiseSum(), []
+        digest = b""
+        for slot, loss in enumerate(self._backward_each(micro_batches, n_targets, replaying)):
+            grads = self._own_gradients()
+            if slot == 0 and replaying:
+                digest = self._digest(grads)
+            if not self.sharded:
+                ordered_all_reduce_(grads, self.dp_group)
+            sums.add(grads)
+            losses.append(loss)
+        for param, grad in zip(params, sums.total()):
+            param.grad = grad
+        if replaying:
+            self.replay.check(self.steps, micro_batches[0], digest, lambda batch: self._recompute(batch, n_targets))
+        total = self._ordered_loss(torch.stack(losses))
+        return total if self.dp_rank == 0 else torch.zeros_like(total)
+
+    def _backward_each(
+        self, micro_batches: Sequence[Batch], n_targets: torch.Tensor, replaying: bool
+    ) -> Iterator[torch.Tensor]:
+        """The model's backward_each, the first micro-batch's gradients fed to the tap on a replay
+        step (and computed wrong where HLAT_FAULT="flip:STEP:RANK" asks: hlat.faults)."""
+        fault = flip_one_bit(self.model.parts[0]) if flips(self.steps, self.model.layout.rank) else None
+        if replaying:
+            self.model.gradient_tap.open()
+        for loss in self.model.backward_each(micro_batches, n_targets):
+            if fault is not None:  # the first micro-batch's forward and backward are done
+                fault.remove()
+                fault = None
+            yield loss
+
+    def _own_gradients(self) -> list[torch.Tensor]:
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+
+    def _digest(self, grads: list[torch.Tensor]) -> bytes:
+        """The tap's digest of this rank's gradient of the micro-batch just computed: FSDP2 fed it
+        what it reduced; replicated gradients are fed here, before the cross-rank sum."""
+        tap = self.model.gradient_tap
+        if not self.sharded:
+            for grad in grads:
+                tap.feed(grad)
+        return tap.close()
+
+    def _recompute(self, batch: Batch, n_targets: torch.Tensor) -> bytes:
+        """The digest of this rank's gradient of `batch` at the current weights; the step's gradients
+        are put back (collective under FSDP2: every rank recomputes at once)."""
+        saved = [p.grad for p in self.model.parameters()]
+        self.model.gradient_tap.open()
+        for _ in self.model.backward_each([batch], n_targets):
+            digest = self._digest(self._own_gradients())
+        for param, grad in zip(self.model.parameters(), saved):
+            param.grad = grad
+        return digest
+
+    def _ordered_loss(self, losses: torch.Tensor) -> torch.Tensor:
+        """Each micro-batch's loss share, from every dp rank, summed as a tree in global index order."""
+        if self.dp_group is None:
+            return tree_sum(list(losses))
+        every = torch.empty(self.dp * losses.numel(), dtype=losses.dtype, device=losses.device)
+        dist.all_gather_single(every, losses, group=self.dp_group)
+        by_index = every.view(self.dp, -1).t().reshape(-1)  # rank r's slot t is micro-batch t*dp + r
+        return tree_sum(list(by_index))
+
+    def _clip(self) -> tuple[torch.Tensor, torch.Tensor]:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = canonical_norm(grads, self.shard_group)
+        return clip(self.model, self.grad_clip, self.max_grad_norm, norm)

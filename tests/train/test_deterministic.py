@@ -1,0 +1,168 @@
+"""train.deterministic: the same bits for every data-parallel arrangement of one run.
+
+Six arrangements of the tiny model's run (8 steps, global batch 8 in micro-batches of 2: 4 data
+shares) end with equal SHA-256 digests of every saved tensor (model and optimizer), the same
+loader state and the same logged losses: dp 1 on two intra-op threads (accumulating 4 micro-batches),
+dp 2 under DDP, ZeRO-1 and FSDP2 (2 each), dp 4 under ZeRO-2 and HSDP (2 replicas x 2 shards: 1
+each), and FSDP2 on dp 2 to step 4 resumed as ZeRO-1 on dp 4 to step 8. Without the mode, dp 1 and
+FSDP2 on dp 2 differ from the first step. Planted bugs this catches (each tried on the code):
+the slot order reversed (rank r computing micro-batch r*accum + t), the cross-rank tree replaced
+by a plain all-reduce, and the fp64 norm replaced by the default one.
+"""
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from hlat.cli import _report
+from hlat.config.load import load_config
+from hlat.errors import ConfigError
+from hlat.train.deterministic import fix_numerics
+from hlat.train.replay import WrongComputation
+from runs import Scenario, ScenarioResults, checkpoint_tensors, tiny_args
+
+STEPS, MIDDLE = 8, 4
+TRAIN, THREADS = "train/layout_runs.py:train", "train/deterministic_runs.py:train_with_threads"
+EXPECTING = "train/deterministic_runs.py:train_expecting_wrong_computation"
+ON = ["--train.deterministic", "true", "--parallel.compile", "false"]
+FSDP, ZERO1 = ["--parallel.dp_sharding", "fsdp"], ["--parallel.dp_sharding", "zero1"]
+ARRANGEMENTS = {  # name: (world, extra)
+    "det-dp1": (1, []),
+    "det-dp2-ddp": (2, []),
+    "det-dp2-zero1": (2, ZERO1),
+    "det-dp2-fsdp": (2, FSDP),
+    "det-dp4-zero2": (4, ["--parallel.dp_sharding", "zero2"]),
+    "det-dp4-hsdp": (4, [*FSDP, "--parallel.dp_shard", "2"]),
+}
+SCENARIOS = [
+    Scenario("det-dp1", THREADS, 1, {"threads": 2, "steps": STEPS, "extra": ON}),
+    *(
+        Scenario(name, TRAIN, world, {"steps": STEPS, "extra": [*ON, *extra]})
+        for name, (world, extra) in ARRANGEMENTS.items()
+        if name != "det-dp1"
+    ),
+    Scenario("det-dp2-fsdp-first", TRAIN, 2, {"steps": MIDDLE, "extra": [*ON, *FSDP]}),
+    Scenario(
+        "det-dp4-zero1-resumed",
+        TRAIN,
+        4,
+        {"steps": STEPS, "extra": [*ON, *ZERO1], "resume": "require", "start_from": "det-dp2-fsdp-first"},
+    ),
+    # replay: every step on 4 FSDP2 ranks with nothing wrong (each pair checked at least once), and a
+    # bit flipped in rank 2's matmul at step 2 on DDP ranks (4 and 2), replay every 2 steps
+    Scenario("replay-clean", TRAIN, 4, {"steps": 4, "extra": [*ON, *FSDP, "--train.replay_every", "1"]}),
+    *(
+        Scenario(
+            f"replay-flip-{world}",
+            EXPECTING,
+            world,
+            {"steps": 4, "extra": [*ON, "--train.replay_every", "2"], "env": {"HLAT_FAULT": f"flip:2:{world - 1}"}},
+        )
+        for world in (4, 2)
+    ),
+    Scenario("plain-dp1", TRAIN, 1, {"steps": 1, "extra": ["--parallel.compile", "false"]}),
+    Scenario("plain-dp2-fsdp", TRAIN, 2, {"steps": 1, "extra": ["--parallel.compile", "false", *FSDP]}),
+]
+
+
+def digests(scenarios: ScenarioResults, name: str, tmp_path) -> dict[str, str]:
+    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{STEPS:08d}"
+    return {
+        key: hashlib.sha256(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+        for key, value in checkpoint_tensors(checkpoint, tmp_path).items()
+    }
+
+
+def loader_states(scenarios: ScenarioResults, name: str, world: int) -> list[str]:
+    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{STEPS:08d}"
+    return [
+        json.dumps(torch.load(checkpoint / f"rank_{r:05d}.pt", weights_only=True)["loader"], sort_keys=True)
+        for r in range(world)
+    ]
+
+
+def losses(scenarios: ScenarioResults, name: str) -> list[float]:
+    return scenarios.json(name, "summary.rank0.json")["losses"]
+
+
+def test_every_arrangement_saves_and_logs_the_same_bits(scenarios: ScenarioResults, tmp_path):
+    reference = digests(scenarios, "det-dp1", tmp_path)
+    assert any(key.startswith("optim.") for key in reference) and any(key.startswith("model.") for key in reference)
+    (reference_loader,) = loader_states(scenarios, "det-dp1", 1)
+    reference_losses = losses(scenarios, "det-dp1")
+    assert len(reference_losses) == STEPS
+    for name, (world, _) in [*ARRANGEMENTS.items(), ("det-dp4-zero1-resumed", (4, ZERO1))]:
+        found = digests(scenarios, name, tmp_path)
+        assert found.keys() == reference.keys(), name
+        assert [k for k in reference if found[k] != reference[k]] == [], name
+        assert loader_states(scenarios, name, world) == [reference_loader] * world, name
+    for name in ARRANGEMENTS:
+        assert losses(scenarios, name) == reference_losses, name
+    resumed = losses(scenarios, "det-dp2-fsdp-first") + losses(scenarios, "det-dp4-zero1-resumed")
+    assert resumed == reference_losses
+
+
+def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResults):
+    messages = scenarios.json("det-dp2-fsdp", "summary.rank0.json")["messages"]
+    assert any(m.startswith("deterministic: on") for m in messages), messages
+    assert losses(scenarios, "plain-dp1") != losses(scenarios, "plain-dp2-fsdp")
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        (["--train.global_batch", "12"], "train.global_batch"),  # 6 micro-batches: no binary tree
+        (["--precision.mode", "bf16-sr"], "precision.mode"),
+        (["--parallel.tp", "2"], "parallel.tp"),
+        (["--parallel.pp", "2"], "parallel.pp"),
+        (["--parallel.cp", "2"], "parallel.cp"),
+        (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas
+    ],
+)
+def test_what_the_mode_cannot_keep_identical_is_refused_by_name(extra, field, small_corpus, tmp_path):
+    args = tiny_args(small_corpus, tmp_path / "run", "--train.deterministic", "true", *extra)
+    with pytest.raises(ConfigError) as refused:
+        load_config("tiny", None, args, world=4)
+    assert field in [name for name, _ in refused.value.problems], refused.value.problems
+
+
+def test_the_mode_runs_one_intra_op_thread_where_threads_change_a_matmul():
+    """The CPU splits a long reduction over its threads (here 64 x 4096 x 64 gave 9e-5 apart on
+    two threads): the mode's processes all run one, whatever they were started with."""
+    a, b = torch.randn(64, 4096, generator=torch.Generator().manual_seed(0)), torch.randn(4096, 64)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = a @ b
+        torch.set_num_threads(2)
+        if torch.equal(a @ b, one):
+            pytest.skip("this CPU gives the same product on 1 and 2 threads")
+        fix_numerics(torch.device("cpu"))
+        assert torch.get_num_threads() == 1 and torch.equal(a @ b, one)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_replay_names_the_rank_that_computed_wrong(scenarios: ScenarioResults):
+    clean = scenarios.json("replay-clean", "summary.rank0.json")
+    assert clean["step"] == 4 and not list(scenarios.path("replay-clean").glob("refused.*"))
+    assert clean["losses"] == losses(scenarios, "det-dp1")[:4]  # recomputing left the step's gradients as they were
+    records = (scenarios.path("replay-clean") / "run" / "metrics.jsonl").read_text()
+    assert '"replay"' not in records
+    four = scenarios.path("replay-flip-4")
+    refusals = [json.loads((four / f"refused.rank{r}.json").read_text()) for r in range(4)]
+    assert {r["code"] for r in refusals} == {3} and len({r["message"] for r in refusals}) == 1
+    message = refusals[0]["message"]
+    assert "at step 2" in message and "computing wrong: rank 3 (host " in message and "rank 0 (" not in message
+    (named,) = [
+        json.loads(line) for line in (four / "run" / "metrics.jsonl").read_text().splitlines() if "replay" in line
+    ]
+    assert named["step"] == 2 and named["replay"]["ranks"] == [3]
+    two = json.loads((scenarios.path("replay-flip-2") / "refused.rank0.json").read_text())["message"]
+    assert "no third" in two and "rank 0 (" in two and "rank 1 (" in two
+
+
+def test_a_named_rank_exits_with_its_own_status():
+    assert _report("hlat train", WrongComputation("replay: ..."), debug=False) == 3
