@@ -57,9 +57,14 @@ SHORTENED = {  # appended overrides (the last value of a field wins); each keeps
     "hlat train --preset small --train.steps 500": [*STEPS, *SMALL_BATCH, *NO_EXTRAS],
     "hlat train --config my.toml --optim.lr=1e-3": [*STEPS, *SMALL_BATCH],
     "hlat train --resume": ["--train.steps", "2", *STEPS[2:], *SMALL_BATCH],  # one step more than `hlat train` ran
-    "hlat train --train.deterministic true --train.micro_batch 2 --train.run_dir runs/det": STEPS,
+    # 2 micro-batches of 2, the fewest a dp 2 run splits
+    "hlat train --train.deterministic true --train.micro_batch 2 --train.run_dir runs/det": [
+        *STEPS,
+        "--train.global_batch",
+        "4",
+    ],
     "torchrun --standalone --nproc_per_node 2 -m hlat train --train.deterministic true --train.micro_batch 2 "
-    "--parallel.dp_sharding fsdp --train.run_dir runs/det-fsdp": STEPS,
+    "--parallel.dp_sharding fsdp --train.run_dir runs/det-fsdp": [*STEPS, "--train.global_batch", "4"],
     "torchrun --standalone --nproc_per_node 4 -m hlat train --parallel.tp 2 --parallel.dp_sharding zero2": [
         *STEPS,
         "--train.run_dir",

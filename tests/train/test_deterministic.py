@@ -5,9 +5,10 @@ shares) end with equal SHA-256 digests of every saved tensor (model and optimize
 loader state and the same logged losses: dp 1 on two intra-op threads (accumulating 4 micro-batches),
 dp 2 under DDP, ZeRO-1 and FSDP2 (2 each), dp 4 under ZeRO-2 and HSDP (2 replicas x 2 shards: 1
 each), and FSDP2 on dp 2 to step 4 resumed as ZeRO-1 on dp 4 to step 8. Without the mode, dp 1 and
-FSDP2 on dp 2 differ from the first step. Planted bugs this catches (each tried on the code):
+FSDP2 on dp 2 differ from the first step. With tensor parallelism 2 held fixed, tp 2 alone and
+ZeRO-2 and FSDP2 over dp 2 agree the same way. Planted bugs this catches (each tried on the code):
 the slot order reversed (rank r computing micro-batch r*accum + t), the cross-rank tree replaced
-by a plain all-reduce, and the fp64 norm replaced by the default one.
+by a plain all-reduce, and the fp64 norm replaced by the default one. Replay: see its test.
 """
 
 import hashlib
@@ -27,15 +28,16 @@ STEPS, MIDDLE = 8, 4
 TRAIN, THREADS = "train/layout_runs.py:train", "train/deterministic_runs.py:train_with_threads"
 EXPECTING = "train/deterministic_runs.py:train_expecting_wrong_computation"
 ON = ["--train.deterministic", "true", "--parallel.compile", "false"]
-FSDP, ZERO1 = ["--parallel.dp_sharding", "fsdp"], ["--parallel.dp_sharding", "zero1"]
+FSDP, ZERO1, ZERO2 = (["--parallel.dp_sharding", s] for s in ("fsdp", "zero1", "zero2"))
 ARRANGEMENTS = {  # name: (world, extra)
     "det-dp1": (1, []),
     "det-dp2-ddp": (2, []),
     "det-dp2-zero1": (2, ZERO1),
     "det-dp2-fsdp": (2, FSDP),
-    "det-dp4-zero2": (4, ["--parallel.dp_sharding", "zero2"]),
+    "det-dp4-zero2": (4, ZERO2),
     "det-dp4-hsdp": (4, [*FSDP, "--parallel.dp_shard", "2"]),
 }
+TP_ARRANGEMENTS = {"det-tp2": (2, ZERO2), "det-tp2-dp2-zero2": (4, ZERO2), "det-tp2-dp2-fsdp": (4, FSDP)}
 SCENARIOS = [
     Scenario("det-dp1", THREADS, 1, {"threads": 2, "steps": STEPS, "extra": ON}),
     *(
@@ -61,6 +63,11 @@ SCENARIOS = [
             {"steps": 4, "extra": [*ON, "--train.replay_every", "2"], "env": {"HLAT_FAULT": f"flip:2:{world - 1}"}},
         )
         for world in (4, 2)
+    ),
+    # a fixed tensor-parallel degree: tp 2 alone, and under ZeRO-2 and FSDP2 over dp 2
+    *(
+        Scenario(name, TRAIN, world, {"steps": STEPS, "extra": [*ON, "--parallel.tp", "2", *extra]})
+        for name, (world, extra) in TP_ARRANGEMENTS.items()
     ),
     Scenario("plain-dp1", TRAIN, 1, {"steps": 1, "extra": ["--parallel.compile", "false"]}),
     Scenario("plain-dp2-fsdp", TRAIN, 2, {"steps": 1, "extra": ["--parallel.compile", "false", *FSDP]}),
@@ -104,6 +111,16 @@ def test_every_arrangement_saves_and_logs_the_same_bits(scenarios: ScenarioResul
     assert resumed == reference_losses
 
 
+def test_a_fixed_tensor_parallel_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
+    reference, reference_losses = digests(scenarios, "det-tp2", tmp_path), losses(scenarios, "det-tp2")
+    (reference_loader,) = set(loader_states(scenarios, "det-tp2", 2))
+    for name, (world, _) in TP_ARRANGEMENTS.items():
+        found = digests(scenarios, name, tmp_path)
+        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
+        assert loader_states(scenarios, name, world) == [reference_loader] * world, name
+        assert losses(scenarios, name) == reference_losses, name
+
+
 def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResults):
     messages = scenarios.json("det-dp2-fsdp", "summary.rank0.json")["messages"]
     assert any(m.startswith("deterministic: on") for m in messages), messages
@@ -115,7 +132,6 @@ def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResul
     [
         (["--train.global_batch", "12"], "train.global_batch"),  # 6 micro-batches: no binary tree
         (["--precision.mode", "bf16-sr"], "precision.mode"),
-        (["--parallel.tp", "2"], "parallel.tp"),
         (["--parallel.pp", "2"], "parallel.pp"),
         (["--parallel.cp", "2"], "parallel.cp"),
         (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas
@@ -155,13 +171,14 @@ def test_replay_names_the_rank_that_computed_wrong(scenarios: ScenarioResults):
     refusals = [json.loads((four / f"refused.rank{r}.json").read_text()) for r in range(4)]
     assert {r["code"] for r in refusals} == {3} and len({r["message"] for r in refusals}) == 1
     message = refusals[0]["message"]
-    assert "at step 2" in message and "computing wrong: rank 3 (host " in message and "rank 0 (" not in message
+    assert "at step 2" in message and "computing wrong: data-parallel rank 3 (global rank 3, host " in message
+    assert "rank 0 (" not in message
     (named,) = [
         json.loads(line) for line in (four / "run" / "metrics.jsonl").read_text().splitlines() if "replay" in line
     ]
     assert named["step"] == 2 and named["replay"]["ranks"] == [3]
     two = json.loads((scenarios.path("replay-flip-2") / "refused.rank0.json").read_text())["message"]
-    assert "no third" in two and "rank 0 (" in two and "rank 1 (" in two
+    assert "no third" in two and "data-parallel rank 0 (" in two and "data-parallel rank 1 (" in two
 
 
 def test_a_named_rank_exits_with_its_own_status():

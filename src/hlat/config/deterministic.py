@@ -57,17 +57,17 @@ def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tuple[str, str]]:
     """The rules of a layout: the data-parallel degree a power of two (a subtree of each step's
-    tree), and the degrees that change what a matmul or attention sums (tp, cp) or how a schedule
-    accumulates (pp) at 1 for now."""
+    tree); tensor parallelism at any fixed degree; context parallelism and pipelines at 1 for now
+    (docs/reproducibility.md says why)."""
     if not cfg.train.deterministic:
         return []
     problems = []
-    for name in ("tp", "pp", "cp"):
+    for name in ("pp", "cp"):
         if getattr(degrees, name) > 1:
             problems.append(
                 (
                     f"parallel.{name}",
-                    f"train.deterministic runs data parallelism only for now; set --parallel.{name} 1",
+                    f"train.deterministic runs data and tensor parallelism only for now; set --parallel.{name} 1",
                 )
             )
     if not _power_of_two(degrees.dp):

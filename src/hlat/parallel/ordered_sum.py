@@ -10,7 +10,8 @@ for every gradient, loss and norm of a step, whichever rank computed which part:
   levels (`PairwiseSum`). dp 1 runs the same tree with d = 1. fp32 addition is commutative, so
   each node's bits are fixed by its two children, on any rank.
 - The gradient norm: each row's sum of squares in fp64 (a row lies whole on one rank under FSDP2's
-  dim-0 shards), gathered in global row order and summed once (`canonical_norm`).
+  dim-0 shards), gathered in global row order and summed once (`canonical_norm`); a fixed
+  tensor-parallel degree adds its own fixed order.
 - Losses: each micro-batch's, gathered by global index and summed as the gradients are.
 """
 
@@ -145,24 +146,47 @@ def _row_squares(grad: torch.Tensor) -> torch.Tensor:
     return rows.double().square().sum(dim=1)
 
 
-def canonical_norm(grads: list[torch.Tensor], shard_group: dist.ProcessGroup | None) -> torch.Tensor:
+def _split_over(grad: torch.Tensor, dim: str) -> bool:
+    """Whether `grad` is split over mesh dim `dim` (else each of its ranks holds all of it)."""
+    if not isinstance(grad, DTensor) or dim not in (grad.device_mesh.mesh_dim_names or ()):
+        return False
+    placement = grad.placements[grad.device_mesh.mesh_dim_names.index(dim)]
+    assert not placement.is_partial(), f"a gradient still partial over {dim}: sum it before its norm"
+    return placement.is_shard()
+
+
+def _in_order(squares: list[torch.Tensor], group: dist.ProcessGroup) -> list[torch.Tensor]:
+    """Each tensor's row sums from every rank of `group`, in rank order (a rank may hold none)."""
+    size = dist.get_world_size(group)
+    device = squares[0].device
+    counts = torch.tensor([s.numel() for s in squares], dtype=torch.int64, device=device)
+    every = [torch.empty_like(counts) for _ in range(size)]
+    dist.all_gather(every, counts, group=group)
+    longest = max(int(c.sum()) for c in every)
+    mine = torch.zeros(longest, dtype=torch.float64, device=device)
+    flat = torch.cat(squares)
+    mine[: flat.numel()] = flat
+    gathered = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(gathered, mine, group=group)
+    pieces = [g[: int(c.sum())].split(c.tolist()) for g, c in zip(gathered, every)]
+    return [torch.cat([pieces[r][t] for r in range(size)]) for t in range(len(squares))]
+
+
+def canonical_norm(
+    grads: list[torch.Tensor], shard_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """The L2 norm of `grads`, the same bits however their rows are sharded over `shard_group`
-    (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole tensors).
-    Each parameter's row sums are put back in global row order before one fp64 sum; fp32 result."""
-    device = grads[0].device if grads else torch.device("cpu")
+    (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole tensors),
+    for a fixed tensor-parallel degree (`tp_group`: a tensor split over it is gathered in tp rank
+    order, one held whole by every tp rank counts once). Each tensor's row sums are put back in
+    order before one fp64 sum; fp32 result."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
     squares = [_row_squares(g) for g in grads]
     if shard_group is not None and dist.get_world_size(shard_group) > 1:
-        size = dist.get_world_size(shard_group)
-        counts = torch.tensor([s.numel() for s in squares], dtype=torch.int64, device=device)
-        every = [torch.empty_like(counts) for _ in range(size)]
-        dist.all_gather(every, counts, group=shard_group)
-        longest = max(int(c.sum()) for c in every)
-        mine = torch.zeros(longest, dtype=torch.float64, device=device)
-        flat = torch.cat(squares) if squares else mine[:0]
-        mine[: flat.numel()] = flat
-        gathered = [torch.empty_like(mine) for _ in range(size)]
-        dist.all_gather(gathered, mine, group=shard_group)
-        pieces = [g[: int(c.sum())].split(c.tolist()) for g, c in zip(gathered, every)]
-        squares = [piece for p in range(len(squares)) for piece in (pieces[r][p] for r in range(size))]
-    rows = torch.cat(squares) if squares else torch.zeros(0, dtype=torch.float64, device=device)
-    return rows.sum().sqrt().float()
+        squares = _in_order(squares, shard_group)
+    if tp_group is not None and dist.get_world_size(tp_group) > 1:
+        first = dist.get_rank(tp_group) == 0
+        squares = [s if _split_over(g, "tp") or first else s[:0] for s, g in zip(squares, grads)]
+        squares = _in_order(squares, tp_group)
+    return torch.cat(squares).sum().sqrt().float()

@@ -16,9 +16,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate
 
 from hlat.data.batch import IGNORE_INDEX, Batch
+from hlat.dtensor import local_tensor
 from hlat.faults import flips
 from hlat.parallel.ordered_sum import PairwiseSum, canonical_norm, ordered_all_reduce_, tree_sum
 from hlat.parallel.parallelize import ParallelModel
@@ -39,6 +41,15 @@ def fix_numerics(device: torch.device) -> str:
     return "deterministic: on (one fixed reduction order; torch.use_deterministic_algorithms)"
 
 
+def summed_over_tp(grad: torch.Tensor) -> torch.Tensor:
+    """A micro-batch's gradient that tensor parallelism left partial (a weight every tp rank holds,
+    e.g. a norm's under sequence parallelism) summed over its fixed tp group, before the tree over
+    micro-batches, as FSDP2 sums it before its reduce-scatter: the same order with or without it."""
+    if not isinstance(grad, DTensor) or not any(p.is_partial() for p in grad.placements):
+        return grad
+    return grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
+
+
 class DeterministicTrainModule(TrainModule):
     """The train module of train.deterministic: its accumulation, clipping and target count are the
     ordered ones; everything else is TrainModule's. `replay` (train.replay_every): its checks,
@@ -48,12 +59,13 @@ class DeterministicTrainModule(TrainModule):
         super().__init__(model, **kwargs)
         self.replay, self.steps = replay, 0  # the steps this process ran (replay's schedule)
         layout = model.layout
-        self.sharded = any(isinstance(p, DTensor) for p in model.parameters())  # FSDP2 (tp is 1 here)
+        self.sharded = isinstance(model.parts[0], FSDPModule)  # else each dp rank holds whole tensors
         self.dp_group = layout.group("dp") if layout.dp > 1 else None
+        self.tp_group = layout.group("tp") if layout.tp > 1 else None
         self.shard_group = (
             (layout.group("dp_shard") if layout.dp_replicate > 1 else self.dp_group) if self.sharded else None
         )
-        self.dp_rank, self.dp = layout.dp_rank, layout.dp
+        self.dp = layout.dp
 
     def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
         """Exact in int64 (a float sum of counts rounds past 2**24)."""
@@ -63,8 +75,8 @@ class DeterministicTrainModule(TrainModule):
         return count.float().clamp_min(1.0)
 
     def _accumulate(self, micro_batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
-        """The global batch's gradient in .grad as a tree over its micro-batches; the loss on dp rank 0
-        (0 elsewhere, so that the logging step's sum over ranks adds exact zeros)."""
+        """The global batch's gradient in .grad as a tree over its micro-batches; the step's loss,
+        the same bits on every rank."""
         self.steps += 1
         replaying = self.replay is not None and self.replay.due(self.steps)
         params, sums, losses = self.model.parameters(), PairwiseSum(), []
@@ -74,15 +86,14 @@ class DeterministicTrainModule(TrainModule):
             if slot == 0 and replaying:
                 digest = self._digest(grads)
             if not self.sharded:
-                ordered_all_reduce_(grads, self.dp_group)
+                ordered_all_reduce_([local_tensor(g) for g in grads], self.dp_group)
             sums.add(grads)
             losses.append(loss)
         for param, grad in zip(params, sums.total()):
             param.grad = grad
         if replaying:
             self.replay.check(self.steps, micro_batches[0], digest, lambda batch: self._recompute(batch, n_targets))
-        total = self._ordered_loss(torch.stack(losses))
-        return total if self.dp_rank == 0 else torch.zeros_like(total)
+        return self._ordered_loss(torch.stack(losses))
 
     def _backward_each(
         self, micro_batches: Sequence[Batch], n_targets: torch.Tensor, replaying: bool
@@ -99,7 +110,7 @@ class DeterministicTrainModule(TrainModule):
             yield loss
 
     def _own_gradients(self) -> list[torch.Tensor]:
-        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
+        return [summed_over_tp(p.grad) if p.grad is not None else torch.zeros_like(p) for p in self.model.parameters()]
 
     def _digest(self, grads: list[torch.Tensor]) -> bytes:
         """The tap's digest of this rank's gradient of the micro-batch just computed: FSDP2 fed it
@@ -107,7 +118,7 @@ class DeterministicTrainModule(TrainModule):
         tap = self.model.gradient_tap
         if not self.sharded:
             for grad in grads:
-                tap.feed(grad)
+                tap.feed(local_tensor(grad))
         return tap.close()
 
     def _recompute(self, batch: Batch, n_targets: torch.Tensor) -> bytes:
@@ -132,5 +143,9 @@ class DeterministicTrainModule(TrainModule):
 
     def _clip(self) -> tuple[torch.Tensor, torch.Tensor]:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = canonical_norm(grads, self.shard_group)
+        norm = canonical_norm(grads, self.shard_group, self.tp_group)
         return clip(self.model, self.grad_clip, self.max_grad_norm, norm)
+
+    def _step_losses(self, rank_losses: torch.Tensor) -> torch.Tensor:
+        """Every rank holds each step's loss already, summed in the canonical order."""
+        return rank_losses

@@ -72,7 +72,8 @@ class Replay:
         self.every, self.group, self.rank, self.ranks, self.record = every, group, rank, ranks, record
         self.device = device
         self.replays = 0
-        where = f"host {socket.gethostname()}, device {device.type}:{device.index if device.index is not None else os.environ.get('LOCAL_RANK', 0)}"
+        index = device.index if device.index is not None else os.environ.get("LOCAL_RANK", 0)
+        where = f"global rank {dist.get_rank()}, host {socket.gethostname()}, device {device.type}:{index}"
         self.where: list[str] = [""] * ranks
         dist.all_gather_object(self.where, where, group=group)
 
@@ -119,7 +120,7 @@ class Replay:
         return {owner, checked_by, third}
 
     def _name(self, step: int, named: list[int], suspects: list[int], checker: dict[int, int]) -> None:
-        who = "; ".join(f"rank {r} ({self.where[r]})" for r in named)
+        who = "; ".join(f"data-parallel rank {r} ({self.where[r]})" for r in named)
         alone = "" if self.ranks > 2 else " (two ranks: no third to tell which)"
         pairs = ", ".join(f"rank {s}'s recomputed on rank {checker[s]}" for s in suspects)
         line = (

@@ -98,6 +98,10 @@ class TrainModule:
         """(pre-clip global grad norm, whether to skip the step), the gradients clipped."""
         return clip(self.model, self.grad_clip, self.max_grad_norm)
 
+    def _step_losses(self, rank_losses: torch.Tensor) -> torch.Tensor:
+        """Each step's global mean loss from this rank's parts of them (one collective)."""
+        return self.model.reduce_loss(rank_losses)
+
     def _reduce(self, rank_loss: torch.Tensor) -> torch.Tensor:
         """After backward: the gradients and `rank_loss` as the optimizer step sees them."""
         return rank_loss
@@ -110,7 +114,7 @@ class TrainModule:
         """The global mean loss of each step since the last read, and the skipped-step counter:
         one collective and one host sync, for logging steps."""
         *losses, skipped = torch.cat(
-            [self.model.reduce_loss(torch.stack(self._rank_losses)), self._skipped.reshape(1).to(torch.float32)]
+            [self._step_losses(torch.stack(self._rank_losses)), self._skipped.reshape(1).to(torch.float32)]
         ).tolist()
         self._rank_losses.clear()
         return losses, int(skipped)
