@@ -139,9 +139,12 @@ def build_loader(
     dp_size: int = 1,
     step_rows: int | None = None,
     log_fn: Callable[[str], None] | None = None,
+    reader: str = "rank",
 ) -> PackedLoader:
     """The training loader of one data-parallel rank (without the held-out split, if any);
-    `step_rows`: its rows per optimizer step (PackedLoader: each global batch's mixture)."""
+    `step_rows`: its rows per optimizer step (PackedLoader: each global batch's mixture);
+    `reader`: what its start line calls the loader ("rank", or an elastic or deterministic run's
+    "data share")."""
     docs, _ = _split(cfg, tokenizer)
     loader = PackedLoader(
         docs,
@@ -162,7 +165,7 @@ def build_loader(
     )
     if log_fn is not None:
         shares = ", ".join(f"{d.name} x{w:g}" for d, w in zip(loader.docs, loader.weights))
-        log_fn(f"data: {shares}; rank {dp_rank} of {dp_size} reads {loader.docs_per_epoch:,} documents per epoch")
+        log_fn(f"data: {shares}; {reader} {dp_rank} of {dp_size} reads {loader.docs_per_epoch:,} documents per epoch")
     return loader
 
 

@@ -126,7 +126,8 @@ def build_run(
         if cfg.train.deterministic
         else layout.dp
     )
-    cfg, shards_line = resolve_shard_count(cfg, resume, shares)
+    readers = "data shares" if cfg.elastic.enabled or cfg.train.deterministic else "data-parallel ranks"
+    cfg, shards_line = resolve_shard_count(cfg, resume, shares, readers)
     if shards_line:
         out(shards_line)
     torch.manual_seed(cfg.train.seed)
@@ -277,10 +278,10 @@ def _loader(
     _verify_shards(cfg, tokenizer, layout, out)
     with Heartbeat("data: opening data.source (Parquet and JSONL are converted to Arrow once)", out):
 
-        def rank_loader(rank: int, ranks: int, log: Out | None) -> PackedLoader:
+        def rank_loader(rank: int, ranks: int, log: Out | None, reader: str = "data share") -> PackedLoader:
             return build_loader(
                 cfg.data, tokenizer, seed=cfg.train.seed, batch_size=cfg.train.micro_batch,
-                dp_rank=rank, dp_size=ranks, step_rows=cfg.train.global_batch // ranks, log_fn=log,
+                dp_rank=rank, dp_size=ranks, step_rows=cfg.train.global_batch // ranks, log_fn=log, reader=reader,
             )  # fmt: skip
 
         if cfg.train.deterministic:
@@ -289,7 +290,7 @@ def _loader(
                 lambda j: rank_loader(j, shares, out if j == layout.dp_rank else None), shares, layout, device
             )
         if not cfg.elastic.enabled:
-            return rank_loader(layout.dp_rank, layout.dp, out)
+            return rank_loader(layout.dp_rank, layout.dp, out, "rank")
         shares, logged = cfg.elastic.max_groups, False
 
         def share_loader(share: int) -> PackedLoader:

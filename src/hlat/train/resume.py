@@ -110,10 +110,13 @@ def _value(cfg: RunConfig, key: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-def resolve_shard_count(cfg: RunConfig, resume: str, ranks: int) -> tuple[RunConfig, str | None]:
+def resolve_shard_count(
+    cfg: RunConfig, resume: str, ranks: int, readers: str = "data-parallel ranks"
+) -> tuple[RunConfig, str | None]:
     """data.virtual_shards = 0 (auto) made a count: the one the run chose at its first start (its
-    config.toml, where its newest checkpoint can be resumed), else auto's for `ranks` data-parallel
-    ranks (elastic: every group's shares). The count then goes into config.toml with the rest."""
+    config.toml, where its newest checkpoint can be resumed), else auto's for `ranks` loaders, which
+    the start line calls `readers` (data-parallel ranks; an elastic or deterministic run's data
+    shares). The count then goes into config.toml with the rest."""
     if cfg.data.virtual_shards:
         return cfg, None
     checkpoints = CheckpointManager(cfg.run_dir / "checkpoints", None).checkpoints()
@@ -124,7 +127,7 @@ def resolve_shard_count(cfg: RunConfig, resume: str, ranks: int) -> tuple[RunCon
     count = saved or auto_virtual_shards(ranks)
     cfg = copy.deepcopy(cfg)
     cfg.data = dataclasses.replace(cfg.data, virtual_shards=count)
-    why = "kept from the run's first start" if saved else f"auto for {ranks} data-parallel ranks"
+    why = "kept from the run's first start" if saved else f"auto for {ranks} {readers}"
     return cfg, f"data: {count} virtual shards ({why})"
 
 
