@@ -5,8 +5,8 @@ shares) end with equal SHA-256 digests of every saved tensor (model and optimize
 loader state and the same logged losses: dp 1 on two intra-op threads (accumulating 4 micro-batches),
 dp 2 under DDP, ZeRO-1 and FSDP2 (2 each), dp 4 under ZeRO-2 and HSDP (2 replicas x 2 shards: 1
 each), and FSDP2 on dp 2 to step 4 resumed as ZeRO-1 on dp 4 to step 8. Without the mode, dp 1 and
-FSDP2 on dp 2 differ from the first step. With tensor parallelism 2 held fixed, tp 2 alone and
-ZeRO-2 and FSDP2 over dp 2 agree the same way. Planted bugs this catches (each tried on the code):
+FSDP2 on dp 2 differ from the first step. bf16-sr on dp 1 and FSDP2 on dp 2 agree too (4 steps).
+With tensor parallelism 2 held fixed, tp 2 alone and ZeRO-2 and FSDP2 over dp 2 agree the same way. Planted bugs this catches (each tried on the code):
 the slot order reversed (rank r computing micro-batch r*accum + t), the cross-rank tree replaced
 by a plain all-reduce, and the fp64 norm replaced by the default one. Replay: see its test.
 """
@@ -37,6 +37,7 @@ ARRANGEMENTS = {  # name: (world, extra)
     "det-dp4-zero2": (4, ZERO2),
     "det-dp4-hsdp": (4, [*FSDP, "--parallel.dp_shard", "2"]),
 }
+BF16_SR = ["--precision.mode", "bf16-sr"]
 TP_ARRANGEMENTS = {"det-tp2": (2, ZERO2), "det-tp2-dp2-zero2": (4, ZERO2), "det-tp2-dp2-fsdp": (4, FSDP)}
 SCENARIOS = [
     Scenario("det-dp1", THREADS, 1, {"threads": 2, "steps": STEPS, "extra": ON}),
@@ -69,13 +70,18 @@ SCENARIOS = [
         Scenario(name, TRAIN, world, {"steps": STEPS, "extra": [*ON, "--parallel.tp", "2", *extra]})
         for name, (world, extra) in TP_ARRANGEMENTS.items()
     ),
+    # HLAT's bf16 weights with stochastic rounding: the noise is keyed by an element's global index
+    *(
+        Scenario(f"det-bf16sr-{name}", TRAIN, world, {"steps": 4, "extra": [*ON, *BF16_SR, *extra]})
+        for name, world, extra in (("dp1", 1, []), ("dp2-fsdp", 2, FSDP))
+    ),
     Scenario("plain-dp1", TRAIN, 1, {"steps": 1, "extra": ["--parallel.compile", "false"]}),
     Scenario("plain-dp2-fsdp", TRAIN, 2, {"steps": 1, "extra": ["--parallel.compile", "false", *FSDP]}),
 ]
 
 
-def digests(scenarios: ScenarioResults, name: str, tmp_path) -> dict[str, str]:
-    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{STEPS:08d}"
+def digests(scenarios: ScenarioResults, name: str, tmp_path, step: int = STEPS) -> dict[str, str]:
+    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{step:08d}"
     return {
         key: hashlib.sha256(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
         for key, value in checkpoint_tensors(checkpoint, tmp_path).items()
@@ -121,6 +127,12 @@ def test_a_fixed_tensor_parallel_degree_keeps_the_same_bits_over_dp(scenarios: S
         assert losses(scenarios, name) == reference_losses, name
 
 
+def test_bf16_weights_with_stochastic_rounding_keep_the_same_bits(scenarios: ScenarioResults, tmp_path):
+    one, two = (digests(scenarios, f"det-bf16sr-{name}", tmp_path, step=4) for name in ("dp1", "dp2-fsdp"))
+    assert one.keys() == two.keys() and [k for k in one if one[k] != two[k]] == []
+    assert losses(scenarios, "det-bf16sr-dp1") == losses(scenarios, "det-bf16sr-dp2-fsdp")
+
+
 def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResults):
     messages = scenarios.json("det-dp2-fsdp", "summary.rank0.json")["messages"]
     assert any(m.startswith("deterministic: on") for m in messages), messages
@@ -131,7 +143,7 @@ def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResul
     "extra, field",
     [
         (["--train.global_batch", "12"], "train.global_batch"),  # 6 micro-batches: no binary tree
-        (["--precision.mode", "bf16-sr"], "precision.mode"),
+        (["--precision.mode", "bf16-sr", "--precision.fp32_grad_accum", "true"], "precision.fp32_grad_accum"),
         (["--parallel.pp", "2"], "parallel.pp"),
         (["--parallel.cp", "2"], "parallel.cp"),
         (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas

@@ -10,8 +10,6 @@ from hlat.config.layout import Degrees
 if TYPE_CHECKING:
     from hlat.config.run import RunConfig
 
-MODES = ("fp32", "mixed")  # bf16 storage rounds each update: its noise is not keyed by global position yet
-
 
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
@@ -40,12 +38,12 @@ def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                 f"{batch} / train.micro_batch={micro} = {batch // micro} micro-batches is not a power of two",
             )
         )
-    if cfg.precision.mode not in MODES:
+    if cfg.precision.fp32_grad_accum:
         problems.append(
             (
-                "precision.mode",
-                f"train.deterministic runs precision.mode fp32 or mixed, not {cfg.precision.mode} (its bf16 "
-                "weight updates are not yet keyed by position in the whole tensor)",
+                "precision.fp32_grad_accum",
+                "train.deterministic sums each micro-batch's gradients in its own order; set it to false "
+                "(the bf16 modes then sum bf16 gradients, in that order)",
             )
         )
     if cfg.elastic.enabled:
