@@ -29,7 +29,7 @@ import torch
 from run_conditions import Conditions
 
 from hlat.config.load import load_config
-from hlat.parallel.ordered_sum import canonical_norm, tree_sum
+from hlat.parallel.ordered_sum import CanonicalNorm, tree_sum
 from hlat.parallel.parallelize import global_target_count
 from hlat.train.trainer import Trainer
 
@@ -97,7 +97,7 @@ def accuracy(preset: str, n: int, scratch: Path) -> list[str]:
     exact_norm = torch.cat([e.reshape(-1) for e in exact]).norm().item()
     summed = ways["default, 1 process (micro-batches added in turn)"]
     default_norm = torch.nn.utils.get_total_norm(summed, foreach=True).item()
-    mode_norm = canonical_norm(summed, None).item()
+    mode_norm = CanonicalNorm(None)(summed).item()
     lines += [
         "",
         f"Gradient norm of the same fp32 gradient against its fp64 norm ({exact_norm:.9g}): the default "

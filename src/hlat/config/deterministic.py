@@ -17,17 +17,9 @@ def _power_of_two(n: int) -> bool:
 
 def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """The rules that do not depend on the world size."""
-    if cfg.train.replay_every < 0:
-        return [("train.replay_every", f"must be >= 0 (0 = off), got {cfg.train.replay_every}")]
     if not cfg.train.deterministic:
-        if cfg.train.replay_every:
-            return [
-                (
-                    "train.replay_every",
-                    "replay compares gradients bit for bit, which needs --train.deterministic true",
-                )
-            ]
-        return []
+        needs = "replay compares gradients bit for bit, which needs --train.deterministic true"
+        return [("train.replay_every", needs)] if cfg.train.replay_every > 0 else []
     problems = []
     batch, micro = cfg.train.global_batch, cfg.train.micro_batch
     if micro >= 1 and not batch % micro and not _power_of_two(batch // micro):

@@ -107,6 +107,8 @@ class TrainConfig:
             problems.append(
                 ("interrupt_save_s", f"must be >= 0 seconds (0 = stop at once), got {self.interrupt_save_s}")
             )
+        if self.replay_every < 0:
+            problems.append(("replay_every", f"must be >= 0 (0 = off), got {self.replay_every}"))
         if self.peak_tflops < 0:
             problems.append(("peak_tflops", f"must be >= 0 (0 = automatic), got {self.peak_tflops}"))
         if self.price_per_node_hour < 0:

@@ -10,7 +10,7 @@ for every gradient, loss and norm of a step, whichever rank computed which part:
   levels (`PairwiseSum`). dp 1 runs the same tree with d = 1. fp32 addition is commutative, so
   each node's bits are fixed by its two children, on any rank.
 - The gradient norm: each row's sum of squares in fp64 (a row lies whole on one rank under FSDP2's
-  dim-0 shards), gathered in global row order and summed once (`canonical_norm`); a fixed
+  dim-0 shards), gathered in global row order and summed once (`CanonicalNorm`); a fixed
   tensor-parallel degree adds its own fixed order.
 - Losses: each micro-batch's, gathered by global index and summed as the gradients are.
 """
@@ -155,38 +155,53 @@ def _split_over(grad: torch.Tensor, dim: str) -> bool:
     return placement.is_shard()
 
 
-def _in_order(squares: list[torch.Tensor], group: dist.ProcessGroup) -> list[torch.Tensor]:
-    """Each tensor's row sums from every rank of `group`, in rank order (a rank may hold none)."""
+def _in_order(squares: list[torch.Tensor], group: dist.ProcessGroup, counts: list[list[int]]) -> list[torch.Tensor]:
+    """Each tensor's row sums from every rank of `group`, in rank order; `counts[r][t]`: how many
+    rows rank r holds of tensor t (a rank may hold none)."""
     size = dist.get_world_size(group)
-    device = squares[0].device
-    counts = torch.tensor([s.numel() for s in squares], dtype=torch.int64, device=device)
-    every = [torch.empty_like(counts) for _ in range(size)]
-    dist.all_gather(every, counts, group=group)
-    longest = max(int(c.sum()) for c in every)
-    mine = torch.zeros(longest, dtype=torch.float64, device=device)
+    mine = squares[0].new_zeros(max(sum(c) for c in counts))
     flat = torch.cat(squares)
     mine[: flat.numel()] = flat
     gathered = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(gathered, mine, group=group)
-    pieces = [g[: int(c.sum())].split(c.tolist()) for g, c in zip(gathered, every)]
+    pieces = [g[: sum(c)].split(c) for g, c in zip(gathered, counts)]
     return [torch.cat([pieces[r][t] for r in range(size)]) for t in range(len(squares))]
 
 
-def canonical_norm(
-    grads: list[torch.Tensor], shard_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None
-) -> torch.Tensor:
-    """The L2 norm of `grads`, the same bits however their rows are sharded over `shard_group`
-    (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole tensors),
-    for a fixed tensor-parallel degree (`tp_group`: a tensor split over it is gathered in tp rank
-    order, one held whole by every tp rank counts once). Each tensor's row sums are put back in
-    order before one fp64 sum; fp32 result."""
-    if not grads:
-        return torch.zeros((), dtype=torch.float32)
-    squares = [_row_squares(g) for g in grads]
-    if shard_group is not None and dist.get_world_size(shard_group) > 1:
-        squares = _in_order(squares, shard_group)
-    if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        first = dist.get_rank(tp_group) == 0
-        squares = [s if _split_over(g, "tp") or first else s[:0] for s, g in zip(squares, grads)]
-        squares = _in_order(squares, tp_group)
-    return torch.cat(squares).sum().sqrt().float()
+class CanonicalNorm:
+    """The L2 norm of a list of gradients, the same bits however their rows are sharded over
+    `shard_group` (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole
+    tensors), for a fixed tensor-parallel degree (`tp_group`: a tensor split over it is gathered in
+    tp rank order, one held whole by every tp rank counts once). Each tensor's row sums are put
+    back in order before one fp64 sum; fp32 result. How many rows each rank holds is fixed by the
+    shapes: it is gathered at the first call, so a norm then costs one all-gather per group and no
+    host sync."""
+
+    def __init__(self, shard_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None) -> None:
+        self.groups = {
+            name: group
+            for name, group in (("shard", shard_group), ("tp", tp_group))
+            if group is not None and dist.get_world_size(group) > 1
+        }
+        self._counts: dict[str, list[list[int]]] = {}  # group name -> every rank's rows per tensor
+
+    def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        if not grads:
+            return torch.zeros((), dtype=torch.float32)
+        squares = [_row_squares(g) for g in grads]
+        if "shard" in self.groups:
+            squares = self._gather("shard", squares)
+        if "tp" in self.groups:
+            first = dist.get_rank(self.groups["tp"]) == 0
+            squares = self._gather(
+                "tp", [s if _split_over(g, "tp") or first else s[:0] for s, g in zip(squares, grads)]
+            )
+        return torch.cat(squares).sum().sqrt().float()
+
+    def _gather(self, name: str, squares: list[torch.Tensor]) -> list[torch.Tensor]:
+        group = self.groups[name]
+        if name not in self._counts:
+            every: list[list[int]] = [[] for _ in range(dist.get_world_size(group))]
+            dist.all_gather_object(every, [s.numel() for s in squares], group=group)
+            self._counts[name] = every
+        return _in_order(squares, group, self._counts[name])

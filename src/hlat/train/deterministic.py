@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from hlat.data.batch import IGNORE_INDEX, Batch
 from hlat.dtensor import local_tensor
 from hlat.faults import flips
-from hlat.parallel.ordered_sum import PairwiseSum, canonical_norm, ordered_all_reduce_, tree_sum
+from hlat.parallel.ordered_sum import CanonicalNorm, PairwiseSum, ordered_all_reduce_, tree_sum
 from hlat.parallel.parallelize import ParallelModel
 from hlat.train.replay import Replay, flip_one_bit
 from hlat.train.step import clip
@@ -61,10 +61,8 @@ class DeterministicTrainModule(TrainModule):
         layout = model.layout
         self.sharded = isinstance(model.parts[0], FSDPModule)  # else each dp rank holds whole tensors
         self.dp_group = layout.group("dp") if layout.dp > 1 else None
-        self.tp_group = layout.group("tp") if layout.tp > 1 else None
-        self.shard_group = (
-            (layout.group("dp_shard") if layout.dp_replicate > 1 else self.dp_group) if self.sharded else None
-        )
+        shard_group = (layout.group("dp_shard") if layout.dp_replicate > 1 else self.dp_group) if self.sharded else None
+        self.norm = CanonicalNorm(shard_group, layout.group("tp") if layout.tp > 1 else None)
         self.dp = layout.dp
 
     def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
@@ -143,8 +141,7 @@ class DeterministicTrainModule(TrainModule):
 
     def _clip(self) -> tuple[torch.Tensor, torch.Tensor]:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        norm = canonical_norm(grads, self.shard_group, self.tp_group)
-        return clip(self.model, self.grad_clip, self.max_grad_norm, norm)
+        return clip(self.model, self.grad_clip, self.max_grad_norm, self.norm(grads))
 
     def _step_losses(self, rank_losses: torch.Tensor) -> torch.Tensor:
         """Every rank holds each step's loss already, summed in the canonical order."""
