@@ -56,14 +56,24 @@ def test_the_lighthouse_listens_on_loopback_by_default(tmp_path):
         proc.wait(timeout=30)
 
 
-def test_an_elastic_group_name_must_be_a_file_name_part():
+def _elastic_config() -> RunConfig:
     cfg = RunConfig()
     cfg.elastic.enabled, cfg.elastic.lighthouse, cfg.elastic.trusted_network = True, "http://localhost:29510", True
-    for bad in ("a/b", "..", "x y", "g" * 65):
-        cfg.elastic.group = bad
+    return cfg
+
+
+def _refused_one_by_one(cfg: RunConfig, field: str, values: tuple[str, ...]) -> None:
+    """Each of `values` in elastic.`field` is refused, naming that field alone."""
+    for bad in values:
+        setattr(cfg.elastic, field, bad)
         with pytest.raises(ConfigError) as err:
             cfg.validate()
-        assert [field for field, _ in err.value.problems] == ["elastic.group"], bad
+        assert [name for name, _ in err.value.problems] == [f"elastic.{field}"], bad
+
+
+def test_an_elastic_group_name_must_be_a_file_name_part():
+    cfg = _elastic_config()
+    _refused_one_by_one(cfg, "group", ("a/b", "..", "x y", "g" * 65))
     cfg.elastic.group = "node-3.a_1"
     cfg.validate()
 
@@ -82,14 +92,9 @@ def test_the_elastic_hold_hook_is_for_tests_only(monkeypatch):
 def test_an_elastic_bind_address_is_one_address_of_this_machine():
     from hlat.train.elastic.sockets import listening_socket
 
-    cfg = RunConfig()
-    cfg.elastic.enabled, cfg.elastic.lighthouse, cfg.elastic.trusted_network = True, "http://localhost:29510", True
+    cfg = _elastic_config()
     cfg.elastic.group = "0"
-    for bad in ("0.0.0.0", "::", "node-3", "10.0.0"):
-        cfg.elastic.bind_address = bad
-        with pytest.raises(ConfigError) as err:
-            cfg.validate()
-        assert [field for field, _ in err.value.problems] == ["elastic.bind_address"], bad
+    _refused_one_by_one(cfg, "bind_address", ("0.0.0.0", "::", "node-3", "10.0.0"))
     cfg.elastic.bind_address = "127.0.0.1"
     cfg.validate()
     with pytest.raises(UserError, match=r"^elastic.bind_address=198.51.100.7: cannot listen there .*this machine$"):
