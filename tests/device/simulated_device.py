@@ -22,6 +22,7 @@ tests in the same process keep resolving `train.device = auto` to the CPU.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import threading
@@ -59,24 +60,30 @@ _FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
 
 class _Memory:
     """Bytes of the distinct host storages live simdev tensors hold (FSDP2 resizes them in place,
-    so sizes are read when asked), and the peak since a reset."""
+    so sizes are read when asked), and the peak since a reset. A wrapper's finalizer runs whenever
+    the garbage collector does, possibly while this thread holds the lock (an allocation inside
+    `allocated` can trigger it): it only queues its storage's release, which the next caller applies
+    under the lock, so no finalizer ever waits on the lock its own thread holds."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.storages: dict[int, tuple[int, torch.UntypedStorage]] = {}  # StorageImpl -> (wrappers, it)
+        self.released: collections.deque[int] = collections.deque()  # appended by finalizers, lock-free
         self._peak = 0
 
     def track(self, wrapper: torch.Tensor, host: torch.Tensor) -> None:
         storage = host.untyped_storage()
         key = storage._cdata
         with self.lock:
+            self._apply_releases()
             count, _ = self.storages.get(key, (0, storage))
             self.storages[key] = (count + 1, storage)
-        weakref.finalize(wrapper, self._release, key)
+        weakref.finalize(wrapper, self.released.append, key)
         self.peak()
 
-    def _release(self, key: int) -> None:
-        with self.lock:
+    def _apply_releases(self) -> None:
+        while self.released:
+            key = self.released.popleft()
             count, storage = self.storages[key]
             if count == 1:
                 del self.storages[key]
@@ -85,6 +92,7 @@ class _Memory:
 
     def allocated(self) -> int:
         with self.lock:
+            self._apply_releases()
             return sum(storage.nbytes() for _, storage in self.storages.values())
 
     def peak(self) -> int:
