@@ -3,6 +3,7 @@ import torch
 
 from hlat.config.optim import OptimConfig
 from hlat.optim import BF16AdamW, adamw_class
+from hlat.optim.adamw import ShardwiseAdamW
 
 HYPER = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
 
@@ -115,7 +116,7 @@ def test_adamw_class_for_zero_redundancy():
     cls, kwargs = adamw_class(OptimConfig(), "stochastic", seed=3)
     assert cls is BF16AdamW and kwargs["seed"] == 3 and kwargs["betas"] == (0.9, 0.95)
     cls, kwargs = adamw_class(OptimConfig())
-    assert cls is torch.optim.AdamW and kwargs["fused"] and not kwargs["foreach"]
+    assert cls is ShardwiseAdamW and kwargs["fused"] and not kwargs["foreach"]
     cls, kwargs = adamw_class(OptimConfig(), device_type="xla")  # no fused kernel there
     assert kwargs["foreach"] and not kwargs["fused"]
 

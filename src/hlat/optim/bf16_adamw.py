@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hlat.device.record import device_record
-from hlat.dtensor import local_tensor
+from hlat.dtensor import local_tensor, settled_grad
 from hlat.optim.stochastic_round import MAX_ELEMENTS, int32_seed, random_bits, round_to_bf16
 
 ROUNDINGS = ("stochastic", "nearest", "hardware")
@@ -93,19 +93,6 @@ def compiled_update(backend: str = "inductor", dynamic: bool = True) -> Callable
 
 def _as_tensor(value: int | float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor(value, dtype=dtype).to(device, non_blocking=True)
-
-
-def _local_grad(p: torch.Tensor) -> torch.Tensor:
-    """This rank's gradient for its shard of `p`.
-
-    Under tensor parallelism a gradient can come back in another layout than its parameter (e.g.
-    replicated for a vocabulary-sharded embedding, or a pending sum for a sequence-parallel norm):
-    bring it to the parameter's placements first, as DTensor's own ops would for torch AdamW.
-    """
-    g = p.grad
-    if isinstance(g, DTensor) and isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
-        g = g.redistribute(p.device_mesh, p.placements)
-    return local_tensor(g)
 
 
 def _shard_position(p: torch.Tensor) -> tuple[int, int]:
@@ -221,7 +208,7 @@ class BF16AdamW(torch.optim.Optimizer):
                         offset, seed = (_as_tensor(v, local.device, torch.int32) for v in (offset, seed))
                     self.update(
                         local.view(-1),
-                        _local_grad(p).view(-1),
+                        local_tensor(settled_grad(p)).view(-1),
                         local_tensor(state["exp_avg"]).view(-1),
                         local_tensor(state["exp_avg_sq"]).view(-1),
                         skip,

@@ -25,7 +25,7 @@ from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import IGNORE_INDEX, Batch
 from hlat.device.record import device_record
-from hlat.dtensor import full_tensor
+from hlat.dtensor import full_tensor, local_tensor, settled_grad
 from hlat.errors import ConfigError
 from hlat.float8 import check_float8, convert_to_float8
 from hlat.model import Llama, build_model, model_spec
@@ -36,6 +36,7 @@ from hlat.parallel.compile import compile_blocks
 from hlat.parallel.context_parallel import shard_batch
 from hlat.parallel.data_parallel import apply_data_parallel, no_gradient_sync
 from hlat.parallel.grad_accum import Fp32GradAccumulator
+from hlat.parallel.grad_norm import total_norm
 from hlat.parallel.init import init_parameters
 from hlat.parallel.loss import token_loss_sum
 from hlat.parallel.mesh import Layout
@@ -239,8 +240,8 @@ class ParallelModel:
         return [p for p in params if p is not self.tied.weight]
 
     def _global_norm(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """L2 norm over all shards (DTensor reductions) and pipeline stages (all-reduce over pp)."""
-        norm = full_tensor(torch.nn.utils.get_total_norm(tensors, foreach=True))
+        """L2 norm over all shards (hlat.parallel.grad_norm) and pipeline stages (all-reduce over pp)."""
+        norm = total_norm(tensors)
         if self.layout.pp > 1:
             squared = norm.pow(2)
             dist.all_reduce(squared, group=self.layout.group("pp"))
@@ -252,9 +253,12 @@ class ParallelModel:
         """Clip every gradient by the true global norm (`norm`, if computed otherwise); return that
         norm (before clipping)."""
         params = [p for p in self.parameters() if p.grad is not None]
+        grads = {p: settled_grad(p) for p in params}
         if norm is None:
-            norm = self._global_norm([p.grad for p in self._counted(params)])
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm if max_norm > 0 else float("inf"), norm, foreach=True)
+            norm = self._global_norm([grads[p] for p in self._counted(params)])
+        if grads:  # torch's clip_grads_with_norm_ on each shard (a scalar times each: no DTensor plan)
+            coef = torch.clamp((max_norm if max_norm > 0 else float("inf")) / (norm + 1e-6), max=1.0)
+            torch._foreach_mul_([local_tensor(g) for g in grads.values()], coef)
         return norm
 
     @torch.no_grad()
