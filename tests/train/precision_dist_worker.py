@@ -30,12 +30,13 @@ LAYOUTS = {
 
 
 def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
+    """Arguments of a run; it saves once, at its last step (what the resume below reads)."""
     return [
         "--data.source", corpus, "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2",
         "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128", "--model.max_seq_len", "64",
         "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2", "--train.log_every", "1",
         "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
-        "--train.run_dir", str(run_dir), "--checkpoint.every", "2", "--optim.lr", "1e-2",
+        "--train.run_dir", str(run_dir), "--checkpoint.every", "100", "--optim.lr", "1e-2",
         "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100", "--eval.every", "0",
         "--precision.mode", "bf16-sr", "--train.steps", str(steps), "--parallel.compile", "false",
     ]  # fmt: skip
