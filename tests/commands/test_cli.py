@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hlat.cli import main
 
@@ -82,6 +83,18 @@ def test_train_end_to_end_on_the_embedded_corpus(tmp_path):
     assert [r["step"] for r in records if "val_loss" in r] == [4]
     assert (run / "tokenizer.json").is_file()
     assert (run / "checkpoints" / "step_00000004" / "manifest.json").is_file()
+    # the README's table of what the run directory holds is what this run left, no more, no less
+    held = {p.name + ("/" if p.is_dir() else "") for p in run.iterdir()}
+    assert held == readme_run_directory(), "README.md's run-directory table and a real run differ"
+
+
+def readme_run_directory() -> set[str]:
+    """The first path of each row of README.md's table under "The run directory ... then holds:",
+    as a name in the run directory (`checkpoints/step_NNNNNNNN/` is `checkpoints/`)."""
+    text = (Path(__file__).parents[2] / "README.md").read_text()
+    table = text.split("then holds:", 1)[1].split("\n\n", 2)[1]
+    names = re.findall(r"^\| `([^`]+)` \|", table, re.M)
+    return {name.split("/", 1)[0] + "/" if "/" in name else name for name in names}
 
 
 CONFIG_ERRORS_WITHOUT_TORCH = """
