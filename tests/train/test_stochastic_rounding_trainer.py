@@ -12,6 +12,10 @@ from device import simulated_device
 from hlat.train.trainer import Trainer
 from test_trainer import quiet, tiny_cfg
 
+# at import, before any test of the session runs a backward: torch's autograd engine sizes its
+# per-device queues at a process's first backward, and a device registered later cannot run one
+simulated_device.register()
+
 # AdamW moves each weight by at most ~1.5 lr a step in its first steps; weights of magnitude at
 # least 2^-7 have a bf16 ulp of at least 2^-14 (6.1e-5), so their update is under a sixth of an ulp:
 # round to nearest keeps every one, stochastic rounding moves a few percent of them a step, by one
@@ -39,7 +43,6 @@ def _train(corpus, tmp_path, mode: str, device: str) -> tuple[dict[str, torch.Te
         "--optim.lr", str(LR), "--optim.weight_decay", "0", "--schedule.name", "constant",
         "--schedule.warmup_steps", "0", "--train.steps", str(STEPS), "--checkpoint.every", str(STEPS),
     )  # fmt: skip
-    simulated_device.register()
     with simulated_device.present():
         trainer = Trainer(cfg, resume="fresh", out=quiet)
         before = _matrices(trainer)
