@@ -29,14 +29,14 @@ LAYOUTS = {
 }
 
 
-def base(corpus: str, run_dir: Path, steps: int) -> list[str]:
-    """Arguments of a run; it saves once, at its last step (what the resume below reads)."""
+def base(corpus: str, run_dir: Path, steps: int, every: int = 2) -> list[str]:
+    """Arguments of a run saving every `every` steps and at its last."""
     return [
         "--data.source", corpus, "--model.vocab_size", "512", "--model.d_model", "64", "--model.n_layers", "2",
         "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "128", "--model.max_seq_len", "64",
         "--data.seq_len", "32", "--train.global_batch", "8", "--train.micro_batch", "2", "--train.log_every", "1",
         "--train.tensorboard", "false", "--train.plot", "false", "--train.peak_tflops", "1",
-        "--train.run_dir", str(run_dir), "--checkpoint.every", "100", "--optim.lr", "1e-2",
+        "--train.run_dir", str(run_dir), "--checkpoint.every", str(every), "--optim.lr", "1e-2",
         "--schedule.warmup_steps", "1", "--schedule.decay_steps", "100", "--eval.every", "0",
         "--precision.mode", "bf16-sr", "--train.steps", str(steps), "--parallel.compile", "false",
     ]  # fmt: skip
@@ -91,8 +91,10 @@ def layouts(ctx) -> None:
     out, corpus = ctx.out, str(ctx.corpus)
     for name, layout in LAYOUTS.items():
         with optimizer_compiled(name == "fsdp"):
-            train(name, base(corpus, out / name, STEPS) + layout, out, resume="fresh")
-    # Exact resume under FSDP2: stop at step 2, resume in a new Trainer to 4, against 4 straight.
+            # nothing reads these runs' checkpoints: one save, at the end
+            train(name, base(corpus, out / name, STEPS, every=STEPS) + layout, out, resume="fresh")
+    # Exact resume under FSDP2: stop at step 2, resume in a new Trainer to 4, against 4 straight
+    # (which also saves at step 2: a save that disturbed the live run would show).
     fsdp = LAYOUTS["fsdp"]
     with optimizer_compiled(True):
         train("straight", base(corpus, out / "straight", 4) + fsdp, out, resume="fresh")
