@@ -22,10 +22,11 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
     dtype torch's norm would have. Every rank of a mesh passes its shards of the same tensors; a
     DTensor must not be partial (hlat.dtensor.settled_grad settles a gradient first). Nothing
     sharded: torch's own `get_total_norm`, bit for bit."""
-    shards, dims = [], []
+    shards: list[torch.Tensor] = []
+    split_on: list[tuple[str, ...]] = []  # the names of the mesh dimensions each tensor is split on
     groups: dict[str, dist.ProcessGroup] = {}
     for t in tensors:
-        names: set[str] = set()
+        names: tuple[str, ...] = ()
         if isinstance(t, DTensor):
             mesh = t.device_mesh
             for i, placement in enumerate(t.placements):
@@ -35,18 +36,28 @@ def total_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
                 if not placement.is_replicate() and mesh.size(i) > 1:
                     name = mesh.mesh_dim_names[i] if mesh.mesh_dim_names else str(i)
                     groups[name] = mesh.get_group(i)
-                    names.add(name)
+                    names += (name,)
             t = t.to_local()
         shards.append(t)
-        dims.append(names)
+        split_on.append(tuple(sorted(names)))
     if not groups:
         return torch.nn.utils.get_total_norm(shards, foreach=True)
-    squares = torch.stack(torch._foreach_norm(shards, 2.0, dtype=torch.float32)).square()
-    # one all-reduce per mesh dimension, over the tensors sharded on it; dimensions in a global
-    # order (by name), so that no two ranks wait on each other's groups
+    norms = torch._foreach_norm(shards, 2.0, dtype=torch.float32)
+    # the squares summed per set of dimensions (stacked on the device: no index from the host, so
+    # no wait for the backward's kernels), then one all-reduce per dimension over the sets split
+    # on it, dimensions in a global order (by name), so that no two ranks wait on each other's groups
+    squares = {
+        key: torch.stack([n for n, k in zip(norms, split_on) if k == key]).square().sum()
+        for key in sorted(set(split_on))
+    }
     for name in sorted(groups):
-        rows = torch.tensor([i for i, names in enumerate(dims) if name in names])
-        summed = squares[rows]
+        keys = [key for key in squares if name in key]
+        summed = torch.stack([squares[key] for key in keys])
         dist.all_reduce(summed, group=groups[name])
-        squares[rows] = summed
-    return squares.sum().sqrt().to(functools.reduce(torch.promote_types, (t.dtype for t in shards)))
+        squares.update(zip(keys, summed.unbind()))
+    return (
+        torch.stack(list(squares.values()))
+        .sum()
+        .sqrt()
+        .to(functools.reduce(torch.promote_types, (t.dtype for t in shards)))
+    )
