@@ -122,13 +122,18 @@ class ParallelModel:
         else:
             model, total = self.parts[0], torch.zeros((), device=device)
             for i, batch in enumerate(batches):
-                with no_gradient_sync(model, i < len(batches) - 1, self.reshard_after_backward), self._context(device):
-                    logits, labels = self._forward(model, batch)
-                    loss = token_loss_sum(logits, labels)
-                    (loss * scale).backward()
-                total += full_tensor(loss.detach())
+                with no_gradient_sync(model, i < len(batches) - 1, self.reshard_after_backward):
+                    total += self._backward(model, batch, scale, device)
             rank_loss = total / n_targets
         return rank_loss
+
+    def _backward(self, model: nn.Module, batch: Batch, scale: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """One micro-batch's forward and backward of its summed loss times `scale`; that loss, whole."""
+        with self._context(device):
+            logits, labels = self._forward(model, batch)
+            loss = token_loss_sum(logits, labels)
+            (loss * scale).backward()
+        return full_tensor(loss.detach())
 
     def backward_each(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> Iterator[torch.Tensor]:
         """train.deterministic's accumulation (hlat.train.deterministic): each micro-batch's forward and
@@ -142,11 +147,7 @@ class ParallelModel:
             for batch in batches:
                 for param in params:
                     param.grad = None
-                with self._context(device):
-                    logits, labels = self._forward(model, batch)
-                    loss = token_loss_sum(logits, labels)
-                    (loss / n_targets).backward()
-                yield full_tensor(loss.detach()) / n_targets
+                yield self._backward(model, batch, 1.0 / n_targets, device) / n_targets
         finally:
             self._clear_bf16_cache()
 
