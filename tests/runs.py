@@ -271,6 +271,32 @@ class ScenarioResults:
         return json.loads((self.path(name) / file).read_text())
 
 
+# Two layouts that sum the same gradients in another order train weights that differ where AdamW
+# amplifies it: each element steps by lr * g / (|g| + eps), so the nearer a gradient is to 0 the
+# larger a last-ulp difference of its sum becomes. Measured on the tiny model (fp32, peak LR 3e-3,
+# step 1 at half of it, 2-8 steps): every element within 1.5e-6 (5e-4 of the peak LR) but one of
+# the token embedding's 32,768, whose gradient had nearly cancelled to 0 (|g| ~ eps): 1.6e-4. So a few elements per tensor may differ up to a third of a peak
+# step. A lost, doubled or misplaced share of the data moves most weights by about the learning rate.
+ORDER_OF_SUMMATION_ATOL = 3e-6
+AMPLIFIED_ELEMENTS, AMPLIFIED_ATOL = 4, 1e-3
+
+
+def assert_weights_match(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float = ORDER_OF_SUMMATION_ATOL
+) -> None:
+    """`got` holds `want`'s tensors, each element within `atol` of it but for at most
+    AMPLIFIED_ELEMENTS per tensor, which are within AMPLIFIED_ATOL (a NaN is never)."""
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())
+    for key, value in got.items():
+        error = (value.double() - want[key].double()).abs().flatten()
+        far = (~(error <= atol)).nonzero().flatten()  # NaN is far
+        worst = error[far].nan_to_num(nan=float("inf")).max().item() if len(far) else 0.0
+        assert len(far) <= AMPLIFIED_ELEMENTS and worst <= AMPLIFIED_ATOL, (
+            f"{key}: {len(far)} of {error.numel()} elements differ by more than {atol:g} "
+            f"(at most {AMPLIFIED_ELEMENTS} may, by up to {AMPLIFIED_ATOL:g}); the largest by {worst:.3g}"
+        )
+
+
 def checkpoint_tensors(checkpoint: Path, scratch: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint's DCP data as full tensors, flattened to dotted keys."""
     file = scratch / f"{hashlib.sha256(str(checkpoint.resolve()).encode()).hexdigest()[:16]}.pt"  # one per checkpoint

@@ -14,7 +14,7 @@ import torch
 
 from elastic_runs import DEATH_STEPS, HANG, HANG_STEPS, records
 from hlat.checkpoint.manager import CheckpointManager
-from runs import Scenario, ScenarioResults, checkpoint_tensors
+from runs import Scenario, ScenarioResults, assert_weights_match, checkpoint_tensors
 from test_elastic import assert_every_share_once, final_weights, logged_losses
 
 GROUPS = 3
@@ -81,8 +81,7 @@ def test_hung_group_is_dropped_after_the_timeout_and_every_token_trained_once(sc
             assert loss == pytest.approx(want_losses[step], rel=1e-5), (g, step)
     reference_weights = final_weights(straight / "group0", tmp_path, HANG_STEPS)
     for g in (0, 2):
-        for key, value in final_weights(faulty / f"group{g}", tmp_path, HANG_STEPS).items():
-            torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-6, msg=key)
+        assert_weights_match(final_weights(faulty / f"group{g}", tmp_path, HANG_STEPS), reference_weights)
 
 
 def _final(scenarios: ScenarioResults, name: str, scratch: Path) -> tuple[dict[str, torch.Tensor], list[dict]]:
@@ -113,9 +112,7 @@ def test_elastic_checkpoint_resumes_in_another_layout_exactly(scenarios: Scenari
     if first == "elastic-from-dp2":  # one elastic group saves its shares' positions merged
         loaders = loaders[0]["ranks"]
     assert loaders == want_loaders
-    assert weights.keys() == want_weights.keys()
-    for key, value in weights.items():
-        torch.testing.assert_close(value, want_weights[key], rtol=0, atol=1e-6, msg=key)
+    assert_weights_match(weights, want_weights)
 
 
 def test_lighthouse_death_stops_the_group_with_one_line_and_a_restart_resumes(scenarios: ScenarioResults):

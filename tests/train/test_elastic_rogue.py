@@ -13,11 +13,10 @@ which asserts the sockets mid-run and that no file of a group holds the secret).
 from __future__ import annotations
 
 import pytest
-import torch
 
 from elastic_rogue_runs import ATTACKS, GROUPS, STEPS
 from elastic_runs import records
-from runs import Scenario, ScenarioResults
+from runs import Scenario, ScenarioResults, assert_weights_match
 from test_elastic import assert_every_share_once, final_weights, logged_losses
 
 # the groups and the rogue start from the shared launch, where their waiting runs beside other tests
@@ -41,8 +40,7 @@ def test_a_rogue_without_the_secret_changes_nothing(scenarios: ScenarioResults, 
             assert loss == pytest.approx(want_losses[step], rel=1e-5), (g, step)
     reference_weights = final_weights(straight / "group0", tmp_path, STEPS)
     for g in range(GROUPS):
-        for key, value in final_weights(faulty / f"group{g}", tmp_path, STEPS).items():
-            torch.testing.assert_close(value, reference_weights[key], rtol=0, atol=1e-6, msg=key)
+        assert_weights_match(final_weights(faulty / f"group{g}", tmp_path, STEPS), reference_weights)
     logs = "\n".join(f.read_text() for f in sorted(faulty.glob("group*.log")))
     assert "calling itself 'rogue-d') cannot prove the run secret" in logs, logs[-5000:]  # (d)
     assert "refused this group's state to 127.0.0.1" in logs, logs[-5000:]  # (a)
