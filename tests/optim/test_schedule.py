@@ -10,10 +10,11 @@ def cfg(name: str, **kw) -> ScheduleConfig:
     return ScheduleConfig(name=name, warmup_steps=kw.pop("warmup", 10), decay_steps=kw.pop("decay", 110), **kw)
 
 
-def test_warmup_is_linear_from_zero():
+def test_warmup_is_linear_and_the_first_step_learns():
     c = cfg("hlat-cosine")
-    assert lr_multiplier(c, 0) == 0.0  # HLAT's first step runs at LR 0
-    assert lr_multiplier(c, 5) == pytest.approx(0.5)
+    assert lr_multiplier(c, 0) == pytest.approx(0.1)  # step 1 (0-based 0): not HLAT's LR 0
+    assert lr_multiplier(c, 4) == pytest.approx(0.5)
+    assert lr_multiplier(c, 9) == pytest.approx(1.0)  # the peak at the last warmup step
     assert lr_multiplier(c, 10) == pytest.approx(1.0)
 
 
@@ -47,7 +48,7 @@ def test_warmup_stable_decay():
 
 def test_hlat_7b_values():
     c = ScheduleConfig()  # defaults are the HLAT 7B recipe
-    assert lr_multiplier(c, 1000) == pytest.approx(0.5)
+    assert lr_multiplier(c, 999) == pytest.approx(0.5)
     assert lr_multiplier(c, 2000) == pytest.approx(1.0)
     assert lr_multiplier(c, 2000 + 249_000) == pytest.approx(0.5)
     assert lr_multiplier(c, 430_000) == pytest.approx(0.1)

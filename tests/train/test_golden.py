@@ -99,11 +99,11 @@ def test_golden_losses_follow_an_independent_reference(tmp_path):
         eps=optim.eps,
     )
     warmup = cfg.schedule.warmup_steps
-    assert REFERENCE_STEPS <= warmup  # the schedule is its linear warmup from 0 here
+    assert REFERENCE_STEPS <= warmup  # the schedule is its linear warmup here, step 1 at peak / warmup
     losses = []
     for step, batch in enumerate(batches):
         for group in opt.param_groups:
-            group["lr"] = optim.lr * step / warmup
+            group["lr"] = optim.lr * (step + 1) / warmup
         logits = model(input_ids=batch.tokens).logits
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=-100)
         loss.backward()

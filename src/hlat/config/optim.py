@@ -56,7 +56,7 @@ class ScheduleConfig:
     at the floor (not rescaled); "cosine": cosine rescaled to end at the floor; "wsd":
     warmup-stable-decay (linear decay); "constant": warmup then flat."""
     warmup_steps: int = 2000
-    """Steps of linear warmup from 0 to the peak learning rate."""
+    """Steps of linear warmup to the peak learning rate: step 1 runs at peak / warmup_steps."""
     decay_steps: int = 500_000
     """The step at which the cosine reaches its floor."""
     min_lr_ratio: float = 0.1

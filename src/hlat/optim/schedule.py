@@ -10,10 +10,11 @@ from hlat.config.optim import ScheduleConfig
 def lr_multiplier(cfg: ScheduleConfig, step: int) -> float:
     """Multiplier of the peak LR for optimizer step `step` (0-based: the first update is step 0).
 
-    Warmup is linear from 0, so step 0 runs at LR 0 exactly as HLAT's reference did.
+    Warmup is linear over warmup_steps updates, the first at 1/warmup_steps of the peak, the last at
+    the peak: HLAT's reference ran its first update at LR 0, a step of compute that changed nothing.
     """
     if step < cfg.warmup_steps:
-        return step / cfg.warmup_steps
+        return (step + 1) / cfg.warmup_steps
     if cfg.name == "constant":
         return 1.0
     span = cfg.decay_steps - cfg.warmup_steps
