@@ -1,27 +1,27 @@
-"""The precision study: the same model, seed and data trained in all four precision modes.
+"""The precision study: one model trained into the decayed learning-rate tail in all four modes, 3 seeds.
 
 Runs the trainer (hlat.config.load_config + hlat.train.trainer.Trainer, as `hlat train` does) on
-the embedded corpus (Python's standard library) with a held-out validation split, then writes
-docs/precision_study.png (train and validation loss per mode), docs/precision_study.json (every
-number) and the "Study results" section of docs/precision.md.
+the embedded corpus (Python's standard library) with a held-out validation split: each mode x seed
+trains the same model for `--steps` steps, warmup then cosine to 10% of the peak learning rate at
+the last step, so the last fifth of every run is the low-LR tail where round-to-nearest bf16 is
+expected to lose updates (an Adam update of ~lr meets half a bf16 ulp of the weights). A seed sets
+the initialisation, the data order and bf16-sr's rounding noise; within a seed every mode sees the
+same batches, so each mode is compared with fp32 seed by seed (paired differences).
 
-Two experiments:
-- main: the preset as configured (default `tiny`, its 200 steps and LR 2e-3), all four modes;
-- low-LR: the same with a 10x lower peak LR (updates small against the weights, as late in a long
-  run), fp32, bf16-sr and bf16: where round-to-nearest is expected to lose updates.
+The study resumes: each finished run leaves `result.json` in its run directory under `--work` and
+is skipped next time; a run stopped part way resumes from its last checkpoint (exact resume). Once
+every run is recorded it writes docs/precision_study.png (validation loss per mode, and each
+mode's paired difference from fp32 against the learning rate), docs/precision_study.json (every
+number) and the tables between the study markers of docs/precision.md.
 
-`mixed` computes in bf16, which this kind of CPU (no AVX512-BF16/AMX) emulates at ~70 tokens/s on
-`tiny` (100+ minutes for 200 steps). On such a CPU the study runs `mixed` as it is (bf16 copy of
-the weights, bf16 residual stream, fp32 ops fp32) with only its linear layers and attention
-emulated by hlat.precision.emulated_mixed (bf16-rounded inputs and weights, fp32 accumulation,
-bf16 output: what bf16 matmul units compute) at fp32 speed, and says so in the table. Its
-tokens/s is then not the speed of real bf16 compute here.
+`mixed` computes in bf16, which a CPU without AVX512-BF16/AMX emulates at ~1 GFLOP/s. On such a
+CPU the study runs `mixed` as it is (bf16 copy of the weights, bf16 residual stream, fp32 ops fp32)
+with only its linear layers and attention emulated by hlat.precision.emulated_mixed (bf16-rounded
+inputs and weights, fp32 accumulation, bf16 output: what bf16 matmul units compute) at fp32 speed,
+and says so in the table. On a CPU with bf16 units `mixed` runs natively.
 
-    python benchmarks/precision_study.py                 # tiny preset as is: ~1 h on 2 shared cores
-    python benchmarks/precision_study.py --steps 120 --low-lr-steps 80 --eval-every 20 -- \
-        --model.d_model 128 --model.n_heads 4 --model.n_kv_heads 2 --model.ffn_dim 344 --data.seq_len 128 \
-        --schedule.warmup_steps 10 --schedule.decay_steps 120        # what docs/precision.md reports
-    python benchmarks/precision_study.py --steps 20 --low-lr-steps 0 --no-doc   # a smoke run
+    nice python benchmarks/precision_study.py     # the recorded study: 12 runs x 2,000 steps, ~1 h on 2 cores
+    python benchmarks/precision_study.py --steps 40 --seeds 0 --work /tmp/smoke --no-doc   # a smoke run
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ import json
 import os
 import platform
 import re
-import tempfile
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
-import hlat
 import hlat.parallel.parallelize as parallelize
 from hlat import precision
 from hlat.config.load import load_config
 from hlat.model import count_params
+from hlat.optim.schedule import lr_multiplier
 from hlat.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +51,13 @@ DOCS = ROOT / "docs"
 MODES = ("fp32", "mixed", "bf16-sr", "bf16")
 COLORS = {"fp32": "black", "mixed": "tab:blue", "bf16-sr": "tab:green", "bf16": "tab:red"}
 START, END = "<!-- precision-study:start -->", "<!-- precision-study:end -->"
+# The recorded study's model: `tiny` reduced to 1.8M parameters so 12 runs of 2,000 steps fit 90
+# minutes of 2 cores; the schedule decays to 10% of the peak at the last step.
+MODEL = [
+    "--model.d_model", "128", "--model.n_heads", "4", "--model.n_kv_heads", "2", "--model.ffn_dim", "344",
+    "--data.seq_len", "128",
+]  # fmt: skip
+TAIL = 0.2  # the tail: evaluations in the last fifth of the steps, where the LR is under ~16% of the peak
 
 
 def cpu_has_bf16() -> bool:
@@ -74,176 +81,238 @@ def install_emulation(device: torch.device) -> bool:
     return True
 
 
-def train_one(preset: str, mode: str, run_dir: Path, steps: int, extra: list[str]) -> dict:
-    overrides = [
-        "--precision.mode", mode, "--train.run_dir", str(run_dir), "--train.steps", str(steps),
-        "--train.tensorboard", "false", "--data.val_source", "holdout", *extra,
+def run_overrides(mode: str, seed: int, steps: int, args: argparse.Namespace, run_dir: Path) -> list[str]:
+    return [
+        *MODEL,
+        "--precision.mode", mode, "--train.seed", str(seed), "--train.run_dir", str(run_dir),
+        "--train.steps", str(steps), "--train.log_every", "50", "--train.tensorboard", "false",
+        "--schedule.name", "cosine", "--schedule.min_lr_ratio", "0.1",
+        "--schedule.warmup_steps", str(args.warmup), "--schedule.decay_steps", str(steps),
+        "--eval.every", str(args.eval_every), "--eval.batches", str(args.eval_batches),
+        "--data.val_source", "holdout", "--checkpoint.every", str(args.checkpoint_every),
+        "--checkpoint.keep_last", "1", *args.overrides,
     ]  # fmt: skip
-    cfg = load_config(preset, None, overrides)
-    trainer = Trainer(cfg, resume="fresh", out=lambda line: None)
+
+
+def train_one(preset: str, mode: str, seed: int, run_dir: Path, args: argparse.Namespace) -> dict:
+    """Train (or finish) one run; its record, also left in run_dir/result.json."""
+    cfg = load_config(preset, None, run_overrides(mode, seed, args.steps, args, run_dir))
+    trainer = Trainer(cfg, resume="auto", out=lambda line: None)
     start = time.perf_counter()
-    summary = trainer.fit()
+    trainer.fit()
     wall = time.perf_counter() - start
     trainer.checkpoints.wait()
     opt = trainer.optimizers.optimizers[0]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
-    val = [r for r in records if "val_loss" in r]
-    speeds = [r["tokens_per_s"] for r in train[1:]] or [r["tokens_per_s"] for r in train]  # window 1 holds the compile
-    return {
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    losses = [x for r in train for x in r["step_losses"]]
+    if len(losses) != args.steps:
+        raise RuntimeError(f"{run_dir}/metrics.jsonl holds {len(losses)} step losses, expected {args.steps}")
+    speeds = sorted(r["tokens_per_s"] for r in train[1:])  # the first window holds the compile
+    tail = [v for s, v in val if s > (1 - TAIL) * args.steps]
+    result = {
         "mode": mode,
-        "steps": summary.step,
-        "tokens": summary.tokens,
-        "wall_s": wall,
-        "losses": summary.losses,
-        "val": [(r["step"], r["val_loss"]) for r in val],
-        "final_train_loss": sum(summary.losses[-10:]) / len(summary.losses[-10:]),
-        "final_val_loss": val[-1]["val_loss"] if val else None,
-        "tokens_per_s": sorted(speeds)[len(speeds) // 2],
+        "seed": seed,
+        "steps": args.steps,
+        "losses": losses,
+        "val": val,
+        "final_train_loss": statistics.fmean(losses[-50:]),
+        "final_val_loss": val[-1][1],
+        "tail_val_loss": statistics.fmean(tail),
+        "tokens_per_s": speeds[len(speeds) // 2],
+        "wall_s": wall,  # this invocation's: a resumed run counts only its remainder
         "state_bytes_per_param": precision.state_bytes_per_param(trainer.model.parameters(), opt),
         "lr": cfg.optim.lr,
+        "lr_multipliers": [lr_multiplier(cfg.schedule, s) for s in range(args.steps)],
         "params": count_params(cfg.model),
     }
+    (run_dir / "result.json").write_text(json.dumps(result))
+    return result
 
 
-def smooth(xs: list[float], k: int = 10) -> list[float]:
-    return [sum(xs[max(0, i - k + 1) : i + 1]) / len(xs[max(0, i - k + 1) : i + 1]) for i in range(len(xs))]
+def paired(runs: list[dict], mode: str, key: str) -> list[float]:
+    """mode's value minus fp32's, seed by seed (same data and initialisation)."""
+    ref = {r["seed"]: r[key] for r in runs if r["mode"] == "fp32"}
+    return [r[key] - ref[r["seed"]] for r in runs if r["mode"] == mode and r["seed"] in ref]
 
 
-def plot(experiments: dict[str, list[dict]], path: Path, title: str) -> None:
+def spread(xs: list[float], sign: str = "+") -> str:
+    """The mean and [min, max]; sign "+" marks differences, "" plain values."""
+    if len(xs) == 1:
+        return f"{xs[0]:{sign}.4f}"
+    return f"{statistics.fmean(xs):{sign}.4f} [{min(xs):{sign}.4f}, {max(xs):{sign}.4f}]"
+
+
+def tables(runs: list[dict], modes: list[str], emulated: bool) -> list[str]:
+    seeds = sorted({r["seed"] for r in runs})
+    lines = [
+        f"Per mode, the mean over seeds {', '.join(map(str, seeds))} and [min, max]; losses in nats per token.",
+        "",
+        "| mode | final train loss (last 50 steps) | final validation loss | tail validation loss "
+        f"(evaluations after step {int((1 - TAIL) * runs[0]['steps'])}) | tokens/s (median) | bytes/param of state |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode]
+        cell = lambda key: spread([r[key] for r in mine], sign="")  # noqa: E731
+        name = mode + (" (bf16 matmuls emulated)" if mode == "mixed" and emulated else "")
+        speed = statistics.median(r["tokens_per_s"] for r in mine)
+        lines.append(
+            f"| {name} | {cell('final_train_loss')} | {cell('final_val_loss')} | {cell('tail_val_loss')} "
+            f"| {speed:,.0f} | {mine[0]['state_bytes_per_param']:.0f} |"
+        )
+    lines += [
+        "",
+        "Paired differences from fp32 (same seed: same initialisation and batches), mean [min, max] over seeds:",
+        "",
+        "| mode | final train loss | final validation loss | tail validation loss | seeds worse than fp32 in the tail |",
+        "|---|---|---|---|---|",
+    ]
+    for mode in [m for m in modes if m != "fp32"]:
+        tail = paired(runs, mode, "tail_val_loss")
+        lines.append(
+            f"| {mode} | {spread(paired(runs, mode, 'final_train_loss'))} "
+            f"| {spread(paired(runs, mode, 'final_val_loss'))} | {spread(tail)} "
+            f"| {sum(d > 0 for d in tail)} of {len(tail)} |"
+        )
+    return lines
+
+
+def plot(runs: list[dict], modes: list[str], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(experiments), figsize=(6.5 * len(experiments), 4.5), squeeze=False)
-    for ax, (name, runs) in zip(axes[0], experiments.items()):
-        for run in runs:
-            color = COLORS[run["mode"]]
-            steps = range(1, len(run["losses"]) + 1)
-            ax.plot(steps, smooth(run["losses"]), color=color, lw=1.2, label=f"{run['mode']} train (10-step mean)")
-            if run["val"]:
-                ax.plot(*zip(*run["val"]), "o--", color=color, ms=4, lw=0.8, label=f"{run['mode']} validation")
-        ax.set_title(f"{name}: peak LR {runs[0]['lr']:g}")
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss (nats/token)")
-        losses = [x for run in runs for x in run["losses"][len(run["losses"]) // 5 :]]
-        ax.set_ylim(min(losses) - 0.1, max(losses) + 0.1)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    steps = runs[0]["steps"]
+    for mode in modes:
+        mine = sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["seed"])
+        xs = [s for s, _ in mine[0]["val"]]
+        curves = [[v for _, v in r["val"]] for r in mine]
+        mean = [statistics.fmean(col) for col in zip(*curves)]
+        left.plot(xs, mean, color=COLORS[mode], lw=1.4, label=f"{mode} (mean of {len(mine)} seeds)")
+        left.fill_between(
+            xs, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)], color=COLORS[mode], alpha=0.15
+        )
+        if mode == "fp32":
+            continue
+        ref = {r["seed"]: [v for _, v in r["val"]] for r in runs if r["mode"] == "fp32"}
+        diffs = [[v - f for v, f in zip(c, ref[r["seed"]])] for c, r in zip(curves, mine)]
+        right.plot(xs, [statistics.fmean(col) for col in zip(*diffs)], color=COLORS[mode], lw=1.4, label=mode)
+        right.fill_between(
+            xs, [min(c) for c in zip(*diffs)], [max(c) for c in zip(*diffs)], color=COLORS[mode], alpha=0.15
+        )
+    later = [v for r in runs for s, v in r["val"] if s >= steps / 10]  # the first evaluations dwarf the tail
+    left.set_ylim(top=max(later) + 0.1)
+    left.set(title="validation loss (band: min-max over seeds)", xlabel="step", ylabel="nats/token")
+    right.axhline(0, color="black", lw=0.8)
+    right.axvspan((1 - TAIL) * steps, steps, color="grey", alpha=0.12, label="the tail")
+    right.set(title="validation loss minus fp32's, same seed", xlabel="step", ylabel="nats/token")
+    lr = right.twinx()
+    lr.plot(range(1, steps + 1), [runs[0]["lr"] * m for m in runs[0]["lr_multipliers"]], color="grey", ls=":", lw=1)
+    lr.set_ylabel("learning rate (dotted)")
+    for ax in (left, right):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
-def table(runs: list[dict], emulated: bool) -> list[str]:
-    ref = next((r for r in runs if r["mode"] == "fp32"), None)
-    lines = [
-        "| mode | final train loss (last 10 steps) | vs fp32 | final validation loss | vs fp32 | tokens/s (median window) | bytes/param of state |",
-        "|---|---|---|---|---|---|---|",
+def environment(args: argparse.Namespace, device: torch.device, emulated: bool, runs: list[dict]) -> dict:
+    cpuinfo = Path("/proc/cpuinfo")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")),
+        "?",
+    ) if cpuinfo.exists() else platform.processor()  # fmt: skip
+    return {
+        "date": datetime.date.today().isoformat(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu_model": model,
+        "cpu_bf16_units": cpu_has_bf16(),
+        "cores": os.cpu_count(),
+        "device": device.type,
+        "mixed_emulated": emulated,
+        "train_s_all_runs": sum(r["wall_s"] for r in runs),
+        "preset": args.preset,
+        "overrides": MODEL + args.overrides,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+
+
+def write_doc(runs: list[dict], modes: list[str], env: dict, emulated: bool) -> None:
+    (DOCS / "precision_study.json").write_text(json.dumps({"env": env, "runs": runs}))
+    params = runs[0]["params"] / 1e6
+    seeds = sorted({r["seed"] for r in runs})
+    plot(runs, modes, DOCS / "precision_study.png",
+         f"{env['preset']} preset reduced to {params:.1f}M params, {env['steps']} steps, cosine to 10% of peak LR "
+         f"{runs[0]['lr']:g}, seeds {', '.join(map(str, seeds))}")  # fmt: skip
+    block = [
+        START,
+        f"Recorded {env['date']} on {env['cores']} cores of {env['cpu_model']} "
+        f"(bf16 units: {'yes' if env['cpu_bf16_units'] else 'no'}), torch {env['torch']}, Python {env['python']}; "
+        f"{len(runs)} runs, {env['train_s_all_runs'] / 60:.0f} minutes of training.",
+        "",
+        *tables(runs, modes, emulated),
+        END,
     ]
-    for r in runs:
-        rel = lambda key: "" if ref is None or r[key] is None else f"{100 * (r[key] / ref[key] - 1):+.2f}%"
-        val = "-" if r["final_val_loss"] is None else f"{r['final_val_loss']:.4f}"
-        mode = r["mode"] + (" (bf16 emulated, see above)" if r["mode"] == "mixed" and emulated else "")
-        lines.append(
-            f"| {mode} | {r['final_train_loss']:.4f} | {rel('final_train_loss')} | {val} | {rel('final_val_loss')} "
-            f"| {r['tokens_per_s']:,.0f} | {r['state_bytes_per_param']:.0f} |"
-        )
-    return lines
+    doc = DOCS / "precision.md"
+    text = doc.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{doc}: the study markers {START} ... {END} are missing; add them where the tables go")
+    head, rest = text.split(START, 1)
+    doc.write_text(head + "\n".join(block) + rest.split(END, 1)[1])
+    print(f"wrote {DOCS / 'precision_study.png'}, {DOCS / 'precision_study.json'} and the tables in {doc}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--modes", default=",".join(MODES))
-    parser.add_argument("--low-lr-factor", type=float, default=0.1)
-    parser.add_argument("--low-lr-steps", type=int, default=100, help="0 skips the low-LR experiment")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--eval-batches", type=int, default=8)
+    parser.add_argument("--checkpoint-every", type=int, default=500)
     parser.add_argument(
-        "overrides", nargs="*", help="config overrides for every run, e.g. --model.d_model 128 (after --)"
+        "--work", type=Path, default=Path("runs/precision-study"), help="run directories; reruns resume here"
     )
     parser.add_argument("--no-doc", action="store_true", help="print the results only; leave docs/ alone")
-    parser.add_argument("--work", type=Path, default=None, help="run directories (default: a temporary one)")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run (after --)")
     args = parser.parse_args()
+    if args.steps % args.eval_every:
+        parser.error("--steps must be a multiple of --eval-every, so every run ends with an evaluation")
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count()))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     emulated = install_emulation(device)
     modes = args.modes.split(",")
-    work = args.work or Path(tempfile.mkdtemp(prefix="hlat-precision-study-"))
-    common = [
-        "--eval.every",
-        str(args.eval_every),
-        "--train.seed",
-        str(args.seed),
-        "--train.log_every",
-        "10",
-        *args.overrides,
-    ]
-    started = time.time()
-    experiments: dict[str, list[dict]] = {"main": []}
-    for mode in modes:
-        run = train_one(args.preset, mode, work / f"main-{mode}", args.steps, common)
-        experiments["main"].append(run)
+    plan = [(mode, int(seed)) for seed in args.seeds.split(",") for mode in modes]
+    runs = []
+    for i, (mode, seed) in enumerate(plan, 1):
+        run_dir = args.work / f"{mode}-seed{seed}"
+        done = run_dir / "result.json"
+        if done.exists() and json.loads(done.read_text())["steps"] == args.steps:
+            run = json.loads(done.read_text())
+            state = "recorded"
+        else:
+            run = train_one(args.preset, mode, seed, run_dir, args)
+            state = f"{run['wall_s']:.0f} s"
+        runs.append(run)
         print(
-            f"main {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} "
-            f"{run['tokens_per_s']:,.0f} tok/s {run['state_bytes_per_param']:.0f} B/param ({run['wall_s']:.0f} s)",
+            f"[{i}/{len(plan)}] {mode:8s} seed {seed}: final val {run['final_val_loss']:.4f}, "
+            f"tail val {run['tail_val_loss']:.4f}, {run['tokens_per_s']:,.0f} tok/s ({state})",
             flush=True,
         )
-    if args.low_lr_steps:
-        lr = experiments["main"][0]["lr"] * args.low_lr_factor
-        experiments["low-LR"] = []
-        for mode in [m for m in modes if m != "mixed"]:
-            run = train_one(
-                args.preset, mode, work / f"low-{mode}", args.low_lr_steps, common + ["--optim.lr", f"{lr:g}"]
-            )
-            experiments["low-LR"].append(run)
-            print(
-                f"low-LR {mode:8s} train {run['final_train_loss']:.4f} val {run['final_val_loss']} ({run['wall_s']:.0f} s)",
-                flush=True,
-            )
-    env = {
-        "date": datetime.date.today().isoformat(),
-        "hlat": hlat.__version__ if hasattr(hlat, "__version__") else "dev",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_model": next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")
-            ),
-            "?",
-        )
-        if Path("/proc/cpuinfo").exists()
-        else "?",
-        "cores": os.cpu_count(),
-        "device": device.type,
-        "mixed_emulated": emulated,
-        "wall_s": time.time() - started,
-        "loadavg_end": os.getloadavg()[0],
-        "preset": args.preset,
-        "overrides": args.overrides,
-        "steps": args.steps,
-        "low_lr_steps": args.low_lr_steps,
-    }
+    env = environment(args, device, emulated, runs)
     print(json.dumps(env))
-    for name, runs in experiments.items():
-        print(f"\n{name}:\n" + "\n".join(table(runs, emulated)))
-    if args.no_doc:
-        return
-    DOCS.mkdir(exist_ok=True)
-    (DOCS / "precision_study.json").write_text(json.dumps({"env": env, "experiments": experiments}, indent=1))
-    main_run = experiments["main"][0]
-    plot(
-        experiments,
-        DOCS / "precision_study.png",
-        f"{args.preset} preset ({main_run['params'] / 1e6:.1f}M params), seed {args.seed}, same data in every mode",
-    )
-    print(f"wrote {DOCS / 'precision_study.png'} and {DOCS / 'precision_study.json'}")
+    print("\n".join(tables(runs, modes, emulated)))
+    if not args.no_doc:
+        write_doc(runs, modes, env, emulated)
 
 
 if __name__ == "__main__":
