@@ -10,8 +10,12 @@ from hlat.config.fields import choice_problems
 
 @dataclass
 class OptimConfig:
-    """`[optim]`: AdamW's settings and gradient clipping."""
+    """`[optim]`: the optimizer (AdamW, or Muon beside it), its settings and gradient clipping."""
 
+    name: Literal["adamw", "muon"] = "adamw"
+    """"adamw": AdamW on every parameter (HLAT's). "muon": Muon on the blocks' hidden matrices
+    (attention and feed-forward projections), AdamW with the settings below on the embeddings,
+    output head and norms (docs/recipe.md, "Muon")."""
     lr: float = 3e-4
     """The peak learning rate, reached at the end of warmup (the schedule scales it)."""
     beta1: float = 0.9
@@ -28,6 +32,23 @@ class OptimConfig:
     matched no name)."""
     grad_clip: float = 1.0
     """Clip the gradients' global L2 norm to this; 0 disables clipping."""
+    muon_momentum: float = 0.95
+    """Muon's momentum (torch.optim.Muon's default)."""
+    muon_nesterov: bool = True
+    """Muon's Nesterov momentum."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations that orthogonalise each matrix's update."""
+    muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """The Newton-Schulz iterations' dtype. bfloat16 is torch.optim.Muon's; float32 makes layouts agree to
+    fp32 rounding (bf16 turns their 1e-7 differences into roundings that flip) and is the faster one on a
+    CPU without bf16 units (AVX512-BF16/AMX), which emulates bf16 matmuls."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """Each matrix's learning rate. "match_rms_adamw": lr x 0.2 x sqrt(max(rows, columns)), which gives
+    the update AdamW's RMS so that optim.lr, the schedule and weight_decay carry over from AdamW
+    (Moonshot's rule); "original": lr x sqrt(max(1, rows / columns)), which wants a ~50x larger rate
+    (set muon_lr_scale)."""
+    muon_lr_scale: float = 1.0
+    """Multiplies the scheduled learning rate for the Muon matrices only (weight decay included)."""
 
     def validate(self) -> list[tuple[str, str]]:
         problems = []
@@ -44,6 +65,13 @@ class OptimConfig:
         problems += choice_problems(self, "weight_decay_scope")
         if self.grad_clip < 0:
             problems.append(("grad_clip", f"must be >= 0 (0 disables clipping), got {self.grad_clip}"))
+        problems += choice_problems(self, "name", "muon_ns_dtype", "muon_adjust_lr")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            problems.append(("muon_momentum", f"must be in [0, 1), got {self.muon_momentum}"))
+        if self.muon_ns_steps < 1:
+            problems.append(("muon_ns_steps", f"must be >= 1, got {self.muon_ns_steps}"))
+        if self.muon_lr_scale <= 0:
+            problems.append(("muon_lr_scale", f"must be > 0, got {self.muon_lr_scale}"))
         return problems
 
 

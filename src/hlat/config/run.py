@@ -79,7 +79,7 @@ class RunConfig:
                     f"{self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}; shorten the rows or raise the model's limit",
                 )
             )
-        problems += self.elastic_problems() + deterministic_problems(self)
+        problems += self.elastic_problems() + deterministic_problems(self) + self.muon_problems()
         if self.eval.every and not self.data.val_source:
             problems.append(
                 (
@@ -133,6 +133,27 @@ class RunConfig:
                 )
             )
         return problems
+
+    def muon_problems(self) -> list[tuple[str, str]]:
+        """What Muon does not run with yet, each by name."""
+        if self.optim.name != "muon":
+            return []
+        refused = {
+            "precision.mode": (
+                self.precision.mode in ("bf16", "bf16-sr"),
+                f"{self.precision.mode} rounds AdamW's updates into bf16 weights; Muon's are not yet: "
+                "use --precision.mode fp32 or mixed with Muon",
+            ),
+            "elastic.enabled": (
+                self.elastic.enabled,
+                "an elastic group that heals does not carry Muon's momentum yet: use --optim.name adamw",
+            ),
+            "train.deterministic": (
+                self.train.deterministic,
+                "the fixed-order mode sums AdamW's inputs only: use --optim.name adamw",
+            ),
+        }
+        return [(key, f"with optim.name muon: {why}") for key, (bad, why) in refused.items() if bad]
 
     def _elastic_group_problems(self, world: int, dp: int) -> list[tuple[str, str]]:
         """A replica group of `world` processes: FSDP2, tp or pp over all of them (what is tested; no two

@@ -103,7 +103,9 @@ def _variants(
                     continue
                 need = (
                     max(
-                        stage_memory(variant, s.stage, s.layers, s.local_params, degrees, len(stages)).total
+                        stage_memory(
+                            variant, s.stage, s.layers, s.local_params, degrees, len(stages), s.muon_params
+                        ).total
                         for s in stages
                     )
                     / GIB

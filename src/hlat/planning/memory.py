@@ -45,6 +45,7 @@ from hlat.config.model import ModelConfig
 from hlat.config.run import RunConfig
 from hlat.dtensor import local_tensor
 from hlat.model import Llama, build_model, model_spec
+from hlat.optim.muon import is_hidden_matrix
 from hlat.parallel.data_parallel import DTYPES
 from hlat.parallel.pipeline import cut_stage, split_layers
 from hlat.parallel.tensor_parallel import apply_tensor_parallel
@@ -63,6 +64,7 @@ class StagePlan:
     grads: float
     optimizer: float
     activations: float
+    muon_params: int = 0  # of local_params, those Muon steps (one momentum instead of Adam's two moments)
 
     @property
     def total(self) -> float:
@@ -150,7 +152,10 @@ def plan(cfg: RunConfig, world: int) -> tuple[Degrees, list[StagePlan]]:
     for index, layers in enumerate(bounds):
         module = _cut(full, layers, index == 0, index == n_stages - 1) if n_stages > 1 else full
         params = sum(local[name] for name, _ in module.named_parameters())
-        stages.append(stage_memory(cfg, index, layers, params, degrees, n_stages))
+        muon = sum(local[n] for n, p in module.named_parameters() if is_hidden_matrix(n, p))
+        stages.append(
+            stage_memory(cfg, index, layers, params, degrees, n_stages, muon if cfg.optim.name == "muon" else 0)
+        )
     return degrees, stages
 
 
@@ -207,9 +212,10 @@ def _cut(full: Llama, layers: range, first: bool, last: bool) -> nn.Module:
     return cut_stage(copy.deepcopy(full, shared), layers, first, last)
 
 
-def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer state) bytes on a rank holding `local` parameters, at the
-    step's peak: the last micro-batch's backward (docs/parallelism.md, docs/precision.md)."""
+def state_memory(cfg: RunConfig, local: int, degrees: Degrees, muon_params: int = 0) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes on a rank holding `local` parameters, `muon_params`
+    of them stepped by Muon, at the step's peak: the last micro-batch's backward (docs/parallelism.md,
+    docs/precision.md)."""
     prec, sharding = cfg.precision, cfg.parallel.dp_sharding
     elem = param_dtype(prec.mode).itemsize
     pp, dp = degrees.pp, degrees.dp
@@ -221,7 +227,8 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, f
     partial_sums = math.ceil(math.log2(micro)) + 1 if deterministic and micro > 1 else 0
     # HSDP shards within a replica; zero1 and plain FSDP over all of dp, and cp's ranks beside it
     shards = degrees.dp_shard * degrees.cp
-    optimizer = 2 * local * elem / (shards if sharding != "ddp" else 1)  # Adam: two moments
+    # Adam: two moments; Muon: one momentum
+    optimizer = (2 * local - muon_params) * elem / (shards if sharding != "ddp" else 1)
     if sharding in ("zero2", "fsdp") and degrees.dp_cp > 1:
         gathered_elem = 2 if prec.mode == "mixed" else elem  # MixedPrecisionPolicy gathers mixed's weights in bf16
         # zero2 keeps the gathered weights from forward through backward; fsdp between
@@ -244,10 +251,12 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees) -> tuple[float, f
     return weights, grads + local * elem * partial_sums, optimizer
 
 
-def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees: Degrees, n_stages: int) -> StagePlan:
+def stage_memory(
+    cfg: RunConfig, index: int, layers: range, local: int, degrees: Degrees, n_stages: int, muon_params: int = 0
+) -> StagePlan:
     """Stage `index`'s memory per rank for `local` parameters (the search re-prices it per layout)."""
     pp, dp, tp = degrees.pp, degrees.dp, degrees.tp
-    weights, grads, optimizer = state_memory(cfg, local, degrees)
+    weights, grads, optimizer = state_memory(cfg, local, degrees, muon_params)
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
@@ -258,14 +267,15 @@ def stage_memory(cfg: RunConfig, index: int, layers: range, local: int, degrees:
         tokens = cfg.train.micro_batch * cfg.data.seq_len // cp
         width = compute_dtype(cfg.precision.mode).itemsize
         acts += tokens * (3 * cfg.model.d_model * width + cfg.model.vocab_size * 4) / tp  # final norm, fp32 log-probs
-    return StagePlan(index, layers, local, weights, grads, optimizer, acts)
+    return StagePlan(index, layers, local, weights, grads, optimizer, acts, muon_params)
 
 
 def format_plan(cfg: RunConfig, world: int, degrees: Degrees, stages: list[StagePlan]) -> str:
     lines = [
         f"{cfg.name} on {world} ranks: {degrees.summary()}, {cfg.parallel.dp_sharding}, "
         f"{cfg.precision.mode}, recompute {cfg.parallel.activation_checkpoint}, micro-batch {cfg.train.micro_batch} x {cfg.data.seq_len}"
-        + (f" ({cfg.data.seq_len // degrees.cp} tokens per cp rank)" if degrees.cp > 1 else ""),
+        + (f" ({cfg.data.seq_len // degrees.cp} tokens per cp rank)" if degrees.cp > 1 else "")
+        + (", Muon on the blocks' matrices" if cfg.optim.name == "muon" else ""),
         f"{'stage':>5} {'layers':>9} {'params/rank':>14} {'weights':>9} {'grads':>9} {'optim':>9} {'activ.':>9} {'total GiB':>10}",
     ]
     for st in stages:

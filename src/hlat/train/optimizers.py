@@ -96,8 +96,9 @@ def _without_empty_groups(optimizer: torch.optim.Optimizer) -> Iterator[None]:
 
 # Param-group entries that say how an update runs on the device that built the optimizer, not what
 # it computes: a checkpoint saved where AdamW is foreach (no fused kernel: Neuron, XPU, MPS, ...)
-# loads into a device where it is fused, and the reverse, so these stay the loading device's.
-_IMPLEMENTATION = ("fused", "foreach", "capturable")
+# loads into a device where it is fused, and the reverse, so these stay the loading device's; so
+# does Muon's Newton-Schulz dtype, the run's choice for its hardware (optim.muon_ns_dtype).
+_IMPLEMENTATION = ("fused", "foreach", "capturable", "ns_dtype")
 
 
 @torch.no_grad()

@@ -1,0 +1,227 @@
+"""Muon on the blocks' hidden matrices and AdamW on the rest, as one optimizer, on any layout.
+
+Muon (torch.optim.Muon's algorithm: Nesterov momentum, then a Newton-Schulz orthogonalisation of
+the whole matrix) needs each matrix whole where it is orthogonalised, while FSDP2, HSDP and tensor
+parallelism leave each rank a shard. The matrices of one shape and layout are stacked and
+redistributed so that each rank holds whole matrices of the stack, a share of them (DTensor's
+shard-to-shard redistribution: an all-to-all); each rank orthogonalises its own and the results
+go back to the parameters' layout the same way. Under DDP every rank holds every matrix: each
+orthogonalises its share and broadcasts it. Under ZeRO-1 each rank steps only the whole
+parameters of its partition. The momentum, weight decay and update are elementwise and run on
+each rank's shards, like hlat's AdamW (hlat.optim.adamw).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import Placement, _StridedShard
+from torch.optim.adamw import adamw
+
+from hlat.config.optim import OptimConfig
+from hlat.dtensor import local_tensor, settled_grad
+from hlat.optim.adamw import decay_groups
+from hlat.parallel.init import canonical_name
+
+# torch.optim.Muon's quintic Newton-Schulz coefficients and norm floor
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+NS_EPS = 1e-7
+
+
+def is_hidden_matrix(name: str, param: Tensor) -> bool:
+    """A 2-D weight inside a transformer block: attention and feed-forward projections."""
+    return param.ndim == 2 and canonical_name(name).startswith("layers.")
+
+
+def muon_groups(model: nn.Module, cfg: OptimConfig) -> list[dict]:
+    """One Muon group (the hidden matrices, decayed) and AdamW's groups for the rest (embeddings,
+    output head, norms), decayed as optim.weight_decay_scope says."""
+    hidden = [p for n, p in model.named_parameters() if p.requires_grad and is_hidden_matrix(n, p)]
+    chosen = {id(p) for p in hidden}
+    rest = []
+    for group in decay_groups(model, cfg):
+        params = [p for p in group["params"] if id(p) not in chosen]
+        if params:
+            rest.append({**group, "params": params, "muon": False})
+    return [{"params": hidden, "weight_decay": cfg.weight_decay, "muon": True}, *rest]
+
+
+def newton_schulz(matrix: Tensor, steps: int, dtype: torch.dtype) -> Tensor:
+    """torch.optim.Muon's orthogonalisation of a 2-D matrix, computed in `dtype` (torch's: bfloat16)."""
+    a, b, c = NS_COEFFICIENTS
+    x = matrix.to(dtype)
+    tall = matrix.size(0) > matrix.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=NS_EPS)  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def adjusted_lr(lr: float, how: str, shape: torch.Size) -> float:
+    """torch.optim.Muon's per-matrix learning rate: "match_rms_adamw" scales the update to AdamW's RMS
+    (Moonshot's rule, so AdamW's learning rate and weight decay carry over); "original" is Keller
+    Jordan's sqrt(max(1, rows / columns))."""
+    rows, cols = shape[:2]
+    return lr * (0.2 * math.sqrt(max(rows, cols)) if how == "match_rms_adamw" else math.sqrt(max(1, rows / cols)))
+
+
+def _stacked(placement: Placement) -> Placement:
+    """`placement` of a matrix, for a stack of such matrices (one more leading dim)."""
+    if isinstance(placement, _StridedShard):
+        return _StridedShard(placement.dim + 1, split_factor=placement.split_factor)
+    if isinstance(placement, Shard):
+        return Shard(placement.dim + 1)
+    return placement
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for the groups marked `muon`, torch's AdamW (same kernel, same state) for the others.
+
+    `spread_group`: the data-parallel group whose ranks hold every plain (not DTensor) matrix
+    alike (DDP), which share out their orthogonalisation; None where each rank steps its own.
+    `found_inf` (a 0-d device tensor, 1 = skip), when set, leaves every weight and state as it was.
+    """
+
+    def __init__(
+        self,
+        params: list[dict],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float = 0.0,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_steps: int = 5,
+        ns_dtype: str = "bfloat16",
+        adjust_lr: str = "match_rms_adamw",
+        lr_scale: float = 1.0,
+        fused: bool = False,
+        spread_group: dist.ProcessGroup | None = None,
+    ):
+        defaults = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+            ns_steps=ns_steps, ns_dtype=ns_dtype, adjust_lr=adjust_lr, lr_scale=lr_scale, fused=fused,
+            foreach=not fused, muon=False,
+        )  # fmt: skip
+        super().__init__(params, defaults)
+        self.spread_group = spread_group
+        self.found_inf: Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                (self._muon_step if group["muon"] else self._adamw_step)(group, params)
+
+    def _adamw_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        on_device = group["fused"]
+        for p in params:
+            state = self.state[p]
+            if not state:
+                device = local_tensor(p).device if on_device else torch.device("cpu")
+                state["step"] = torch.zeros((), dtype=torch.float32, device=device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        states = [self.state[p] for p in params]
+        beta1, beta2 = group["betas"]
+        adamw(
+            [local_tensor(p) for p in params],
+            [local_tensor(settled_grad(p)) for p in params],
+            [local_tensor(s["exp_avg"]) for s in states],
+            [local_tensor(s["exp_avg_sq"]) for s in states],
+            [],
+            [s["step"] for s in states],
+            foreach=group["foreach"], fused=group["fused"], found_inf=self.found_inf if on_device else None,
+            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
+            eps=group["eps"], maximize=False, has_complex=False,
+        )  # fmt: skip
+
+    def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        momentum, lr = group["momentum"], group["lr"] * group["lr_scale"]
+        updates = []
+        for p in params:
+            grad = local_tensor(settled_grad(p))
+            buf = local_tensor(self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)))
+            new_buf = buf.lerp(grad, 1 - momentum)
+            updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
+            self._commit(buf, new_buf)
+        dtype = getattr(torch, group["ns_dtype"])
+        for p, ortho in zip(params, self._orthogonalised(params, updates, group["ns_steps"], dtype)):
+            weights = local_tensor(p)
+            new = weights.mul(1 - lr * group["weight_decay"])
+            new.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr"], p.shape))
+            self._commit(weights, new)
+
+    def _commit(self, target: Tensor, new: Tensor) -> None:
+        """target <- new, unless found_inf says to skip this step (no host sync)."""
+        target.copy_(new if self.found_inf is None else torch.where(self.found_inf.bool(), target, new))
+
+    def _orthogonalised(
+        self, params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype
+    ) -> list[Tensor]:
+        """Each parameter's local part of its whole update matrix orthogonalised, each matrix
+        orthogonalised on one rank."""
+        out: list[Tensor | None] = [None] * len(params)
+        batches: dict[tuple, list[int]] = defaultdict(list)
+        plain = []
+        for i, p in enumerate(params):
+            if isinstance(p, DTensor):
+                batches[(p.device_mesh, tuple(p.placements), tuple(p.shape))].append(i)
+            else:
+                plain.append(i)
+        for (mesh, placements, shape), index in batches.items():
+            stacked = tuple(_stacked(pl) for pl in placements)
+            size = (len(index), *shape)
+            stack = DTensor.from_local(
+                torch.stack([updates[i] for i in index]), mesh, stacked, shape=size, stride=_contiguous(size)
+            )
+            whole = [Shard(0)] * mesh.ndim  # each rank a share of whole matrices
+            mine = stack.redistribute(mesh, whole).to_local()
+            done = torch.stack([newton_schulz(m, steps, dtype) for m in mine]) if len(mine) else mine
+            back = DTensor.from_local(done.to(mine.dtype), mesh, whole, shape=size, stride=_contiguous(size))
+            for k, local in zip(index, back.redistribute(mesh, stacked).to_local().unbind(0)):
+                out[k] = local
+        self._plain(plain, updates, steps, dtype, out)
+        return out  # type: ignore[return-value]
+
+    def _plain(
+        self, index: list[int], updates: list[Tensor], steps: int, dtype: torch.dtype, out: list[Tensor | None]
+    ) -> None:
+        """Whole matrices on every rank of spread_group: rank r orthogonalises every n-th from r and
+        broadcasts it."""
+        group = self.spread_group
+        ranks = 1 if group is None else dist.get_world_size(group)
+        me = 0 if group is None else dist.get_rank(group)
+        for n, i in enumerate(index):
+            owner = n % ranks
+            # contiguous: a tall matrix's result is a transposed view, which a collective sends in memory order
+            ortho = newton_schulz(updates[i], steps, dtype).contiguous() if owner == me else None
+            if ranks > 1:
+                ortho = ortho if ortho is not None else torch.empty_like(updates[i], dtype=dtype)
+                dist.broadcast(ortho, dist.get_global_rank(group, owner), group=group)
+            out[i] = ortho
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+
+
+def muon_kwargs(cfg: OptimConfig, fused: bool) -> dict[str, Any]:
+    """MuonAdamW's hyperparameters (what ZeroRedundancyOptimizer takes): each becomes a param-group
+    entry, saved with the optimizer's state."""
+    return dict(
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, momentum=cfg.muon_momentum,
+        nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps, ns_dtype=cfg.muon_ns_dtype,
+        adjust_lr=cfg.muon_adjust_lr, lr_scale=cfg.muon_lr_scale, fused=fused,
+    )  # fmt: skip
