@@ -1,6 +1,7 @@
 """Muon beside AdamW (hlat.optim.muon) in one process: torch's Muon and AdamW, bit for bit."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from hlat.model import Llama
 from hlat.optim.muon import MuonAdamW, muon_groups, muon_kwargs, newton_schulz
 from hlat.planning.memory import plan
 from hlat.planning.throughput import muon_matrix_shapes
+from hlat.train.optimizers import Optimizers
 
 SMALL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
 MUON = OptimConfig(name="muon", lr=1e-2)
@@ -121,3 +123,18 @@ def test_the_planner_counts_the_matrices_muon_steps():
     assert muon.muon_params == sum(r * c for r, c in muon_matrix_shapes(tiny)) and adamw.muon_params == 0
     # the state of a tiny run (fp32, ddp: unsharded): Adam's two moments less one per Muon weight
     assert adamw.optimizer - muon.optimizer == 4 * muon.muon_params
+
+
+def test_a_resume_keeps_this_runs_newton_schulz_dtype_and_loads_the_momentum():
+    """The dtype is the machine's choice (hlat.train.optimizers._IMPLEMENTATION), the state the run's."""
+    model = Llama(SMALL)
+    saved = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, MUON), **muon_kwargs(MUON, True)))
+    train(model, saved.optimizers, steps=2)
+    fp32 = dataclasses.replace(MUON, muon_ns_dtype="float32")
+    loaded = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, fp32), **muon_kwargs(fp32, True)))
+    loaded.load_sharded_state_dict(saved.sharded_state_dict())
+    assert {g["ns_dtype"] for g in loaded.param_groups} == {"float32"}
+    (want,), (got,) = saved.optimizers, loaded.optimizers
+    for p in model.parameters():
+        for key, value in want.state[p].items():
+            assert torch.equal(got.state[p][key], value), key
