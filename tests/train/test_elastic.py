@@ -92,7 +92,7 @@ def test_unreachable_lighthouse_is_one_line_error(small_corpus, tmp_path):
         timeout=DEADLINE_S,
         env={**os.environ, **SECRET},
     )
-    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.returncode == 2, (done.returncode, done.stderr[-3000:])
     assert (
         done.stderr.strip()
         .splitlines()[-1]
