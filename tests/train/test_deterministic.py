@@ -6,7 +6,9 @@ loader state and the same logged losses: dp 1 on two intra-op threads (accumulat
 dp 2 under DDP, ZeRO-1 and FSDP2 (2 each), dp 4 under ZeRO-2 and HSDP (2 replicas x 2 shards: 1
 each), and FSDP2 on dp 2 to step 4 resumed as ZeRO-1 on dp 4 to step 8. Without the mode, dp 1 and
 FSDP2 on dp 2 differ from the first step. bf16-sr on dp 1 and FSDP2 on dp 2 agree too (4 steps).
-With tensor parallelism 2 held fixed, tp 2 alone and ZeRO-2 and FSDP2 over dp 2 agree the same way. Planted bugs this catches (each tried on the code):
+With tensor parallelism 2 held fixed, tp 2 alone and ZeRO-2 and FSDP2 over dp 2 agree the same way;
+with context parallelism 2, cp 2 alone (replicated and FSDP2) and DDP and FSDP2 over dp 2 (4 steps).
+Planted bugs this catches (each tried on the code):
 the slot order reversed (rank r computing micro-batch r*accum + t), the cross-rank tree replaced
 by a plain all-reduce, and the fp64 norm replaced by the default one. Replay: see its test.
 """
@@ -39,6 +41,8 @@ ARRANGEMENTS = {  # name: (world, extra)
 }
 BF16_SR = ["--precision.mode", "bf16-sr"]
 TP_ARRANGEMENTS = {"det-tp2": (2, ZERO2), "det-tp2-dp2-zero2": (4, ZERO2), "det-tp2-dp2-fsdp": (4, FSDP)}
+CP_STEPS, CP = 4, ["--parallel.cp", "2"]
+CP_ARRANGEMENTS = {"det-cp2": (2, []), "det-cp2-fsdp": (2, FSDP), "det-cp2-dp2": (4, []), "det-cp2-dp2-fsdp": (4, FSDP)}
 SCENARIOS = [
     Scenario("det-dp1", THREADS, 1, {"threads": 2, "steps": STEPS, "extra": ON}),
     *(
@@ -69,6 +73,11 @@ SCENARIOS = [
     *(
         Scenario(name, TRAIN, world, {"steps": STEPS, "extra": [*ON, "--parallel.tp", "2", *extra]})
         for name, (world, extra) in TP_ARRANGEMENTS.items()
+    ),
+    # a fixed context-parallel degree: cp 2 alone, under FSDP2, and over dp 2 (DDP and FSDP2)
+    *(
+        Scenario(name, TRAIN, world, {"steps": CP_STEPS, "extra": [*ON, *CP, *extra]})
+        for name, (world, extra) in CP_ARRANGEMENTS.items()
     ),
     # HLAT's bf16 weights with stochastic rounding: the noise is keyed by an element's global index
     *(
@@ -127,6 +136,18 @@ def test_a_fixed_tensor_parallel_degree_keeps_the_same_bits_over_dp(scenarios: S
         assert losses(scenarios, name) == reference_losses, name
 
 
+def test_a_fixed_context_parallel_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
+    """Each micro-batch's parts on its cp ranks are summed in cp rank order, then the dp tree: the
+    same bits whether FSDP2 sums them in its reduce-scatter over dp x cp or they are summed here."""
+    reference = digests(scenarios, "det-cp2", tmp_path, step=CP_STEPS)
+    reference_losses = losses(scenarios, "det-cp2")
+    assert len(reference_losses) == CP_STEPS
+    for name in CP_ARRANGEMENTS:
+        found = digests(scenarios, name, tmp_path, step=CP_STEPS)
+        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
+        assert losses(scenarios, name) == reference_losses, name
+
+
 def test_bf16_weights_with_stochastic_rounding_keep_the_same_bits(scenarios: ScenarioResults, tmp_path):
     one, two = (digests(scenarios, f"det-bf16sr-{name}", tmp_path, step=4) for name in ("dp1", "dp2-fsdp"))
     assert one.keys() == two.keys() and [k for k in one if one[k] != two[k]] == []
@@ -145,7 +166,8 @@ def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResul
         (["--train.global_batch", "12"], "train.global_batch"),  # 6 micro-batches: no binary tree
         (["--precision.mode", "bf16-sr", "--precision.fp32_grad_accum", "true"], "precision.fp32_grad_accum"),
         (["--parallel.pp", "2"], "parallel.pp"),
-        (["--parallel.cp", "2"], "parallel.cp"),
+        (["--parallel.cp", "2", "--train.replay_every", "1"], "train.replay_every"),  # a cp rank holds a part
+        (["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),
         (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas
     ],
 )

@@ -47,18 +47,29 @@ def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
 
 def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tuple[str, str]]:
     """The rules of a layout: the data-parallel degree a power of two (a subtree of each step's
-    tree); tensor parallelism at any fixed degree; context parallelism and pipelines at 1 for now
-    (docs/reproducibility.md says why)."""
+    tree); tensor and context parallelism at any fixed degree (context parallelism a power of two,
+    under DDP, ZeRO or plain FSDP2, without replay); pipelines at 1 for now (docs/reproducibility.md
+    says why)."""
     if not cfg.train.deterministic:
         return []
     problems = []
-    for name in ("pp", "cp"):
-        if getattr(degrees, name) > 1:
+    if degrees.pp > 1:
+        problems.append(
+            (
+                "parallel.pp",
+                "train.deterministic runs data, tensor and context parallelism only for now; set --parallel.pp 1",
+            )
+        )
+    if degrees.cp > 1:
+        if not _power_of_two(degrees.cp):
             problems.append(
-                (
-                    f"parallel.{name}",
-                    f"train.deterministic runs data and tensor parallelism only for now; set --parallel.{name} 1",
-                )
+                ("parallel.cp", f"train.deterministic sums cp's parts as a binary tree: got cp={degrees.cp}")
+            )
+        if degrees.dp_replicate > 1:
+            problems.append(("parallel.dp_shard", "train.deterministic runs context parallelism without HSDP for now"))
+        if cfg.train.replay_every:
+            problems.append(
+                ("train.replay_every", "replay compares whole micro-batch gradients; a cp rank holds a part: cp 1")
             )
     if not _power_of_two(degrees.dp):
         problems.append(("train.deterministic", f"needs a power-of-two data-parallel degree, got dp={degrees.dp}"))

@@ -138,8 +138,8 @@ class ParallelModel:
     def backward_each(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> Iterator[torch.Tensor]:
         """train.deterministic's accumulation (hlat.train.deterministic): each micro-batch's forward and
         backward on its own, `.grad` holding that micro-batch's gradient alone (as FSDP2 reduced it,
-        or this rank's under replication) when its loss / n_targets is yielded. One process, no
-        pipeline, no context parallelism (hlat.config.deterministic)."""
+        or this rank's under replication; a cp rank's part) when its loss / n_targets is yielded. No
+        pipeline (hlat.config.deterministic)."""
         device = batches[0].tokens.device
         model, params = self.parts[0], self.parameters()
         try:

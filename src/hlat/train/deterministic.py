@@ -61,7 +61,17 @@ class DeterministicTrainModule(TrainModule):
         layout = model.layout
         self.sharded = isinstance(model.parts[0], FSDPModule)  # else each dp rank holds whole tensors
         self.dp_group = layout.group("dp") if layout.dp > 1 else None
-        shard_group = (layout.group("dp_shard") if layout.dp_replicate > 1 else self.dp_group) if self.sharded else None
+        # a micro-batch's parts on its cp ranks, summed in cp rank order before the dp tree (FSDP2
+        # sums them so in its reduce-scatter over dp x cp, dp-major: the same tree)
+        self.cp_group = layout.group("cp") if layout.cp > 1 else None
+        shard_group = (
+            layout.group("dp_shard")
+            if layout.dp_replicate > 1
+            else layout.group("dp_cp")
+            if layout.dp * layout.cp > 1
+            else None
+        )
+        shard_group = shard_group if self.sharded else None
         self.norm = CanonicalNorm(shard_group, layout.group("tp") if layout.tp > 1 else None)
         self.dp = layout.dp
 
@@ -84,6 +94,7 @@ class DeterministicTrainModule(TrainModule):
             if slot == 0 and replaying:
                 digest = self._digest(grads)
             if not self.sharded:
+                ordered_all_reduce_([local_tensor(g) for g in grads], self.cp_group)
                 ordered_all_reduce_([local_tensor(g) for g in grads], self.dp_group)
             sums.add(grads)
             losses.append(loss)
@@ -131,7 +142,9 @@ class DeterministicTrainModule(TrainModule):
         return digest
 
     def _ordered_loss(self, losses: torch.Tensor) -> torch.Tensor:
-        """Each micro-batch's loss share, from every dp rank, summed as a tree in global index order."""
+        """Each micro-batch's loss share (its cp parts summed in cp rank order), from every dp rank,
+        summed as a tree in global index order."""
+        ordered_all_reduce_([losses], self.cp_group)
         if self.dp_group is None:
             return tree_sum(list(losses))
         every = torch.empty(self.dp * losses.numel(), dtype=losses.dtype, device=losses.device)
