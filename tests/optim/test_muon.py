@@ -11,13 +11,19 @@ from hlat.config.model import ModelConfig
 from hlat.config.optim import OptimConfig
 from hlat.errors import ConfigError
 from hlat.model import Llama
-from hlat.optim.muon import MuonAdamW, muon_groups, muon_kwargs, newton_schulz
+from hlat.optim.muon import BF16MuonAdamW, MuonAdamW, muon_class, muon_groups, newton_schulz
 from hlat.planning.memory import plan
 from hlat.planning.throughput import muon_matrix_shapes
+from hlat.precision import cast_parameters
 from hlat.train.optimizers import Optimizers
 
 SMALL = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=64, max_seq_len=16)
 MUON = OptimConfig(name="muon", lr=1e-2)
+
+
+def kwargs(cfg: OptimConfig = MUON, fused: bool = True) -> dict:
+    """MuonAdamW's keyword arguments as hlat builds them, fused or foreach AdamW beside it."""
+    return {**muon_class(cfg)[1], "fused": fused}
 
 
 def names(params: list[torch.Tensor], model: torch.nn.Module) -> set[str]:
@@ -58,7 +64,7 @@ def test_one_process_equals_torch_muon_and_adamw_bit_for_bit(fused: bool):
     torch.manual_seed(0)
     model = Llama(SMALL)
     reference = copy.deepcopy(model)
-    train(model, [MuonAdamW(muon_groups(model, MUON), **muon_kwargs(MUON, fused))])
+    train(model, [MuonAdamW(muon_groups(model, MUON), **kwargs(fused=fused))])
     hidden, *rest = muon_groups(reference, MUON)
     torch_muon = torch.optim.Muon(
         hidden["params"], lr=MUON.lr, weight_decay=MUON.weight_decay, adjust_lr_fn="match_rms_adamw"
@@ -87,7 +93,7 @@ def test_newton_schulz_in_bf16_is_torchs_and_in_fp32_orthogonalises():
 
 def test_a_skipped_step_leaves_weights_and_momentum_as_they_were():
     model = Llama(SMALL)
-    opt = MuonAdamW(muon_groups(model, MUON), **muon_kwargs(MUON, True))
+    opt = MuonAdamW(muon_groups(model, MUON), **kwargs())
     train(model, [opt], steps=1)
     before = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
@@ -103,7 +109,6 @@ def test_a_skipped_step_leaves_weights_and_momentum_as_they_were():
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        (["--precision.mode", "bf16-sr"], "precision.mode"),
         (["--train.deterministic", "true"], "train.deterministic"),
         (["--elastic.enabled", "true"], "elastic.enabled"),
     ],
@@ -128,13 +133,68 @@ def test_the_planner_counts_the_matrices_muon_steps():
 def test_a_resume_keeps_this_runs_newton_schulz_dtype_and_loads_the_momentum():
     """The dtype is the machine's choice (hlat.train.optimizers._IMPLEMENTATION), the state the run's."""
     model = Llama(SMALL)
-    saved = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, MUON), **muon_kwargs(MUON, True)))
+    saved = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, MUON), **kwargs()))
     train(model, saved.optimizers, steps=2)
     fp32 = dataclasses.replace(MUON, muon_ns_dtype="float32")
-    loaded = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, fp32), **muon_kwargs(fp32, True)))
+    loaded = Optimizers([model], lambda part: MuonAdamW(muon_groups(part, fp32), **kwargs(fp32)))
     loaded.load_sharded_state_dict(saved.sharded_state_dict())
     assert {g["ns_dtype"] for g in loaded.param_groups} == {"float32"}
     (want,), (got,) = saved.optimizers, loaded.optimizers
     for p in model.parameters():
         for key, value in want.state[p].items():
             assert torch.equal(got.state[p][key], value), key
+
+
+def bf16_muon(params: list[torch.nn.Parameter], rounding: str, lr: float) -> BF16MuonAdamW:
+    cfg = dataclasses.replace(MUON, lr=lr, weight_decay=0.0)
+    cls, args = muon_class(cfg, rounding, seed=0, compile=False)
+    assert cls is BF16MuonAdamW
+    return cls([{"params": params, "weight_decay": 0.0, "muon": True}], **args)
+
+
+def test_bf16_muon_rounds_to_nearest_what_fp32_muon_computes():
+    gen = torch.Generator().manual_seed(0)
+    weights = torch.randn(32, 48, generator=gen) * 0.05
+    bf16, fp32 = torch.nn.Parameter(weights.bfloat16()), torch.nn.Parameter(weights.bfloat16().float())
+    bf16.grad = torch.randn(32, 48, generator=gen).bfloat16()
+    fp32.grad = bf16.grad.float()
+    bf16_muon([bf16], "nearest", 1e-2).step()
+    cfg = dataclasses.replace(MUON, weight_decay=0.0)
+    MuonAdamW([{"params": [fp32], "weight_decay": 0.0, "muon": True}], **kwargs(cfg)).step()
+    # the same fp32 arithmetic, then one rounding: equal, or one bf16 ulp apart at a tie
+    torch.testing.assert_close(bf16.float(), fp32.detach().bfloat16().float(), rtol=2**-7, atol=0)
+
+
+def test_bf16_muon_keeps_small_updates_only_with_stochastic_rounding():
+    """50 Muon updates of at most ~8e-5 to weights of 1.0 (bf16 steps 2^-8 below 1 and 2^-7
+    above): to nearest every one is lost; stochastically the weights move as fp32's do."""
+    finals = {}
+    for rounding in ("stochastic", "nearest", None):
+        param = torch.nn.Parameter(torch.ones(16, 16, dtype=torch.float32 if rounding is None else torch.bfloat16))
+        if rounding is None:
+            cfg = dataclasses.replace(MUON, lr=1e-4, weight_decay=0.0)
+            opt = MuonAdamW([{"params": [param], "weight_decay": 0.0, "muon": True}], **kwargs(cfg))
+        else:
+            opt = bf16_muon([param], rounding, 1e-4)
+        gen = torch.Generator().manual_seed(1)
+        direction = torch.randn(16, 16, generator=gen)
+        for _ in range(50):
+            param.grad = (direction + 0.1 * torch.randn(16, 16, generator=gen)).to(param.dtype)
+            opt.step()
+        finals[rounding] = param.detach().float() - 1
+    assert torch.count_nonzero(finals["nearest"]) == 0
+    moved = finals["stochastic"] != 0
+    assert moved.float().mean() > 0.05  # measured: 12% of the weights a step away from 1.0
+    agree = torch.sign(finals["stochastic"][moved]) == torch.sign(finals[None][moved])
+    assert agree.float().mean() > 0.9, agree.float().mean()
+
+
+def test_a_bf16_run_casts_and_steps_with_muon():
+    model = cast_parameters(Llama(SMALL), "bf16-sr")
+    cls, args = muon_class(MUON, "stochastic", seed=0, compile=False)
+    optimizer = cls(muon_groups(model, MUON), **args)
+    before = [p.detach().clone() for p in model.parameters()]
+    train(model, [optimizer], steps=2)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    assert all(s["momentum_buffer"].dtype == torch.bfloat16 for s in optimizer.state.values() if "momentum_buffer" in s)

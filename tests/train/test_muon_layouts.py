@@ -6,12 +6,14 @@ resharded from shards of every matrix to whole matrices per rank), continuing th
 Newton-Schulz runs in fp32 so that layouts differ by fp32 rounding only."""
 
 import pytest
+import torch
 
 from hlat.checkpoint.manager import CheckpointManager
 from runs import Scenario, ScenarioResults, assert_weights_match, checkpoint_tensors
 
 TRAIN = "train/layout_runs.py:train"
 MUON = ["--optim.name", "muon", "--optim.muon_ns_dtype", "float32", "--checkpoint.every", "2"]
+BF16_SR = ["--precision.mode", "bf16-sr"]
 LAYOUTS = {  # name: (processes, flags, the run it must equal)
     "tp2": (2, ["--parallel.tp", "2"], "one"),
     "pp2": (2, ["--parallel.pp", "2"], "one"),
@@ -29,6 +31,7 @@ SCENARIOS = [
         Scenario(f"muon-{name}", TRAIN, n, {"steps": 4, "extra": [*MUON, *flags]})
         for name, (n, flags, _) in LAYOUTS.items()
     ),
+    Scenario("muon-bf16sr-fsdp2", TRAIN, 2, {"steps": 4, "extra": [*MUON, *BF16_SR, *LAYOUTS["fsdp2"][1]]}),
     Scenario("muon-fsdp2-first", TRAIN, 2, {"steps": 2, "extra": [*MUON, *LAYOUTS["fsdp2"][1]]}),
     Scenario(
         "muon-fsdp2-resumed-at-zero1",
@@ -65,3 +68,12 @@ def test_muon_checkpoint_resumes_in_another_layout(scenarios: ScenarioResults, t
     assert_weights_match(
         final_state(scenarios, "muon-fsdp2-resumed-at-zero1", tmp_path), final_state(scenarios, "muon-fsdp2", tmp_path)
     )
+
+
+def test_muon_trains_hlats_bf16_weights_with_stochastic_rounding(scenarios: ScenarioResults, tmp_path):
+    """bf16-sr under FSDP2: weights and Muon's momentum stay bf16, and the losses follow fp32's."""
+    fp32, bf16 = (scenarios.json(name, "summary.rank0.json")["losses"] for name in ("muon-fsdp2", "muon-bf16sr-fsdp2"))
+    assert bf16 == pytest.approx(fp32, rel=0.02)
+    state = final_state(scenarios, "muon-bf16sr-fsdp2", tmp_path)
+    assert {v.dtype for k, v in state.items() if k.startswith("model.")} == {torch.bfloat16}
+    assert {v.dtype for k, v in state.items() if k.endswith(".momentum_buffer")} == {torch.bfloat16}

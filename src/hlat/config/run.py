@@ -139,11 +139,6 @@ class RunConfig:
         if self.optim.name != "muon":
             return []
         refused = {
-            "precision.mode": (
-                self.precision.mode in ("bf16", "bf16-sr"),
-                f"{self.precision.mode} rounds AdamW's updates into bf16 weights; Muon's are not yet: "
-                "use --precision.mode fp32 or mixed with Muon",
-            ),
             "elastic.enabled": (
                 self.elastic.enabled,
                 "an elastic group that heals does not carry Muon's momentum yet: use --optim.name adamw",

@@ -26,7 +26,9 @@ from torch.optim.adamw import adamw
 
 from hlat.config.optim import OptimConfig
 from hlat.dtensor import local_tensor, settled_grad
-from hlat.optim.adamw import decay_groups
+from hlat.optim.adamw import adamw_class, decay_groups
+from hlat.optim.bf16_adamw import BF16AdamW, _shard_position, noise_seed
+from hlat.optim.stochastic_round import int32_seed, random_bits, round_to_bf16
 from hlat.parallel.init import canonical_name
 
 # torch.optim.Muon's quintic Newton-Schulz coefficients and norm floor
@@ -81,6 +83,45 @@ def _stacked(placement: Placement) -> Placement:
     if isinstance(placement, Shard):
         return Shard(placement.dim + 1)
     return placement
+
+
+def orthogonalised(
+    params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype, spread_group: dist.ProcessGroup | None
+) -> list[Tensor]:
+    """Each parameter's local part of its whole update matrix orthogonalised, each matrix on one rank.
+    `updates`: the local parts, in the parameters' layouts; `spread_group`: see MuonAdamW."""
+    out: list[Tensor | None] = [None] * len(params)
+    batches: dict[tuple, list[int]] = defaultdict(list)
+    plain = []
+    for i, p in enumerate(params):
+        if isinstance(p, DTensor):
+            batches[(p.device_mesh, tuple(p.placements), tuple(p.shape))].append(i)
+        else:
+            plain.append(i)
+    for (mesh, placements, shape), index in batches.items():
+        stacked = tuple(_stacked(pl) for pl in placements)
+        size = (len(index), *shape)
+        stack = DTensor.from_local(
+            torch.stack([updates[i] for i in index]), mesh, stacked, shape=size, stride=_contiguous(size)
+        )
+        whole = [Shard(0)] * mesh.ndim  # each rank a share of whole matrices
+        mine = stack.redistribute(mesh, whole).to_local()
+        done = torch.stack([newton_schulz(m, steps, dtype) for m in mine]) if len(mine) else mine
+        back = DTensor.from_local(done.to(mine.dtype), mesh, whole, shape=size, stride=_contiguous(size))
+        for k, local in zip(index, back.redistribute(mesh, stacked).to_local().unbind(0)):
+            out[k] = local
+    # whole matrices on every rank of spread_group: rank r orthogonalises every n-th from r, broadcasts it
+    ranks = 1 if spread_group is None else dist.get_world_size(spread_group)
+    me = 0 if spread_group is None else dist.get_rank(spread_group)
+    for n, i in enumerate(plain):
+        owner = n % ranks
+        # contiguous: a tall matrix's result is a transposed view, which a collective sends in memory order
+        ortho = newton_schulz(updates[i], steps, dtype).contiguous() if owner == me else None
+        if ranks > 1:
+            ortho = ortho if ortho is not None else torch.empty_like(updates[i], dtype=dtype)
+            dist.broadcast(ortho, dist.get_global_rank(spread_group, owner), group=spread_group)
+        out[i] = ortho
+    return out  # type: ignore[return-value]
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -157,7 +198,7 @@ class MuonAdamW(torch.optim.Optimizer):
             updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
             self._commit(buf, new_buf)
         dtype = getattr(torch, group["ns_dtype"])
-        for p, ortho in zip(params, self._orthogonalised(params, updates, group["ns_steps"], dtype)):
+        for p, ortho in zip(params, orthogonalised(params, updates, group["ns_steps"], dtype, self.spread_group)):
             weights = local_tensor(p)
             new = weights.mul(1 - lr * group["weight_decay"])
             new.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr"], p.shape))
@@ -167,61 +208,105 @@ class MuonAdamW(torch.optim.Optimizer):
         """target <- new, unless found_inf says to skip this step (no host sync)."""
         target.copy_(new if self.found_inf is None else torch.where(self.found_inf.bool(), target, new))
 
-    def _orthogonalised(
-        self, params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype
-    ) -> list[Tensor]:
-        """Each parameter's local part of its whole update matrix orthogonalised, each matrix
-        orthogonalised on one rank."""
-        out: list[Tensor | None] = [None] * len(params)
-        batches: dict[tuple, list[int]] = defaultdict(list)
-        plain = []
-        for i, p in enumerate(params):
-            if isinstance(p, DTensor):
-                batches[(p.device_mesh, tuple(p.placements), tuple(p.shape))].append(i)
-            else:
-                plain.append(i)
-        for (mesh, placements, shape), index in batches.items():
-            stacked = tuple(_stacked(pl) for pl in placements)
-            size = (len(index), *shape)
-            stack = DTensor.from_local(
-                torch.stack([updates[i] for i in index]), mesh, stacked, shape=size, stride=_contiguous(size)
-            )
-            whole = [Shard(0)] * mesh.ndim  # each rank a share of whole matrices
-            mine = stack.redistribute(mesh, whole).to_local()
-            done = torch.stack([newton_schulz(m, steps, dtype) for m in mine]) if len(mine) else mine
-            back = DTensor.from_local(done.to(mine.dtype), mesh, whole, shape=size, stride=_contiguous(size))
-            for k, local in zip(index, back.redistribute(mesh, stacked).to_local().unbind(0)):
-                out[k] = local
-        self._plain(plain, updates, steps, dtype, out)
-        return out  # type: ignore[return-value]
-
-    def _plain(
-        self, index: list[int], updates: list[Tensor], steps: int, dtype: torch.dtype, out: list[Tensor | None]
-    ) -> None:
-        """Whole matrices on every rank of spread_group: rank r orthogonalises every n-th from r and
-        broadcasts it."""
-        group = self.spread_group
-        ranks = 1 if group is None else dist.get_world_size(group)
-        me = 0 if group is None else dist.get_rank(group)
-        for n, i in enumerate(index):
-            owner = n % ranks
-            # contiguous: a tall matrix's result is a transposed view, which a collective sends in memory order
-            ortho = newton_schulz(updates[i], steps, dtype).contiguous() if owner == me else None
-            if ranks > 1:
-                ortho = ortho if ortho is not None else torch.empty_like(updates[i], dtype=dtype)
-                dist.broadcast(ortho, dist.get_global_rank(group, owner), group=group)
-            out[i] = ortho
-
 
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
 
 
-def muon_kwargs(cfg: OptimConfig, fused: bool) -> dict[str, Any]:
-    """MuonAdamW's hyperparameters (what ZeroRedundancyOptimizer takes): each becomes a param-group
-    entry, saved with the optimizer's state."""
-    return dict(
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, momentum=cfg.muon_momentum,
-        nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps, ns_dtype=cfg.muon_ns_dtype,
-        adjust_lr=cfg.muon_adjust_lr, lr_scale=cfg.muon_lr_scale, fused=fused,
+class BF16MuonAdamW(BF16AdamW):
+    """MuonAdamW for bf16 parameters (precision.mode bf16-sr, bf16): BF16AdamW on the groups not
+    marked `muon`; on the Muon matrices the momentum and the weights are computed in fp32 from
+    their bf16 values and rounded back as BF16AdamW rounds its first moment and weights
+    (stochastically under bf16-sr, with noise keyed by the run's seed, the step, the parameter's
+    name and each element's global index). Skips exactly on `found_inf` as BF16AdamW does."""
+
+    def __init__(
+        self,
+        params: list[dict],
+        *,
+        momentum: float,
+        nesterov: bool,
+        ns_steps: int,
+        ns_dtype: str,
+        adjust_lr: str,
+        lr_scale: float,
+        spread_group: dist.ProcessGroup | None = None,
+        **adamw: Any,
+    ):
+        super().__init__(params, **adamw)
+        muon = dict(
+            momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_dtype=ns_dtype, adjust_lr=adjust_lr,
+            lr_scale=lr_scale, muon=False,
+        )  # fmt: skip
+        self.defaults.update(muon)
+        for group in self.param_groups:
+            for key, value in muon.items():
+                group.setdefault(key, value)
+        self.spread_group = spread_group
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:
+        groups = self.param_groups
+        self.param_groups = [g for g in groups if not g["muon"]]  # BF16AdamW's, with their own noise counters
+        try:
+            super().step()
+        finally:
+            self.param_groups = groups
+        for group in groups:
+            if group["muon"]:
+                group["calls"] += 1
+                params = [p for p in group["params"] if p.grad is not None]
+                if params:
+                    self._muon_step(group, params)
+
+    def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        momentum, lr = group["momentum"], group["lr"] * group["lr_scale"]
+        found_inf: Tensor | None = getattr(self, "found_inf", None)
+        stochastic = group["rounding"] == "stochastic"
+        updates, noises = [], []
+        for i, p in enumerate(params):
+            grad = local_tensor(settled_grad(p)).float()
+            buf = local_tensor(self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)))
+            new_buf = buf.float().lerp(grad, 1 - momentum)
+            updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
+            offset, salt = _shard_position(p)
+            seed = int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), f"muon.{i}"), salt))
+            noise_p, noise_m = random_bits(buf.numel(), offset, seed, buf.device) if stochastic else (None, None)
+            _round_into(buf, new_buf, noise_m, found_inf)
+            noises.append(noise_p)
+        dtype = getattr(torch, group["ns_dtype"])
+        orthos = orthogonalised(params, updates, group["ns_steps"], dtype, self.spread_group)
+        for p, ortho, noise in zip(params, orthos, noises):
+            weights = local_tensor(p)
+            new = (
+                weights.float() * (1 - lr * group["weight_decay"])
+                - adjusted_lr(lr, group["adjust_lr"], p.shape) * ortho.float()
+            )
+            _round_into(weights, new, noise, found_inf)
+
+
+def _round_into(target: Tensor, value: Tensor, noise: Tensor | None, found_inf: Tensor | None) -> None:
+    """bf16 `target` <- fp32 `value` rounded (stochastically with `noise`, flat), unless found_inf is set."""
+    rounded = round_to_bf16(value.reshape(-1), noise).view_as(target)
+    target.copy_(rounded if found_inf is None else torch.where(found_inf.to(target.device) != 0, target, rounded))
+
+
+def muon_class(
+    cfg: OptimConfig,
+    bf16_rounding: str | None = None,
+    seed: int = 0,
+    compile: bool = True,
+    device_type: str = "cpu",
+    model: nn.Module | None = None,
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """(optimizer class, its hyperparameters) for optim.name muon, as hlat.optim.adamw.adamw_class
+    gives AdamW's (what ZeroRedundancyOptimizer takes; each becomes a param-group entry, saved with
+    the optimizer's state): MuonAdamW for fp32 parameters, BF16MuonAdamW for bf16 ones."""
+    muon = dict(
+        momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps,
+        ns_dtype=cfg.muon_ns_dtype, adjust_lr=cfg.muon_adjust_lr, lr_scale=cfg.muon_lr_scale,
     )  # fmt: skip
+    cls, adamw = adamw_class(cfg, bf16_rounding, seed, compile, device_type, model)
+    if cls is BF16AdamW:
+        return BF16MuonAdamW, {**adamw, **muon}
+    return MuonAdamW, {**{k: adamw[k] for k in ("lr", "betas", "eps", "fused")}, **muon}

@@ -22,9 +22,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from hlat.config.optim import OptimConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch
-from hlat.device.record import device_record
 from hlat.optim import adamw_class, build_adamw, decay_groups
-from hlat.optim.muon import MuonAdamW, muon_groups, muon_kwargs
+from hlat.optim.muon import muon_class, muon_groups
 from hlat.parallel.parallelize import ParallelModel
 from hlat.precision import bf16_rounding
 from hlat.train.optimizers import Optimizers
@@ -62,21 +61,16 @@ class TrainModule:
         device = next(iter(model.parameters())).device
 
         def build(part: nn.Module) -> torch.optim.Optimizer:
-            if optim.name == "muon":
-                fused = device_record(device.type).fused_adamw
-                # DDP's ranks hold every matrix alike: they share out Muon's orthogonalisations
-                ddp = model.layout.group("dp") if model.layout.dp > 1 and dp_sharding == "ddp" else None
-                if zero1:
-                    return ZeroRedundancyOptimizer(
-                        muon_groups(part, optim), optimizer_class=MuonAdamW, process_group=model.layout.group("dp"),
-                        **muon_kwargs(optim, fused),
-                    )  # fmt: skip
-                return MuonAdamW(muon_groups(part, optim), **muon_kwargs(optim, fused), spread_group=ddp)
+            muon = optim.name == "muon"
+            cls, kwargs = (muon_class if muon else adamw_class)(optim, rounding, seed, compile, device.type, part)
+            groups = (muon_groups if muon else decay_groups)(part, optim)
             if zero1:
-                cls, kwargs = adamw_class(optim, rounding, seed, compile, device.type, model=part)
                 return ZeroRedundancyOptimizer(
-                    decay_groups(part, optim), optimizer_class=cls, process_group=model.layout.group("dp"), **kwargs
+                    groups, optimizer_class=cls, process_group=model.layout.group("dp"), **kwargs
                 )
+            if muon:  # DDP's ranks hold every matrix alike: they share out Muon's orthogonalisations
+                ddp = model.layout.group("dp") if model.layout.dp > 1 and dp_sharding == "ddp" else None
+                return cls(groups, **kwargs, spread_group=ddp)
             return build_adamw(part, optim, rounding, seed, compile)
 
         self.optimizers = Optimizers(model.parts, build)
