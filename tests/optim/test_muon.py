@@ -13,7 +13,7 @@ from hlat.errors import ConfigError
 from hlat.model import Llama
 from hlat.optim.muon import BF16MuonAdamW, MuonAdamW, muon_class, muon_groups, newton_schulz
 from hlat.planning.memory import plan
-from hlat.planning.throughput import muon_matrix_shapes
+from hlat.planning.throughput import LayoutChoice, System, muon_matrix_shapes, step_time
 from hlat.precision import cast_parameters
 from hlat.train.optimizers import Optimizers
 
@@ -198,3 +198,21 @@ def test_a_bf16_run_casts_and_steps_with_muon():
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
     assert all(s["momentum_buffer"].dtype == torch.bfloat16 for s in optimizer.state.values() if "momentum_buffer" in s)
+
+
+def test_the_planner_times_muon_after_the_backward():
+    """Muon's orthogonalisations add their FLOPs (each shape's matrices shared out over the ranks)
+    and their traffic, and hide none of the data-parallel traffic."""
+    system = System("test", 100.0, 80.0, 8, 100.0, 10.0, "gpu", 0.5)
+    adamw, muon = (
+        load_config("hlat-7b", None, ["--precision.mode", "mixed", "--optim.name", name]) for name in ("adamw", "muon")
+    )
+    for sharding in ("fsdp", "ddp"):
+        layout = LayoutChoice(tp=1, pp=1, dp=64, sharding=sharding, dp_shard=64, micro_batch=1, recompute="selective")
+        a, m = step_time(adamw, 64, system, layout), step_time(muon, 64, system, layout)
+        assert m.compute_s > a.compute_s and m.dp_issued_s > a.dp_issued_s and m.dp_s > a.dp_s, layout
+    many = LayoutChoice(tp=1, pp=1, dp=1024, sharding="fsdp", dp_shard=1024, micro_batch=1, recompute="selective")
+    extra = step_time(muon, 1024, system, many).compute_s - step_time(adamw, 1024, system, many).compute_s
+    # 1,024 ranks, 224 matrices of 3 shapes: the busiest rank orthogonalises one of each shape
+    one_each = sum(4 * min(s) ** 2 * max(s) + 2 * min(s) ** 3 for s in set(muon_matrix_shapes(muon.model)))
+    assert extra == pytest.approx(5 * one_each / (system.peak_tflops * 1e12 * system.efficiency))

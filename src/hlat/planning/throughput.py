@@ -211,9 +211,10 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         tp_s = _seconds(volume, _bandwidth(system, lay.tp))
     cp_s = micro * _ring_s(cfg, lay, system) * model.n_layers / lay.pp
     gather_s, reduce_s, after_s = _data_parallel_s(cfg, lay, system, micro, count_params(model) / (lay.tp * lay.pp))
-    if cfg.optim.name == "muon":  # after the step's backward: nothing to overlap with
-        muon_compute, muon_comm = _muon_s(cfg, lay, system)
-        compute, after_s = compute + muon_compute, after_s + muon_comm
+    # Muon orthogonalises after the step's backward: nothing hides its traffic, and its FLOPs
+    # neither hide the data-parallel traffic nor fill the pipeline's bubble (added at the end)
+    muon_compute, muon_comm = _muon_s(cfg, lay, system) if cfg.optim.name == "muon" else (0.0, 0.0)
+    after_s += muon_comm
     # the last micro-batch's backward: the forward is a third of the FLOPs before recompute
     forward = (executed - recompute_flops_per_token(model, seq, lay.recompute, every_other_mm)) / 3
     hidden = min(reduce_s, compute / micro * (1 - forward / executed))
@@ -225,7 +226,7 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         pp_s = _seconds(2 * micro * virtual * activation / lay.tp, _bandwidth(system, 2 * lay.dp * lay.tp))
         bubble = (compute + tp_s) * (lay.pp - 1) / (micro * virtual)
     return StepTime(
-        compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s,
+        compute + muon_compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s,
         gather_s + reduce_s + after_s,
     )  # fmt: skip
 
@@ -293,16 +294,20 @@ def muon_matrix_shapes(model: ModelConfig) -> list[tuple[int, int]]:
 
 def _muon_s(cfg: RunConfig, lay: LayoutChoice, system: System) -> tuple[float, float]:
     """(compute, traffic) seconds per step on a rank of optim.name muon's orthogonalisations: each
-    Newton-Schulz iteration of an m x n matrix (m <= n) is 4 m^2 n + 2 m^3 FLOPs, on the ranks that
-    share a stage's matrices out; DTensor layouts move each rank's momentum shards to the matrix's
-    owner and the result back (an all-to-all each way, fp32), DDP broadcasts each result."""
+    Newton-Schulz iteration of an m x n matrix (m <= n) is 4 m^2 n + 2 m^3 FLOPs; a stage's matrices
+    of one shape are shared out over the ranks that hold them, so the busiest rank does
+    ceil(count / ranks) of each shape. DTensor layouts move each rank's momentum shards to the
+    matrix's owner and the result back (an all-to-all each way, fp32), DDP broadcasts each result."""
     shapes = muon_matrix_shapes(cfg.model)
     matrices = sum(r * c for r, c in shapes) / lay.pp  # elements on a stage, before tp and dp
-    flops = cfg.optim.muon_ns_steps * sum(4 * min(r, c) ** 2 * max(r, c) + 2 * min(r, c) ** 3 for r, c in shapes)
     shard = lay.dp_shard * lay.cp if lay.sharding in ("zero2", "fsdp") else 1
     plain_ddp = lay.sharding == "ddp" and lay.tp == 1
     sharing = lay.dp if plain_ddp else (lay.dp * lay.cp * lay.tp if lay.sharding != "ddp" else lay.tp)
-    compute = flops / lay.pp / max(1, min(sharing, len(shapes))) / (system.peak_tflops * 1e12 * system.efficiency)
+    busiest = sum(
+        math.ceil(shapes.count(shape) / lay.pp / sharing) * (4 * min(shape) ** 2 * max(shape) + 2 * min(shape) ** 3)
+        for shape in set(shapes)
+    )
+    compute = cfg.optim.muon_ns_steps * busiest / (system.peak_tflops * 1e12 * system.efficiency)
     if plain_ddp:
         ns_bytes = 2 if cfg.optim.muon_ns_dtype == "bfloat16" else 4
         return compute, _seconds((lay.dp - 1) / lay.dp * matrices * ns_bytes, _bandwidth(system, lay.dp))
