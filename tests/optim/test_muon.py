@@ -109,7 +109,6 @@ def test_a_skipped_step_leaves_weights_and_momentum_as_they_were():
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        (["--train.deterministic", "true"], "train.deterministic"),
         (["--elastic.enabled", "true"], "elastic.enabled"),
     ],
 )

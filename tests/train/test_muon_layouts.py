@@ -14,6 +14,8 @@ from runs import Scenario, ScenarioResults, assert_weights_match, checkpoint_ten
 TRAIN = "train/layout_runs.py:train"
 MUON = ["--optim.name", "muon", "--optim.muon_ns_dtype", "float32", "--checkpoint.every", "2"]
 BF16_SR = ["--precision.mode", "bf16-sr"]
+DETERMINISTIC = ["--train.deterministic", "true", "--parallel.compile", "false"]
+DET_LAYOUTS = {"dp1": (1, []), "ddp2": (2, []), "fsdp2": (2, ["--parallel.dp_sharding", "fsdp"])}
 LAYOUTS = {  # name: (processes, flags, the run it must equal)
     "tp2": (2, ["--parallel.tp", "2"], "one"),
     "pp2": (2, ["--parallel.pp", "2"], "one"),
@@ -31,6 +33,10 @@ SCENARIOS = [
         for name, (n, flags, _) in LAYOUTS.items()
     ),
     Scenario("muon-bf16sr-fsdp2", TRAIN, 2, {"steps": 4, "extra": [*MUON, *BF16_SR, *LAYOUTS["fsdp2"][1]]}),
+    *(
+        Scenario(f"muon-det-{name}", TRAIN, n, {"steps": 4, "extra": [*MUON, *DETERMINISTIC, *flags]})
+        for name, (n, flags) in DET_LAYOUTS.items()
+    ),
     Scenario("muon-fsdp2-first", TRAIN, 2, {"steps": 2, "extra": [*MUON, *LAYOUTS["fsdp2"][1]]}),
     Scenario(
         "muon-fsdp2-resumed-at-zero1",
@@ -76,3 +82,18 @@ def test_muon_trains_hlats_bf16_weights_with_stochastic_rounding(scenarios: Scen
     state = final_state(scenarios, "muon-bf16sr-fsdp2", tmp_path)
     assert {v.dtype for k, v in state.items() if k.startswith("model.")} == {torch.bfloat16}
     assert {v.dtype for k, v in state.items() if k.endswith(".momentum_buffer")} == {torch.bfloat16}
+
+
+def test_muon_keeps_the_deterministic_modes_bits_over_dp(scenarios: ScenarioResults, tmp_path):
+    """train.deterministic with Muon: dp 1, DDP (each rank orthogonalising its share) and FSDP2
+    (stacks shared out) save the same bits: the mode's sums give every layout the same gradients,
+    and a matrix's Newton-Schulz is the same on whichever rank runs it."""
+    digests = {}
+    for name in DET_LAYOUTS:
+        state = final_state(scenarios, f"muon-det-{name}", tmp_path)
+        digests[name] = {k: v.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() for k, v in state.items()}
+    assert any(k.endswith(".momentum_buffer") for k in digests["dp1"])
+    for name in ("ddp2", "fsdp2"):
+        assert [k for k in digests["dp1"] if digests[name].get(k) != digests["dp1"][k]] == [], name
+    one, *others = (scenarios.json(f"muon-det-{name}", "summary.rank0.json")["losses"] for name in DET_LAYOUTS)
+    assert all(losses == one for losses in others)
