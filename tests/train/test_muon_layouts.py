@@ -1,9 +1,10 @@
 """`hlat train --optim.name muon` trains the same weights on every kind of layout, 4 steps of the
-tiny model: TP, PP and CP what one process trains; FSDP2, ZeRO-1, FSDP2 x TP (strided shards) and
-HSDP (2 replicas of 1 shard) what DDP trains at the same dp (it reads the same data, and orthogonalises whole matrices as one
-process does, each rank its share, broadcast); and a checkpoint of FSDP2 resumes under ZeRO-1 (momentum
-resharded from shards of every matrix to whole matrices per rank), continuing the FSDP2 run.
-Newton-Schulz runs in fp32 so that layouts differ by fp32 rounding only."""
+tiny model: TP, PP and CP what one process trains; FSDP2, ZeRO-1, ZeRO-2, FSDP2 x TP (strided
+shards) and HSDP (2 replicas of 1 shard) what DDP trains at the same dp (it reads the same data, and
+orthogonalises whole matrices as one process does, each rank its share, broadcast); and a
+checkpoint of FSDP2 resumes under ZeRO-1 (momentum resharded from shards of every matrix to whole
+matrices per rank), continuing the FSDP2 run. Newton-Schulz runs in fp32 so that layouts differ by
+fp32 rounding only."""
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ LAYOUTS = {  # name: (processes, flags, the run it must equal)
     "cp2": (2, ["--parallel.cp", "2"], "one"),
     "fsdp2": (2, ["--parallel.dp_sharding", "fsdp"], "ddp2"),
     "zero1": (2, ["--parallel.dp_sharding", "zero1"], "ddp2"),
+    "zero2": (2, ["--parallel.dp_sharding", "zero2"], "ddp2"),
     "fsdp2xtp2": (4, ["--parallel.tp", "2", "--parallel.dp_sharding", "fsdp"], "ddp2"),
     "hsdp2x1": (2, ["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "ddp2"),  # 2 replicas
 }
