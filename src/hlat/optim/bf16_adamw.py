@@ -95,7 +95,7 @@ def _as_tensor(value: int | float, device: torch.device, dtype: torch.dtype) -> 
     return torch.tensor(value, dtype=dtype).to(device, non_blocking=True)
 
 
-def _shard_position(p: torch.Tensor) -> tuple[int, int]:
+def shard_position(p: torch.Tensor) -> tuple[int, int]:
     """(global flat index of this rank's first element, salt for the noise seed).
 
     Row-sharded (Shard(0)) and replicated tensors hold a contiguous range of the full tensor: the
@@ -198,7 +198,7 @@ class BF16AdamW(torch.optim.Optimizer):
                         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     step = state["step"].add_(1 - skip)
-                    offset, salt = _shard_position(p)
+                    offset, salt = shard_position(p)
                     lr, seed = (
                         group["lr"],
                         int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), position), salt)),

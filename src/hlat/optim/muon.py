@@ -8,7 +8,8 @@ shard-to-shard redistribution: an all-to-all); each rank orthogonalises its own 
 go back to the parameters' layout the same way. Under DDP every rank holds every matrix: each
 orthogonalises its share and broadcasts it. Under ZeRO-1 each rank steps only the whole
 parameters of its partition. The momentum, weight decay and update are elementwise and run on
-each rank's shards, like hlat's AdamW (hlat.optim.adamw).
+each rank's shards, like hlat's AdamW (hlat.optim.adamw); BF16MuonAdamW does the same for bf16
+weights, rounding each update as hlat.optim.bf16_adamw rounds AdamW's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from torch.optim.adamw import adamw
 from hlat.config.optim import OptimConfig
 from hlat.dtensor import local_tensor, settled_grad
 from hlat.optim.adamw import adamw_class, decay_groups
-from hlat.optim.bf16_adamw import BF16AdamW, _shard_position, noise_seed
+from hlat.optim.bf16_adamw import BF16AdamW, noise_seed, shard_position
 from hlat.optim.stochastic_round import int32_seed, random_bits, round_to_bf16
 from hlat.parallel.init import canonical_name
 
@@ -269,7 +270,7 @@ class BF16MuonAdamW(BF16AdamW):
             buf = local_tensor(self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)))
             new_buf = buf.float().lerp(grad, 1 - momentum)
             updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
-            offset, salt = _shard_position(p)
+            offset, salt = shard_position(p)
             seed = int32_seed(noise_seed(group["seed"], group["calls"], self.names.get(id(p), f"muon.{i}"), salt))
             noise_p, noise_m = random_bits(buf.numel(), offset, seed, buf.device) if stochastic else (None, None)
             _round_into(buf, new_buf, noise_m, found_inf)
