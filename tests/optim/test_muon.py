@@ -23,7 +23,7 @@ MUON = OptimConfig(name="muon", lr=1e-2)
 
 def kwargs(cfg: OptimConfig = MUON, fused: bool = True) -> dict:
     """MuonAdamW's keyword arguments as hlat builds them, fused or foreach AdamW beside it."""
-    return {**muon_class(cfg)[1], "fused": fused}
+    return {**muon_class(cfg)[1], "fused": fused, "foreach": not fused}
 
 
 def names(params: list[torch.Tensor], model: torch.nn.Module) -> set[str]:

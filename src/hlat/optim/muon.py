@@ -23,11 +23,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
-from torch.optim.adamw import adamw
 
 from hlat.config.optim import OptimConfig
 from hlat.dtensor import local_tensor, settled_grad
-from hlat.optim.adamw import adamw_class, decay_groups
+from hlat.optim.adamw import ShardwiseAdamW, adamw_class, decay_groups
 from hlat.optim.bf16_adamw import BF16AdamW, noise_seed, shard_position
 from hlat.optim.stochastic_round import int32_seed, random_bits, round_to_bf16
 from hlat.parallel.init import canonical_name
@@ -86,6 +85,10 @@ def _stacked(placement: Placement) -> Placement:
     return placement
 
 
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
+
+
 def orthogonalised(
     params: list[Tensor], updates: list[Tensor], steps: int, dtype: torch.dtype, spread_group: dist.ProcessGroup | None
 ) -> list[Tensor]:
@@ -125,101 +128,12 @@ def orthogonalised(
     return out  # type: ignore[return-value]
 
 
-class MuonAdamW(torch.optim.Optimizer):
-    """Muon for the groups marked `muon`, torch's AdamW (same kernel, same state) for the others.
-
-    `spread_group`: the data-parallel group whose ranks hold every plain (not DTensor) matrix
-    alike (DDP), which share out their orthogonalisation; None where each rank steps its own.
-    `found_inf` (a 0-d device tensor, 1 = skip), when set, leaves every weight and state as it was.
-    """
-
-    def __init__(
-        self,
-        params: list[dict],
-        *,
-        lr: float,
-        betas: tuple[float, float],
-        eps: float,
-        weight_decay: float = 0.0,
-        momentum: float = 0.95,
-        nesterov: bool = True,
-        ns_steps: int = 5,
-        ns_dtype: str = "bfloat16",
-        adjust_lr: str = "match_rms_adamw",
-        lr_scale: float = 1.0,
-        fused: bool = False,
-        spread_group: dist.ProcessGroup | None = None,
-    ):
-        defaults = dict(
-            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-            ns_steps=ns_steps, ns_dtype=ns_dtype, adjust_lr=adjust_lr, lr_scale=lr_scale, fused=fused,
-            foreach=not fused, muon=False,
-        )  # fmt: skip
-        super().__init__(params, defaults)
-        self.spread_group = spread_group
-        self.found_inf: Tensor | None = None
-
-    @torch.no_grad()
-    def step(self, closure: None = None) -> None:
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                (self._muon_step if group["muon"] else self._adamw_step)(group, params)
-
-    def _adamw_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        on_device = group["fused"]
-        for p in params:
-            state = self.state[p]
-            if not state:
-                device = local_tensor(p).device if on_device else torch.device("cpu")
-                state["step"] = torch.zeros((), dtype=torch.float32, device=device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        states = [self.state[p] for p in params]
-        beta1, beta2 = group["betas"]
-        adamw(
-            [local_tensor(p) for p in params],
-            [local_tensor(settled_grad(p)) for p in params],
-            [local_tensor(s["exp_avg"]) for s in states],
-            [local_tensor(s["exp_avg_sq"]) for s in states],
-            [],
-            [s["step"] for s in states],
-            foreach=group["foreach"], fused=group["fused"], found_inf=self.found_inf if on_device else None,
-            amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=group["weight_decay"],
-            eps=group["eps"], maximize=False, has_complex=False,
-        )  # fmt: skip
-
-    def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        momentum, lr = group["momentum"], group["lr"] * group["lr_scale"]
-        updates = []
-        for p in params:
-            grad = local_tensor(settled_grad(p))
-            buf = local_tensor(self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)))
-            new_buf = buf.lerp(grad, 1 - momentum)
-            updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
-            self._commit(buf, new_buf)
-        dtype = getattr(torch, group["ns_dtype"])
-        for p, ortho in zip(params, orthogonalised(params, updates, group["ns_steps"], dtype, self.spread_group)):
-            weights = local_tensor(p)
-            new = weights.mul(1 - lr * group["weight_decay"])
-            new.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr"], p.shape))
-            self._commit(weights, new)
-
-    def _commit(self, target: Tensor, new: Tensor) -> None:
-        """target <- new, unless found_inf says to skip this step (no host sync)."""
-        target.copy_(new if self.found_inf is None else torch.where(self.found_inf.bool(), target, new))
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[i + 1 :]) for i in range(len(shape)))
-
-
-class BF16MuonAdamW(BF16AdamW):
-    """MuonAdamW for bf16 parameters (precision.mode bf16-sr, bf16): BF16AdamW on the groups not
-    marked `muon`; on the Muon matrices the momentum and the weights are computed in fp32 from
-    their bf16 values and rounded back as BF16AdamW rounds its first moment and weights
-    (stochastically under bf16-sr, with noise keyed by the run's seed, the step, the parameter's
-    name and each element's global index). Skips exactly on `found_inf` as BF16AdamW does."""
+class _MuonSteps:
+    """Muon on the param groups marked `muon`, beside an AdamW class (the next base) that steps the
+    others as it always does: its kernel, its state, its skip on `found_inf`. A subclass writes
+    one group's Muon update (`_muon_step`). `spread_group`: the data-parallel group whose ranks
+    hold every plain (not DTensor) matrix alike (DDP), which share out their orthogonalisation;
+    None where each rank steps its own."""
 
     def __init__(
         self,
@@ -234,33 +148,80 @@ class BF16MuonAdamW(BF16AdamW):
         spread_group: dist.ProcessGroup | None = None,
         **adamw: Any,
     ):
-        super().__init__(params, **adamw)
+        super().__init__(params, **adamw)  # type: ignore[call-arg]
         muon = dict(
             momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, ns_dtype=ns_dtype, adjust_lr=adjust_lr,
             lr_scale=lr_scale, muon=False,
         )  # fmt: skip
-        self.defaults.update(muon)
-        for group in self.param_groups:
+        self.defaults.update(muon)  # type: ignore[attr-defined]
+        for group in self.param_groups:  # type: ignore[attr-defined]
             for key, value in muon.items():
                 group.setdefault(key, value)
         self.spread_group = spread_group
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:
-        groups = self.param_groups
-        self.param_groups = [g for g in groups if not g["muon"]]  # BF16AdamW's, with their own noise counters
+        groups = self.param_groups  # type: ignore[has-type]
+        self.param_groups = [g for g in groups if not g["muon"]]  # AdamW's, as its class steps them
         try:
-            super().step()
+            super().step()  # type: ignore[misc]
         finally:
             self.param_groups = groups
         for group in groups:
             if group["muon"]:
-                group["calls"] += 1
                 params = [p for p in group["params"] if p.grad is not None]
                 if params:
                     self._muon_step(group, params)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A loaded state_dict: the AdamW class fixes up its own groups (torch's Adam expects a
+        `step` in every parameter's state; Muon's hold a momentum only)."""
+        groups = state["param_groups"]
+        super().__setstate__({**state, "param_groups": [g for g in groups if not g["muon"]]})  # type: ignore[misc]
+        self.param_groups = groups
+
     def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        raise NotImplementedError
+
+    def _orthogonalised(self, group: dict[str, Any], params: list[Tensor], updates: list[Tensor]) -> list[Tensor]:
+        return orthogonalised(params, updates, group["ns_steps"], getattr(torch, group["ns_dtype"]), self.spread_group)
+
+
+class MuonAdamW(_MuonSteps, ShardwiseAdamW):
+    """Muon for the groups marked `muon`, torch's AdamW (hlat's ShardwiseAdamW) for the others.
+    `found_inf` (a 0-d device tensor, 1 = skip), set where AdamW is fused, leaves every weight and
+    state as it was."""
+
+    def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        momentum, lr = group["momentum"], group["lr"] * group["lr_scale"]
+        updates = []
+        for p in params:
+            grad = local_tensor(settled_grad(p))
+            buf = local_tensor(self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)))
+            new_buf = buf.lerp(grad, 1 - momentum)
+            updates.append(grad.lerp(new_buf, momentum) if group["nesterov"] else new_buf)
+            self._commit(buf, new_buf)
+        for p, ortho in zip(params, self._orthogonalised(group, params, updates)):
+            weights = local_tensor(p)
+            new = weights.mul(1 - lr * group["weight_decay"])
+            new.add_(ortho, alpha=-adjusted_lr(lr, group["adjust_lr"], p.shape))
+            self._commit(weights, new)
+
+    def _commit(self, target: Tensor, new: Tensor) -> None:
+        """target <- new, unless found_inf says to skip this step (no host sync)."""
+        found_inf = getattr(self, "found_inf", None)
+        target.copy_(new if found_inf is None else torch.where(found_inf.bool(), target, new))
+
+
+class BF16MuonAdamW(_MuonSteps, BF16AdamW):
+    """MuonAdamW for bf16 parameters (precision.mode bf16-sr, bf16): BF16AdamW on the groups not
+    marked `muon`; on the Muon matrices the momentum and the weights are computed in fp32 from
+    their bf16 values and rounded back as BF16AdamW rounds its first moment and weights
+    (stochastically under bf16-sr, with noise keyed by the run's seed, the step, the parameter's
+    name and each element's global index). Skips exactly on `found_inf` as BF16AdamW does."""
+
+    def _muon_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        group["calls"] += 1  # keys the rounding noise, as BF16AdamW counts its groups' calls
         momentum, lr = group["momentum"], group["lr"] * group["lr_scale"]
         found_inf: Tensor | None = getattr(self, "found_inf", None)
         stochastic = group["rounding"] == "stochastic"
@@ -275,9 +236,7 @@ class BF16MuonAdamW(BF16AdamW):
             noise_p, noise_m = random_bits(buf.numel(), offset, seed, buf.device) if stochastic else (None, None)
             _round_into(buf, new_buf, noise_m, found_inf)
             noises.append(noise_p)
-        dtype = getattr(torch, group["ns_dtype"])
-        orthos = orthogonalised(params, updates, group["ns_steps"], dtype, self.spread_group)
-        for p, ortho, noise in zip(params, orthos, noises):
+        for p, ortho, noise in zip(params, self._orthogonalised(group, params, updates), noises):
             weights = local_tensor(p)
             new = (
                 weights.float() * (1 - lr * group["weight_decay"])
@@ -308,6 +267,4 @@ def muon_class(
         ns_dtype=cfg.muon_ns_dtype, adjust_lr=cfg.muon_adjust_lr, lr_scale=cfg.muon_lr_scale,
     )  # fmt: skip
     cls, adamw = adamw_class(cfg, bf16_rounding, seed, compile, device_type, model)
-    if cls is BF16AdamW:
-        return BF16MuonAdamW, {**adamw, **muon}
-    return MuonAdamW, {**{k: adamw[k] for k in ("lr", "betas", "eps", "fused")}, **muon}
+    return (BF16MuonAdamW if cls is BF16AdamW else MuonAdamW), {**adamw, **muon}
