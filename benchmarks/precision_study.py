@@ -32,7 +32,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ import torch
 import hlat.parallel.parallelize as parallelize
 from hlat import precision
 from hlat.config.load import load_config
+from hlat.metrics.cpu_peak import has_native_bf16, read_cpu_facts
 from hlat.model import count_params
 from hlat.optim.schedule import lr_multiplier
 from hlat.train.trainer import Trainer
@@ -61,11 +61,7 @@ TAIL = 0.2  # the tail: evaluations in the last fifth of the steps, where the LR
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
+    return has_native_bf16(read_cpu_facts().flags)
 
 
 def install_emulation(device: torch.device) -> bool:
@@ -221,16 +217,11 @@ def plot(runs: list[dict], modes: list[str], path: Path, title: str) -> None:
 
 
 def environment(args: argparse.Namespace, device: torch.device, emulated: bool, runs: list[dict]) -> dict:
-    cpuinfo = Path("/proc/cpuinfo")
-    model = next(
-        (line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")),
-        "?",
-    ) if cpuinfo.exists() else platform.processor()  # fmt: skip
     return {
         "date": datetime.date.today().isoformat(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu_model": model,
+        "cpu_model": read_cpu_facts().model,
         "cpu_bf16_units": cpu_has_bf16(),
         "cores": os.cpu_count(),
         "device": device.type,

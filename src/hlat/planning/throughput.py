@@ -40,6 +40,7 @@ the chip's share of the network; an unknown intra-node bandwidth (0) counts that
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 from hlat.config.model import ModelConfig
@@ -304,8 +305,8 @@ def _muon_s(cfg: RunConfig, lay: LayoutChoice, system: System) -> tuple[float, f
     plain_ddp = lay.sharding == "ddp" and lay.tp == 1
     sharing = lay.dp if plain_ddp else (lay.dp * lay.cp * lay.tp if lay.sharding != "ddp" else lay.tp)
     busiest = sum(
-        math.ceil(shapes.count(shape) / lay.pp / sharing) * (4 * min(shape) ** 2 * max(shape) + 2 * min(shape) ** 3)
-        for shape in set(shapes)
+        math.ceil(count / lay.pp / sharing) * (4 * min(shape) ** 2 * max(shape) + 2 * min(shape) ** 3)
+        for shape, count in Counter(shapes).items()
     )
     compute = cfg.optim.muon_ns_steps * busiest / (system.peak_tflops * 1e12 * system.efficiency)
     if plain_ddp:

@@ -64,14 +64,8 @@ class DeterministicTrainModule(TrainModule):
         # a micro-batch's parts on its cp ranks, summed in cp rank order before the dp tree (FSDP2
         # sums them so in its reduce-scatter over dp x cp, dp-major: the same tree)
         self.cp_group = layout.group("cp") if layout.cp > 1 else None
-        shard_group = (
-            layout.group("dp_shard")
-            if layout.dp_replicate > 1
-            else layout.group("dp_cp")
-            if layout.dp * layout.cp > 1
-            else None
-        )
-        shard_group = shard_group if self.sharded else None
+        # FSDP2's shard group: within a replica under HSDP, else dp x cp (CanonicalNorm skips one of 1 rank)
+        shard_group = layout.group("dp_shard" if layout.dp_replicate > 1 else "dp_cp") if self.sharded else None
         self.norm = CanonicalNorm(shard_group, layout.group("tp") if layout.tp > 1 else None)
         self.dp = layout.dp
 
@@ -94,8 +88,9 @@ class DeterministicTrainModule(TrainModule):
             if slot == 0 and replaying:
                 digest = self._digest(grads)
             if not self.sharded:
-                ordered_all_reduce_([local_tensor(g) for g in grads], self.cp_group)
-                ordered_all_reduce_([local_tensor(g) for g in grads], self.dp_group)
+                local = [local_tensor(g) for g in grads]
+                for group in (self.cp_group, self.dp_group):
+                    ordered_all_reduce_(local, group)
             sums.add(grads)
             losses.append(loss)
         for param, grad in zip(params, sums.total()):
