@@ -37,6 +37,7 @@ CHOICES = {  # every fixed-choice field and its values, in the order the message
     "precision.reduce_dtype": ("fp32", "bf16"),
     "recovery.nonfinite": ("skip", "rollback", "error"),
     "recovery.spike_action": ("skip", "rollback", "error"),
+    "recovery.wrong_computation": ("stop", "exclude"),
     "parallel.dp_sharding": ("ddp", "zero1", "zero2", "fsdp"),
     "parallel.pp_schedule": ("1f1b", "interleaved-1f1b", "gpipe"),
     "parallel.activation_checkpoint": ("none", "selective", "op", "full"),

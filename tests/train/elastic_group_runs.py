@@ -24,8 +24,17 @@ ELASTIC = [
 ]  # fmt: skip
 
 
-def start_group(corpus: Path, run: Path, server, group: int, *extra: str, min_groups: int = 1, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
+def start_group(
+    corpus: Path,
+    run: Path,
+    server,
+    group: int,
+    *extra: str,
+    min_groups: int = 1,
+    elastic: list[str] = ELASTIC,
+    **env: str,
+):
+    args = tiny_args(corpus, run / f"group{group}", *elastic, *extra)
     args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
     args += ["--elastic.min_groups", str(min_groups)]
     log = run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log"
@@ -111,3 +120,33 @@ def killed_restarted(ctx: ScenarioContext) -> None:
         for proc, run in {procs[0]: faulty, restarted: faulty, reference: straight, **others}.items():
             wait(proc, run)
     (ctx.out / "pids.json").write_text(json.dumps({"dead": sorted(dead), "survivors": sorted(survivors)}))
+
+
+def replay_wrong_computation(ctx: ScenarioContext, steps: int, extra: list[str]) -> None:
+    """Under train.deterministic with replay every step (`extra`: its flags), two runs of two groups
+    of two FSDP2 ranks, a bit flipped in group 1's rank 1 at step 2: under ctx.out/exclude
+    (recovery.wrong_computation exclude) and ctx.out/stop, side by side. exits.json: each group's
+    exit status."""
+    elastic = [
+        "--train.steps", str(steps), "--parallel.compile", "false", "--parallel.dp_sharding", "fsdp",
+        "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60",
+        "--elastic.secret_env", "HLAT_TEST_RUN_SECRET", *extra,
+    ]  # fmt: skip
+    hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS}"}
+    flip = {"HLAT_FAULT": "flip:2:1"}
+    runs = {action: ctx.out / action for action in ("exclude", "stop")}
+    servers = {action: lighthouse(1) for action in runs}
+    started: list = []
+    with outside(ctx), ending(started), contextlib.ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.shutdown)
+        procs = {}
+        for action, run in runs.items():
+            run.mkdir()
+            for g in range(GROUPS):
+                args = ["--recovery.wrong_computation", action]
+                env = {**hold, **(flip if g == 1 else {})}
+                procs[action, g] = start_group(ctx.corpus, run, servers[action], g, *args, elastic=elastic, **env)
+        started += procs.values()
+        exits = {f"{action}/group{g}": proc.wait(timeout=DEADLINE_S) for (action, g), proc in procs.items()}
+    (ctx.out / "exits.json").write_text(json.dumps(exits))

@@ -53,8 +53,10 @@ def lighthouse(min_groups: int):
     return LighthouseServer(bind="[::]:0", min_replicas=min_groups, join_timeout_ms=10_000, heartbeat_timeout_ms=1500)
 
 
-def start_group(corpus: Path, run: Path, server, group: int, min_groups: int, *extra: str, **env: str):
-    args = tiny_args(corpus, run / f"group{group}", *ELASTIC, *extra)
+def start_group(
+    corpus: Path, run: Path, server, group: int, min_groups: int, *extra: str, elastic: list[str] = ELASTIC, **env: str
+):
+    args = tiny_args(corpus, run / f"group{group}", *elastic, *extra)
     args += ["--elastic.lighthouse", server.address(), "--elastic.group", str(group)]
     args += ["--elastic.min_groups", str(min_groups)]
     log = open(run / f"group{group}.{len(list(run.glob(f'group{group}.*.log')))}.log", "w")
@@ -148,6 +150,38 @@ def killed_restarted(ctx: ScenarioContext) -> None:
         for proc in (procs[0], procs[2], restarted, reference):
             wait(proc, faulty if proc is not reference else straight)
     (ctx.out / "pids.json").write_text(json.dumps({"groups": [p.pid for p in procs], "restarted": restarted.pid}))
+
+
+def deterministic(ctx: ScenarioContext, steps: int, kill: int, extra: list[str]) -> None:
+    """Three groups of one process under train.deterministic (`extra`: its flags) in ctx.out: group
+    1 killed before step `kill`, groups 0 and 2 alone for two steps, group 1 restarted (it heals
+    from a survivor) and all three to `steps`. The global batch is tiny_args' 4 micro-batches:
+    1, 1 and 2 for three groups present, 2 and 2 for two."""
+    server = lighthouse(1)
+    elastic = [
+        "--train.steps", str(steps), "--parallel.compile", "false", "--elastic.enabled", "true",
+        "--elastic.max_groups", "3", "--elastic.timeout_s", "60", "--elastic.secret_env", "HLAT_TEST_RUN_SECRET",
+        *extra,
+    ]  # fmt: skip
+    hold = {"HLAT_ELASTIC_HOLD": f"1:3,{kill + 2}:3"}  # all at step 1, and again once group 1 is back
+    fault = {"HLAT_FAULT": f"step:{kill}:0", "HLAT_FAULT_MARKER": str(ctx.out / "killed")}
+    started: list[subprocess.Popen] = []
+    with outside(ctx), ending(started), contextlib.ExitStack() as servers:
+        servers.callback(server.shutdown)
+        procs = [
+            start_group(ctx.corpus, ctx.out, server, g, 1, elastic=elastic, **hold, **(fault if g == 1 else {}))
+            for g in range(3)
+        ]
+        started += procs
+        assert procs[1].wait(timeout=DEADLINE_S) == -9, "group 1 was not killed"
+        deadline = time.monotonic() + DEADLINE_S
+        while not any(r["step"] == kill + 1 for r in records(ctx.out)):  # the others trained two steps without it
+            assert time.monotonic() < deadline and procs[0].poll() is None and procs[2].poll() is None, "stopped"
+            time.sleep(0.2)
+        restarted = start_group(ctx.corpus, ctx.out, server, 1, 1, elastic=elastic, **hold)
+        started.append(restarted)
+        for proc in (procs[0], procs[2], restarted):
+            wait(proc, ctx.out)
 
 
 def hung_group(ctx: ScenarioContext) -> None:

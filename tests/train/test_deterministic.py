@@ -42,6 +42,11 @@ ARRANGEMENTS = {  # name: (world, extra)
 BF16_SR = ["--precision.mode", "bf16-sr"]
 TP_ARRANGEMENTS = {"det-tp2": (2, ZERO2), "det-tp2-dp2-zero2": (4, ZERO2), "det-tp2-dp2-fsdp": (4, FSDP)}
 CP_STEPS, CP = 4, ["--parallel.cp", "2"]
+ELASTIC, REPLAY_GROUPS = "det-elastic-killed-restarted", "replay-elastic-groups"
+ELASTIC_GROUPS = [
+    "--elastic.enabled", "true", "--elastic.lighthouse", "localhost:1", "--elastic.group", "0",
+    "--elastic.trusted_network", "true", "--elastic.max_groups",
+]  # fmt: skip
 CP_ARRANGEMENTS = {"det-cp2": (2, []), "det-cp2-fsdp": (2, FSDP), "det-cp2-dp2": (4, []), "det-cp2-dp2-fsdp": (4, FSDP)}
 SCENARIOS = [
     Scenario("det-dp1", THREADS, 1, {"threads": 2, "steps": STEPS, "extra": ON}),
@@ -84,21 +89,31 @@ SCENARIOS = [
         Scenario(f"det-bf16sr-{name}", TRAIN, world, {"steps": 4, "extra": [*ON, *BF16_SR, *extra]})
         for name, world, extra in (("dp1", 1, []), ("dp2-fsdp", 2, FSDP))
     ),
+    # three elastic groups of one process each: group 1 killed before step 3, restarted after step 4
+    Scenario(ELASTIC, "train/elastic_runs.py:deterministic", 1, {"steps": STEPS, "kill": 3, "extra": ON}, waiting=True),
+    # replay inside two elastic groups of two FSDP2 ranks, group 1 computing wrong at step 2
+    Scenario(
+        REPLAY_GROUPS,
+        "train/elastic_group_runs.py:replay_wrong_computation",
+        1,
+        {"steps": MIDDLE, "extra": [*ON, "--train.replay_every", "1"]},
+        waiting=True,
+    ),
     Scenario("plain-dp1", TRAIN, 1, {"steps": 1, "extra": ["--parallel.compile", "false"]}),
     Scenario("plain-dp2-fsdp", TRAIN, 2, {"steps": 1, "extra": ["--parallel.compile", "false", *FSDP]}),
 ]
 
 
-def digests(scenarios: ScenarioResults, name: str, tmp_path, step: int = STEPS) -> dict[str, str]:
-    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{step:08d}"
+def digests(scenarios: ScenarioResults, name: str, tmp_path, step: int = STEPS, run: str = "run") -> dict[str, str]:
+    checkpoint = scenarios.path(name) / run / "checkpoints" / f"step_{step:08d}"
     return {
         key: hashlib.sha256(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
         for key, value in checkpoint_tensors(checkpoint, tmp_path).items()
     }
 
 
-def loader_states(scenarios: ScenarioResults, name: str, world: int) -> list[str]:
-    checkpoint = scenarios.path(name) / "run" / "checkpoints" / f"step_{STEPS:08d}"
+def loader_states(scenarios: ScenarioResults, name: str, world: int, run: str = "run") -> list[str]:
+    checkpoint = scenarios.path(name) / run / "checkpoints" / f"step_{STEPS:08d}"
     return [
         json.dumps(torch.load(checkpoint / f"rank_{r:05d}.pt", weights_only=True)["loader"], sort_keys=True)
         for r in range(world)
@@ -154,6 +169,28 @@ def test_bf16_weights_with_stochastic_rounding_keep_the_same_bits(scenarios: Sce
     assert losses(scenarios, "det-bf16sr-dp1") == losses(scenarios, "det-bf16sr-dp2-fsdp")
 
 
+def test_elastic_groups_leaving_and_rejoining_keep_the_bits_of_one_process(scenarios: ScenarioResults, tmp_path):
+    """Steps 1-2 on three groups, 3-4 on two, 5-8 on three again (group 1 healed from a survivor):
+    each group's last checkpoint and group 0's logged losses are those of dp 1. Three groups add
+    their sums in an order a plain all-reduce does not keep (planted: with it, or with the shares
+    dealt round-robin, this fails)."""
+    out = scenarios.path(ELASTIC)
+    assert "killed rank 0" in (out / "killed").read_text()
+    present = [line for f in sorted(out.glob("group0.*.log")) for line in f.read_text().splitlines()]
+    assert any("3 group(s) present at step 1" in line and "shares [0] of 4" in line for line in present), present
+    assert any("2 group(s) present at step 3" in line and "shares [0, 1] of 4" in line for line in present), present
+    assert any("3 group(s) present at step 5" in line for line in present), present
+    reference = digests(scenarios, "det-dp1", tmp_path)
+    (reference_loader,) = loader_states(scenarios, "det-dp1", 1)
+    for group in ("group0", "group1", "group2"):
+        found = digests(scenarios, ELASTIC, tmp_path, run=group)
+        assert found.keys() == reference.keys(), group
+        assert [k for k in reference if found[k] != reference[k]] == [], group
+        assert loader_states(scenarios, ELASTIC, 1, run=group) == [reference_loader], group
+    records = [json.loads(line) for line in (out / "group0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records if "loss" in r] == losses(scenarios, "det-dp1")
+
+
 def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResults):
     messages = scenarios.json("det-dp2-fsdp", "summary.rank0.json")["messages"]
     assert any(m.startswith("deterministic: on") for m in messages), messages
@@ -169,6 +206,9 @@ def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResul
         (["--parallel.cp", "2", "--train.replay_every", "1"], "train.replay_every"),  # a cp rank holds a part
         (["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),
         (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas
+        (["--recovery.wrong_computation", "exclude"], "recovery.wrong_computation"),  # not elastic
+        ([*ELASTIC_GROUPS, "8"], "elastic.max_groups"),  # 8 groups, 4 micro-batches
+        ([*ELASTIC_GROUPS, "2", "--parallel.dp_sharding", "fsdp"], "train.global_batch"),  # 2 micro-batches, 4 ranks
     ],
 )
 def test_what_the_mode_cannot_keep_identical_is_refused_by_name(extra, field, small_corpus, tmp_path):
@@ -213,6 +253,37 @@ def test_replay_names_the_rank_that_computed_wrong(scenarios: ScenarioResults):
     assert named["step"] == 2 and named["replay"]["ranks"] == [3]
     two = json.loads((scenarios.path("replay-flip-2") / "refused.rank0.json").read_text())["message"]
     assert "no third" in two and "data-parallel rank 0 (" in two and "data-parallel rank 1 (" in two
+
+
+def test_replay_in_elastic_groups_excludes_or_stops_as_configured(scenarios: ScenarioResults, tmp_path):
+    """exclude: the group holding the node stops (its ranks with status 3) and the other retries
+    step 2 alone, saving the bits of a clean run; stop: both groups stop at step 2. torchrun itself
+    exits with 1 whatever its ranks' status; its report gives theirs."""
+    out = scenarios.path(REPLAY_GROUPS)
+    exits = json.loads((out / "exits.json").read_text())
+    assert exits == {"exclude/group0": 0, "exclude/group1": 1, "stop/group0": 1, "stop/group1": 1}, exits
+
+    def said(run: str, group: int) -> str:
+        log = (out / run / f"group{group}.0.log").read_text()
+        if exits[f"{run}/group{group}"]:
+            assert "(exitcode: 3)" in log, log[-3000:]
+        return next(line for line in log.splitlines() if line.startswith("hlat train: "))
+
+    excluded = said("exclude", 1)
+    assert "at step 2" in excluded and "computing wrong: data-parallel rank 0 (" in excluded, excluded
+    assert "data-parallel rank 1 (" in excluded and "this group leaves the run" in excluded, excluded
+    metrics = (out / "exclude/group1/metrics.jsonl").read_text().splitlines()
+    (named,) = [r for r in map(json.loads, metrics) if "replay" in r]
+    assert named["step"] == 2 and named["replay"]["ranks"] == [0, 1]
+    reference = digests(scenarios, "det-dp2-fsdp-first", tmp_path, step=MIDDLE)
+    found = digests(scenarios, REPLAY_GROUPS, tmp_path, step=MIDDLE, run="exclude/group0")
+    assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == []
+    records = [json.loads(line) for line in (out / "exclude/group0/metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in records if "loss" in r] == losses(scenarios, "det-dp1")[:MIDDLE]
+    stopped = said("stop", 1)
+    assert "computing wrong: data-parallel rank 0 (" in stopped and "every elastic group stops" in stopped, stopped
+    told = said("stop", 0)
+    assert "replica rank(s) [1] of this step's quorum found a node computing wrong" in told, told
 
 
 def test_a_named_rank_exits_with_its_own_status():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from hlat.config.layout import Degrees
@@ -17,10 +18,13 @@ def _power_of_two(n: int) -> bool:
 
 def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     """The rules that do not depend on the world size."""
+    problems = []
+    if cfg.recovery.wrong_computation == "exclude" and not cfg.elastic.enabled:
+        why = "exclude takes the named node's elastic group out of the run: it needs elastic.enabled (else stop)"
+        problems.append(("recovery.wrong_computation", why))
     if not cfg.train.deterministic:
         needs = "replay compares gradients bit for bit, which needs --train.deterministic true"
-        return [("train.replay_every", needs)] if cfg.train.replay_every > 0 else []
-    problems = []
+        return problems + ([("train.replay_every", needs)] if cfg.train.replay_every > 0 else [])
     batch, micro = cfg.train.global_batch, cfg.train.micro_batch
     if micro >= 1 and not batch % micro and not _power_of_two(batch // micro):
         problems.append(
@@ -39,10 +43,21 @@ def deterministic_problems(cfg: RunConfig) -> list[tuple[str, str]]:
             )
         )
     if cfg.elastic.enabled:
-        problems.append(
-            ("train.deterministic", "elastic groups do not reduce in the canonical order yet: one or the other")
-        )
+        if micro >= 1 and not batch % micro and smallest_block(batch // micro, cfg.elastic.max_groups) < 1:
+            problems.append(
+                (
+                    "elastic.max_groups",
+                    f"train.deterministic deals each group present whole micro-batches: at most "
+                    f"{batch // micro} groups for {batch // micro} micro-batches a step",
+                )
+            )
     return problems
+
+
+def smallest_block(micro_batches: int, max_groups: int) -> int:
+    """The fewest micro-batches of a step an elastic group is dealt under train.deterministic, with
+    up to `max_groups` groups present (a subtree: hlat.parallel.ordered_sum.tree_blocks)."""
+    return micro_batches >> math.ceil(math.log2(max_groups)) if max_groups > 1 else micro_batches
 
 
 def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tuple[str, str]]:
@@ -73,6 +88,17 @@ def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tupl
             )
     if not _power_of_two(degrees.dp):
         problems.append(("train.deterministic", f"needs a power-of-two data-parallel degree, got dp={degrees.dp}"))
+    micro_batches = cfg.train.global_batch // max(cfg.train.micro_batch, 1)
+    if cfg.elastic.enabled and 1 <= smallest_block(micro_batches, cfg.elastic.max_groups) < degrees.dp:
+        fewest = smallest_block(micro_batches, cfg.elastic.max_groups)
+        problems.append(
+            (
+                "train.global_batch",
+                f"train.deterministic deals a group as few as {fewest} micro-batches with elastic.max_groups="
+                f"{cfg.elastic.max_groups} present, fewer than its {degrees.dp} data-parallel ranks: use a global "
+                f"batch of at least {degrees.dp * micro_batches // fewest * cfg.train.micro_batch}",
+            )
+        )
     if degrees.dp_replicate > 2:
         problems.append(
             (

@@ -8,6 +8,7 @@ from typing import Literal
 from hlat.config.fields import choice_problems
 
 Action = Literal["skip", "rollback", "error"]
+WrongComputationAction = Literal["stop", "exclude"]
 
 
 @dataclass
@@ -30,9 +31,13 @@ class RecoveryConfig:
     "error" stops the run."""
     max_rollbacks: int = 3
     """A run that keeps diverging stops after this many rollbacks instead of looping."""
+    wrong_computation: WrongComputationAction = "stop"
+    """When train.replay_every names a node computing wrong: "stop" ends the run (every elastic
+    group too) with exit status 3; "exclude" (elastic runs) ends only the group holding that node,
+    with exit status 3, and the others retry the step without it and go on."""
 
     def validate(self) -> list[tuple[str, str]]:
-        problems = choice_problems(self, "nonfinite", "spike_action")
+        problems = choice_problems(self, "nonfinite", "spike_action", "wrong_computation")
         if self.max_grad_norm < 0 or self.spike_sigmas < 0:
             problems.append(("spike_sigmas" if self.spike_sigmas < 0 else "max_grad_norm", "must be >= 0 (0 = off)"))
         if self.spike_window < 2:

@@ -108,7 +108,7 @@ class RunConfig:
         if not el.enabled or el.max_groups < 1 or micro < 1:
             return []
         problems = []
-        if batch % (el.max_groups * micro):
+        if batch % (el.max_groups * micro) and not self.train.deterministic:  # (its shares: micro-batches)
             problems.append(
                 (
                     "train.global_batch",
@@ -164,7 +164,7 @@ class RunConfig:
                 )
             )
         el, micro = self.elastic, self.train.micro_batch
-        if self.train.global_batch % (el.max_groups * micro * dp):
+        if self.train.global_batch % (el.max_groups * micro * dp) and not self.train.deterministic:
             problems.append(
                 (
                     "train.global_batch",

@@ -13,6 +13,8 @@ for every gradient, loss and norm of a step, whichever rank computed which part:
   dim-0 shards), gathered in global row order and summed once (`CanonicalNorm`); a fixed
   tensor-parallel degree adds its own fixed order.
 - Losses: each micro-batch's, gathered by global index and summed as the gradients are.
+- Elastic groups: each group present holds a whole subtree (`tree_blocks`); the groups' sums meet
+  in the nodes above them (`sum_blocks`), so which groups are present changes no bit.
 """
 
 from __future__ import annotations
@@ -38,6 +40,31 @@ def tree_sum(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     while len(level) > 1:
         level = [level[i] + level[i + 1] for i in range(0, len(level), 2)]
     return level[0]
+
+
+def tree_blocks(leaves: int, parts: int) -> list[range]:
+    """`leaves` (a power of two) cut into `parts` (1 to leaves) whole subtrees of the complete binary
+    tree over them, in leaf order: the first of the largest halved until there are `parts`."""
+    assert is_power_of_two(leaves) and 1 <= parts <= leaves, (leaves, parts)
+    blocks = [range(leaves)]
+    while len(blocks) < parts:
+        i = max(range(len(blocks)), key=lambda k: (len(blocks[k]), -k))
+        half = len(blocks[i]) // 2
+        blocks[i : i + 1] = [blocks[i][:half], blocks[i][half:]]
+    return blocks
+
+
+def sum_blocks(sums: Sequence[torch.Tensor], blocks: Sequence[range]) -> torch.Tensor:
+    """The tree's root from the sums of its `blocks` (tree_blocks', in order): the nodes above them."""
+    by_start = {block.start: (len(block), total) for block, total in zip(blocks, sums)}
+
+    def node(start: int, size: int) -> torch.Tensor:
+        if by_start.get(start, (0,))[0] == size:
+            return by_start[start][1]
+        half = size // 2
+        return node(start, half) + node(start + half, half)
+
+    return node(0, sum(len(block) for block in blocks))
 
 
 class PairwiseSum:

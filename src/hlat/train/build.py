@@ -56,6 +56,7 @@ from hlat.train.callbacks.recovery import SpikeRecovery
 from hlat.train.callbacks.sample import Sample
 from hlat.train.callbacks.slow_ranks import SlowRanks
 from hlat.train.deterministic import DeterministicTrainModule, fix_numerics
+from hlat.train.elastic.deterministic import ElasticDeterministicTrainModule
 from hlat.train.elastic.group import ElasticGroup
 from hlat.train.elastic.module import ElasticTrainModule
 from hlat.train.elastic.secret import run_key
@@ -120,10 +121,10 @@ def build_run(
     # it), each dealt over the group's data-parallel ranks (its tp ranks share their micro-batches)
     # train.deterministic: every micro-batch of the global batch a share of its own (hlat.train.global_batch)
     shares = (
-        cfg.elastic.max_groups * layout.dp
-        if cfg.elastic.enabled
-        else cfg.train.global_batch // cfg.train.micro_batch
+        cfg.train.global_batch // cfg.train.micro_batch
         if cfg.train.deterministic
+        else cfg.elastic.max_groups * layout.dp
+        if cfg.elastic.enabled
         else layout.dp
     )
     readers = "data shares" if cfg.elastic.enabled or cfg.train.deterministic else "data-parallel ranks"
@@ -211,10 +212,8 @@ def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, ou
         max_grad_norm=cfg.recovery.max_grad_norm,
         hardware_rounding=rounding.hardware,
     )
-    if cfg.elastic.enabled:
-        return ElasticTrainModule(model, **common)
     if not cfg.train.deterministic:
-        return TrainModule(model, **common)
+        return (ElasticTrainModule if cfg.elastic.enabled else TrainModule)(model, **common)
     layout = model.layout
     replay = (
         Replay(
@@ -228,6 +227,9 @@ def _train_module(cfg: RunConfig, model: ParallelModel, device: torch.device, ou
         if cfg.train.replay_every and layout.dp > 1
         else None
     )
+    if cfg.elastic.enabled:
+        wrong = cfg.recovery.wrong_computation
+        return ElasticDeterministicTrainModule(model, replay=replay, wrong_computation=wrong, **common)
     return DeterministicTrainModule(model, replay=replay, **common)
 
 
@@ -284,14 +286,17 @@ def _loader(
                 dp_rank=rank, dp_size=ranks, step_rows=cfg.train.global_batch // ranks, log_fn=log, reader=reader,
             )  # fmt: skip
 
-        if cfg.train.deterministic:
+        if cfg.train.deterministic and not cfg.elastic.enabled:
             shares = cfg.train.global_batch // cfg.train.micro_batch
             return GlobalBatch(
                 lambda j: rank_loader(j, shares, out if j == layout.dp_rank else None), shares, layout, device
             )
         if not cfg.elastic.enabled:
             return rank_loader(layout.dp_rank, layout.dp, out, "rank")
-        shares, logged = cfg.elastic.max_groups, False
+        # train.deterministic: one share per micro-batch of the global batch, as GlobalBatch reads them
+        deterministic = cfg.train.deterministic
+        shares = cfg.train.global_batch // cfg.train.micro_batch if deterministic else cfg.elastic.max_groups
+        logged = False
 
         def share_loader(share: int) -> PackedLoader:
             nonlocal logged
@@ -301,7 +306,16 @@ def _loader(
 
         per_share = cfg.train.global_batch // shares // cfg.train.micro_batch
         record = cfg.run_dir / f"tokens.{cfg.elastic.group}.jsonl"
-        return ElasticData(share_loader, shares, per_share, record, layout.dp_rank, layout.dp, records=layout.rank == 0)
+        return ElasticData(
+            share_loader,
+            shares,
+            per_share,
+            record,
+            layout.dp_rank,
+            layout.dp,
+            records=layout.rank == 0,
+            tree=deterministic,
+        )
 
 
 def _validation(cfg: RunConfig, tokenizer: Tokenizer, layout: Layout, device: torch.device) -> list[Batch]:

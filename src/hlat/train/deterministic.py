@@ -24,7 +24,7 @@ from hlat.dtensor import local_tensor
 from hlat.faults import flips
 from hlat.parallel.ordered_sum import CanonicalNorm, PairwiseSum, ordered_all_reduce_, tree_sum
 from hlat.parallel.parallelize import ParallelModel
-from hlat.train.replay import Replay, flip_one_bit
+from hlat.train.replay import Replay, WrongComputation, flip_one_bit
 from hlat.train.step import clip
 from hlat.train.train_module import TrainModule
 
@@ -70,11 +70,14 @@ class DeterministicTrainModule(TrainModule):
         self.dp = layout.dp
 
     def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
-        """Exact in int64 (a float sum of counts rounds past 2**24)."""
+        return self._exact_count(micro_batches).float().clamp_min(1.0)
+
+    def _exact_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
+        """The targets of the data-parallel ranks' micro-batches, in int64 (a float sum rounds past 2**24)."""
         count = sum((b.labels != IGNORE_INDEX).sum() for b in micro_batches).to(torch.int64)
         if self.dp_group is not None:
             dist.all_reduce(count, group=self.dp_group)
-        return count.float().clamp_min(1.0)
+        return count
 
     def _accumulate(self, micro_batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
         """The global batch's gradient in .grad as a tree over its micro-batches; the step's loss,
@@ -96,8 +99,14 @@ class DeterministicTrainModule(TrainModule):
         for param, grad in zip(params, sums.total()):
             param.grad = grad
         if replaying:
-            self.replay.check(self.steps, micro_batches[0], digest, lambda batch: self._recompute(batch, n_targets))
+            found = self.replay.check(self.steps, micro_batches[0], digest, lambda b: self._recompute(b, n_targets))
+            if found:
+                self._computing_wrong(found)
         return self._ordered_loss(torch.stack(losses))
+
+    def _computing_wrong(self, line: str) -> None:
+        """Replay named ranks computing wrong (`line`): the run stops before the update."""
+        raise WrongComputation(f"{line}; stop here and take the named node out of the job before resuming")
 
     def _backward_each(
         self, micro_batches: Sequence[Batch], n_targets: torch.Tensor, replaying: bool

@@ -7,7 +7,8 @@ the optimizer update, each data-parallel rank recomputes the first micro-batch o
 pair is checked in turn) and the SHA-256 of the gradient it gets is compared with the digest the
 owner took of its own. A mismatch is computed a third time, by a rank outside the pair, and the
 rank the other two disagree with is named: rank, host and device, in one line, in metrics.jsonl,
-and as exit status 3 (`WrongComputation`). With two ranks there is no third: both are named.
+and as exit status 3 (`WrongComputation`, raised by the train module: recovery.wrong_computation
+says which processes stop). With two ranks there is no third: both are named.
 
 The digest is of this rank's own gradient of the micro-batch before any cross-rank sum: the
 tensors FSDP2 hands its reduce-scatter (hlat.parallel.ordered_sum), or the replicated gradients.
@@ -80,9 +81,10 @@ class Replay:
     def due(self, step: int) -> bool:
         return self.ranks > 1 and step % self.every == 0
 
-    def check(self, step: int, batch: Batch, digest: bytes, recompute: Callable[[Batch], bytes]) -> None:
+    def check(self, step: int, batch: Batch, digest: bytes, recompute: Callable[[Batch], bytes]) -> str | None:
         """After the step's accumulation (its first micro-batch `batch`, whose gradient digest this
-        rank took): every rank recomputes another's first micro-batch; collective over dp."""
+        rank took): every rank recomputes another's first micro-batch; collective over dp. The line
+        that names the ranks computing wrong (recorded in metrics.jsonl), or None."""
         offset = 1 + self.replays % (self.ranks - 1)
         self.replays += 1
         batches = [b.to(self.device) for b in self._gather(batch.to(torch.device("cpu")))]
@@ -92,11 +94,11 @@ class Replay:
         checker = {(r + offset) % self.ranks: r for r in range(self.ranks)}  # owner -> the rank that checked it
         suspects = [owner for owner in range(self.ranks) if replayed[checker[owner]] != digests[owner]]
         if not suspects:
-            return
+            return None
         named: set[int] = set()
         for owner in suspects:  # one round each, every rank computing (FSDP2's collectives run on all)
             named |= self._third_opinion(owner, checker[owner], batches, digests, replayed, recompute)
-        self._name(step, sorted(named), suspects, checker)
+        return self._name(step, sorted(named), suspects, checker)
 
     def _third_opinion(
         self,
@@ -119,7 +121,7 @@ class Replay:
             return {checked_by}
         return {owner, checked_by, third}
 
-    def _name(self, step: int, named: list[int], suspects: list[int], checker: dict[int, int]) -> None:
+    def _name(self, step: int, named: list[int], suspects: list[int], checker: dict[int, int]) -> str:
         who = "; ".join(f"data-parallel rank {r} ({self.where[r]})" for r in named)
         alone = "" if self.ranks > 2 else " (two ranks: no third to tell which)"
         pairs = ", ".join(f"rank {s}'s recomputed on rank {checker[s]}" for s in suspects)
@@ -135,7 +137,7 @@ class Replay:
             }
             with self.record.open("a") as f:
                 f.write(json.dumps(record) + "\n")
-        raise WrongComputation(line + "; stop here and take the named node out of the job before resuming")
+        return line
 
     def _gather(self, value: object) -> list:
         found: list = [None] * self.ranks

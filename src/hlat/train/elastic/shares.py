@@ -11,6 +11,10 @@ reads its shares' micro-batches and keeps every ranks-th (so all hold the same p
 ranks of a dp rank keep the same ones); the global batch and the data order stay those of one
 process per group.
 
+Under train.deterministic every share is one micro-batch of the global batch (its global index),
+and a group is dealt a whole subtree of the step's summation tree (hlat.parallel.ordered_sum.tree_blocks:
+consecutive shares), dealt over its ranks as GlobalBatch deals them (rank r: the r-th, (r + ranks)-th, ...).
+
 The record (one JSON line per share per committed step: step, group, process id, wall-clock time, share, tokens, digest)
 says which group trained which batch; over the run every (step, share) appears once.
 """
@@ -30,6 +34,7 @@ import torch
 from hlat.data.batch import Batch
 from hlat.data.packing import PackedLoader, merge_states
 from hlat.digests import short_sha256
+from hlat.parallel.ordered_sum import tree_blocks
 from hlat.train.elastic.positions import BadPeerValue, check_lengths, position_problem
 from hlat.train.elastic.replicas import Replicas
 
@@ -38,7 +43,7 @@ class ElasticData:
     """`make_loader(share)`: a fresh loader of data-parallel rank `share` of `shares`;
     `per_share`: the micro-batches each share gives a step, dealt over the group's `ranks`
     data-parallel ranks (this process is dp rank `rank`); `records`: this process writes the record
-    (one per group)."""
+    (one per group); `tree`: deal shares as train.deterministic sums them (see the module)."""
 
     def __init__(
         self,
@@ -49,9 +54,10 @@ class ElasticData:
         rank: int = 0,
         ranks: int = 1,
         records: bool = True,
+        tree: bool = False,
     ):
         self.make_loader, self.shares, self.per_share, self.record = make_loader, shares, per_share, record
-        self.rank, self.ranks, self.records = rank, ranks, records
+        self.rank, self.ranks, self.records, self.tree = rank, ranks, records, tree
         first = make_loader(0)
         self.docs, self.loaders = first.docs, {0: first}  # the shares this group holds, positioned
         self.table: list[dict[str, Any] | None] = [None] * shares  # positions after the last commit (None: start)
@@ -60,6 +66,8 @@ class ElasticData:
         self._starts: dict[int, dict[str, Any]] = {}  # the first position of shares not yet read
 
     def owned(self, rank: int, groups: int) -> list[int]:
+        if self.tree:
+            return list(tree_blocks(self.shares, groups)[rank])
         return [j for j in range(self.shares) if j % groups == rank]
 
     def batches(self, rank: int, groups: int, replicas: Replicas) -> list[Batch]:
@@ -68,7 +76,7 @@ class ElasticData:
         mine = self.owned(rank, groups)
         for j in [j for j in self.loaders if j not in mine]:
             self.loaders.pop(j).close()
-        out: list[Batch] = []
+        reads: list[list[Batch]] = []
         self._read = []
         for j in mine:
             loader = self.loaders.get(j)
@@ -79,7 +87,13 @@ class ElasticData:
             read = [loader.next_batch() for _ in range(self.per_share)]
             tokens = np.stack([b.tokens.numpy() for b in read])
             self._read.append((j, short_sha256(tokens.tobytes()), int(tokens.size)))
-            out += read[self.rank :: self.ranks]
+            reads.append(read)
+        # each share's micro-batches over the ranks, or (tree) the shares themselves
+        out = (
+            [b for read in reads for b in read][self.rank :: self.ranks]
+            if self.tree
+            else [b for read in reads for b in read[self.rank :: self.ranks]]
+        )
         try:
             self._pending = self._exchange({j: self.loaders[j].state_dict() for j in mine}, rank, groups, replicas)
         except BadPeerValue as bad:
