@@ -16,7 +16,11 @@ from parallel.test_parity import SCENARIOS as PARITY_SCENARIOS
 from runs import Scenario
 
 TWO = [Case(cp=2), Case(cp=2, recompute="selective", variant="documents")]
-FOUR = [Case(cp=2, tp=2, dp_sharding="zero2"), Case(pp=2, cp=2, dp_sharding="zero2")]  # the ring beside tp, pp
+FOUR = [
+    Case(cp=2, tp=2, dp_sharding="zero2"),  # the ring beside tp, pp and HSDP (2 replicas, each FSDP2 over cp 2)
+    Case(pp=2, cp=2, dp_sharding="zero2"),
+    Case(dp=2, dp_replicate=2, cp=2, dp_sharding="fsdp", recompute="selective", variant="documents"),
+]
 SCENARIOS = [
     next(s for s in PARITY_SCENARIOS if s.name == "parity-1"),  # the reference, on the CPU
     *(
