@@ -154,6 +154,16 @@ def test_fsdp_holds_gathered_weights_between_micro_batches_only_without_reshardi
     )
 
 
+def test_deterministic_elastic_groups_hold_every_groups_gradient_in_the_exchange():
+    # hlat-7b (zero2, dp 128) under the mode; with 4 elastic groups, the exchange's row and table
+    # add 5 gradient shards more
+    mode = ["train.deterministic", "true"]
+    alone = _state(*mode)[1]
+    groups = ["elastic.enabled", "true", "elastic.max_groups", "4"]
+    assert _state(*mode, *groups)[1] == alone + 5 * 2 * LOCAL / 128
+    assert _state(*groups)[1] == _state()[1]  # the default elastic path all-reduces in place
+
+
 def test_hsdp_shards_state_over_dp_shard_only():
     # hlat-7b is zero2 (gathered weights held) accumulating over 2 micro-batches at dp 128
     assert _state("parallel.dp_shard", "8") == (2 * LOCAL / 8 + 2 * LOCAL, 2 * LOCAL / 8 + 2 * LOCAL, 4 * LOCAL / 8)

@@ -241,14 +241,20 @@ def state_memory(cfg: RunConfig, local: int, degrees: Degrees, muon_params: int 
             accum_elem = DTYPES[prec.reduce_dtype].itemsize
         else:
             accum_elem = 4 if prec.fp32_grad_accum else elem
-        grads = local * elem / shards * (1 + partial_sums) + (local * accum_elem if accumulating else 0)
-        return weights, grads, optimizer
+        grads = local * elem / shards * (1 + partial_sums + _group_exchange(cfg))
+        return weights, grads + (local * accum_elem if accumulating else 0), optimizer
     # mixed: the bf16 copy of each weight (hlat.precision.Bf16Weights) is saved for backward.
     weights = local * elem + (2 * local if prec.mode == "mixed" else 0)
     grads = local * elem + (4 * local if prec.fp32_grad_accum else 0)  # hlat.parallel.grad_accum's fp32 sums
     if deterministic and dp > 1:  # the ordered all-reduce's flat input, all-to-all and gathered buffers
         grads += 3 * local * elem
-    return weights, grads + local * elem * partial_sums, optimizer
+    return weights, grads + local * elem * (partial_sums + _group_exchange(cfg)), optimizer
+
+
+def _group_exchange(cfg: RunConfig) -> int:
+    """Gradients' worth of memory an elastic group's exchange holds under train.deterministic: its
+    row and the table of every group's (hlat.train.elastic.deterministic)."""
+    return cfg.elastic.max_groups + 1 if cfg.train.deterministic and cfg.elastic.enabled else 0
 
 
 def stage_memory(
