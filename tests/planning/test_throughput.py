@@ -193,3 +193,12 @@ def test_the_deterministic_mode_reduces_once_per_micro_batch():
     assert ddp[1] == pytest.approx(4 * ddp[0])
     fsdp = [step_time(c, 2, SYSTEM, _layout(dp=2, sharding="fsdp")).dp_issued_s for c in (cfg, on)]
     assert fsdp[1] - fsdp[0] == pytest.approx(3 * ddp[0] / 2)  # a reduce-scatter moves half an all-reduce
+
+
+def test_the_deterministic_mode_pays_a_pipeline_bubble_per_micro_batch():
+    # pp 2 over 8 micro-batches of 1: 1F1B's bubble is 1/8 of the compute, the mode's 1 (each
+    # micro-batch a schedule step of its own)
+    cfg = dataclasses.replace(_tiny(), train=dataclasses.replace(_tiny().train, micro_batch=1))
+    on = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, deterministic=True))
+    default, mode = (step_time(c, 2, SYSTEM, _layout(pp=2, sharding="zero2")) for c in (cfg, on))
+    assert mode.bubble_s == pytest.approx(8 * default.bubble_s)

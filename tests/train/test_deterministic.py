@@ -7,7 +7,9 @@ dp 2 under DDP, ZeRO-1 and FSDP2 (2 each), dp 4 under ZeRO-2 and HSDP (2 replica
 each), and FSDP2 on dp 2 to step 4 resumed as ZeRO-1 on dp 4 to step 8. Without the mode, dp 1 and
 FSDP2 on dp 2 differ from the first step. bf16-sr on dp 1 and FSDP2 on dp 2 agree too (4 steps).
 With tensor parallelism 2 held fixed, tp 2 alone and ZeRO-2 and FSDP2 over dp 2 agree the same way;
-with context parallelism 2, cp 2 alone (replicated and FSDP2) and DDP and FSDP2 over dp 2 (4 steps).
+with context parallelism 2, cp 2 alone (replicated and FSDP2) and DDP and FSDP2 over dp 2 (4 steps);
+with pipeline parallelism 2, pp 2 alone and ZeRO-2 and FSDP2 over dp 2 (4 steps). Three elastic
+groups, one killed and restarted, save dp 1's bits.
 Planted bugs this catches (each tried on the code):
 the slot order reversed (rank r computing micro-batch r*accum + t), the cross-rank tree replaced
 by a plain all-reduce, and the fp64 norm replaced by the default one. Replay: see its test.
@@ -42,6 +44,8 @@ ARRANGEMENTS = {  # name: (world, extra)
 BF16_SR = ["--precision.mode", "bf16-sr"]
 TP_ARRANGEMENTS = {"det-tp2": (2, ZERO2), "det-tp2-dp2-zero2": (4, ZERO2), "det-tp2-dp2-fsdp": (4, FSDP)}
 CP_STEPS, CP = 4, ["--parallel.cp", "2"]
+PP = ["--parallel.pp", "2"]
+PP_ARRANGEMENTS = {"det-pp2": (2, []), "det-pp2-dp2-zero2": (4, ZERO2), "det-pp2-dp2-fsdp": (4, FSDP)}
 ELASTIC, REPLAY_GROUPS = "det-elastic-killed-restarted", "replay-elastic-groups"
 ELASTIC_GROUPS = [
     "--elastic.enabled", "true", "--elastic.lighthouse", "localhost:1", "--elastic.group", "0",
@@ -83,6 +87,11 @@ SCENARIOS = [
     *(
         Scenario(name, TRAIN, world, {"steps": CP_STEPS, "extra": [*ON, *CP, *extra]})
         for name, (world, extra) in CP_ARRANGEMENTS.items()
+    ),
+    # a fixed pipeline degree: pp 2 alone, and ZeRO-2 and FSDP2 over dp 2 (each micro-batch its own schedule step)
+    *(
+        Scenario(name, TRAIN, world, {"steps": CP_STEPS, "extra": [*ON, *PP, *extra]})
+        for name, (world, extra) in PP_ARRANGEMENTS.items()
     ),
     # HLAT's bf16 weights with stochastic rounding: the noise is keyed by an element's global index
     *(
@@ -163,6 +172,18 @@ def test_a_fixed_context_parallel_degree_keeps_the_same_bits_over_dp(scenarios: 
         assert losses(scenarios, name) == reference_losses, name
 
 
+def test_a_fixed_pipeline_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
+    """Each micro-batch runs a schedule step of its own, so .grad holds it alone when the dp tree
+    takes it; the loss comes from the last stage and the norm adds the stages' sums in stage order."""
+    reference = digests(scenarios, "det-pp2", tmp_path, step=CP_STEPS)
+    reference_losses = losses(scenarios, "det-pp2")
+    assert len(reference_losses) == CP_STEPS
+    for name in PP_ARRANGEMENTS:
+        found = digests(scenarios, name, tmp_path, step=CP_STEPS)
+        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
+        assert losses(scenarios, name) == reference_losses, name
+
+
 def test_bf16_weights_with_stochastic_rounding_keep_the_same_bits(scenarios: ScenarioResults, tmp_path):
     one, two = (digests(scenarios, f"det-bf16sr-{name}", tmp_path, step=4) for name in ("dp1", "dp2-fsdp"))
     assert one.keys() == two.keys() and [k for k in one if one[k] != two[k]] == []
@@ -202,7 +223,8 @@ def test_the_mode_says_so_and_without_it_layouts_differ(scenarios: ScenarioResul
     [
         (["--train.global_batch", "12"], "train.global_batch"),  # 6 micro-batches: no binary tree
         (["--precision.mode", "bf16-sr", "--precision.fp32_grad_accum", "true"], "precision.fp32_grad_accum"),
-        (["--parallel.pp", "2"], "parallel.pp"),
+        ([*PP, "--model.tie_embeddings", "true"], "model.tie_embeddings"),
+        ([*PP, "--train.replay_every", "1"], "train.replay_every"),
         (["--parallel.cp", "2", "--train.replay_every", "1"], "train.replay_every"),  # a cp rank holds a part
         (["--parallel.cp", "2", "--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),
         (["--parallel.dp_sharding", "fsdp", "--parallel.dp_shard", "1"], "parallel.dp_shard"),  # 4 replicas

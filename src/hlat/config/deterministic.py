@@ -63,18 +63,20 @@ def smallest_block(micro_batches: int, max_groups: int) -> int:
 def deterministic_layout_problems(cfg: RunConfig, degrees: Degrees) -> list[tuple[str, str]]:
     """The rules of a layout: the data-parallel degree a power of two (a subtree of each step's
     tree); tensor and context parallelism at any fixed degree (context parallelism a power of two,
-    under DDP, ZeRO or plain FSDP2, without replay); pipelines at 1 for now (docs/reproducibility.md
-    says why)."""
+    under DDP, ZeRO or plain FSDP2, without replay); pipelines at any fixed degree, one stage per
+    rank, without tied embeddings, replay or elastic groups (docs/reproducibility.md says why)."""
     if not cfg.train.deterministic:
         return []
     problems = []
     if degrees.pp > 1:
-        problems.append(
-            (
-                "parallel.pp",
-                "train.deterministic runs data, tensor and context parallelism only for now; set --parallel.pp 1",
-            )
-        )
+        for field, value, why in (
+            ("parallel.pp_stages_per_rank", cfg.parallel.pp_stages_per_rank > 1, "one stage per rank (1f1b or gpipe)"),
+            ("model.tie_embeddings", cfg.model.tie_embeddings, "untied embeddings (FSDP2 would sum over dp first)"),
+            ("train.replay_every", cfg.train.replay_every > 0, "no replay (each stage checks its own gradients)"),
+            ("elastic.enabled", cfg.elastic.enabled, "no elastic groups (not tested yet)"),
+        ):
+            if value:
+                problems.append((field, f"train.deterministic runs a pipeline with {why}; or set --parallel.pp 1"))
     if degrees.cp > 1:
         if not _power_of_two(degrees.cp):
             problems.append(

@@ -26,7 +26,8 @@ class TrainConfig:
     """Bit-identical training across data-parallel layouts: the saved model, optimizer and loader
     state and the logged losses are the same bits for any dp degree (a power of two), DDP, ZeRO-1/2,
     FSDP2 or HSDP (2 replicas), any split of the global batch into accumulation steps and any resume
-    point, at a fixed tensor-parallel degree, and for elastic groups joining and leaving. The global
+    point, at fixed tensor-, context- and pipeline-parallel degrees, and for elastic groups joining
+    and leaving. The global
     batch is read as global_batch / micro_batch (a power of two) data shares and summed in one
     fixed order; one reduction per micro-batch, one intra-op thread on the CPU
     (docs/reproducibility.md)."""

@@ -199,31 +199,43 @@ class CanonicalNorm:
     """The L2 norm of a list of gradients, the same bits however their rows are sharded over
     `shard_group` (FSDP2's dim-0 shards: rank r holds the r-th run of consecutive rows; None: whole
     tensors), for a fixed tensor-parallel degree (`tp_group`: a tensor split over it is gathered in
-    tp rank order, one held whole by every tp rank counts once). Each tensor's row sums are put
+    tp rank order, one held whole by every tp rank counts once), for a fixed number of pipeline
+    stages (`pp_group`: each stage's fp64 sum, added in stage order). Each tensor's row sums are put
     back in order before one fp64 sum; fp32 result. How many rows each rank holds is fixed by the
     shapes: it is gathered at the first call, so a norm then costs one all-gather per group and no
     host sync."""
 
-    def __init__(self, shard_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        shard_group: dist.ProcessGroup | None,
+        tp_group: dist.ProcessGroup | None = None,
+        pp_group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.groups = {
             name: group
-            for name, group in (("shard", shard_group), ("tp", tp_group))
+            for name, group in (("shard", shard_group), ("tp", tp_group), ("pp", pp_group))
             if group is not None and dist.get_world_size(group) > 1
         }
         self._counts: dict[str, list[list[int]]] = {}  # group name -> every rank's rows per tensor
 
-    def __call__(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        if not grads:
-            return torch.zeros((), dtype=torch.float32)
-        squares = [_row_squares(g) for g in grads]
-        if "shard" in self.groups:
-            squares = self._gather("shard", squares)
-        if "tp" in self.groups:
-            first = dist.get_rank(self.groups["tp"]) == 0
-            squares = self._gather(
-                "tp", [s if _split_over(g, "tp") or first else s[:0] for s, g in zip(squares, grads)]
-            )
-        return torch.cat(squares).sum().sqrt().float()
+    def __call__(self, grads: list[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+        """`device`: where a rank without gradients puts its zero (a pipeline stage still adds it)."""
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        if grads:
+            squares = [_row_squares(g) for g in grads]
+            if "shard" in self.groups:
+                squares = self._gather("shard", squares)
+            if "tp" in self.groups:
+                first = dist.get_rank(self.groups["tp"]) == 0
+                squares = self._gather(
+                    "tp", [s if _split_over(g, "tp") or first else s[:0] for s, g in zip(squares, grads)]
+                )
+            total = torch.cat(squares).sum()
+        if "pp" in self.groups:
+            stages = [torch.empty_like(total) for _ in range(dist.get_world_size(self.groups["pp"]))]
+            dist.all_gather(stages, total, group=self.groups["pp"])
+            total = sum(stages[1:], stages[0])
+        return total.sqrt().float()
 
     def _gather(self, name: str, squares: list[torch.Tensor]) -> list[torch.Tensor]:
         group = self.groups[name]

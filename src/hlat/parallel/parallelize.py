@@ -138,8 +138,9 @@ class ParallelModel:
     def backward_each(self, batches: Sequence[Batch], n_targets: torch.Tensor) -> Iterator[torch.Tensor]:
         """train.deterministic's accumulation (hlat.train.deterministic): each micro-batch's forward and
         backward on its own, `.grad` holding that micro-batch's gradient alone (as FSDP2 reduced it,
-        or this rank's under replication; a cp rank's part) when its loss / n_targets is yielded. No
-        pipeline (hlat.config.deterministic)."""
+        or this rank's under replication; a cp rank's part; this stage's, the tied copies summed) when
+        its loss / n_targets is yielded (under a pipeline, 0 on all but the last stage). A pipeline
+        runs one schedule step per micro-batch (built for one: build_run)."""
         device = batches[0].tokens.device
         model, params = self.parts[0], self.parameters()
         try:
@@ -147,7 +148,17 @@ class ParallelModel:
             for batch in batches:
                 for param in params:
                     param.grad = None
-                yield self._backward(model, batch, 1.0 / n_targets, device) / n_targets
+                if self.schedule is None:
+                    yield self._backward(model, batch, 1.0 / n_targets, device) / n_targets
+                    continue
+                self._loss_scale[:] = [1.0 / n_targets]
+                losses: list[torch.Tensor] = []
+                args, kwargs = self._schedule_io([batch], losses)
+                with self._context(device):
+                    self.schedule.step(*args, **kwargs)
+                if self.tied is not None:
+                    self.tied.sum_gradients()
+                yield full_tensor(losses[0].detach()) if losses else torch.zeros((), device=device)
         finally:
             self._clear_bf16_cache()
 
@@ -234,7 +245,7 @@ class ParallelModel:
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return token_loss_sum(logits, labels) * self._loss_scale[0]
 
-    def _counted(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
+    def counted_in_norms(self, params: list[nn.Parameter]) -> list[nn.Parameter]:
         """`params` less the last stage's copy of tied embeddings (norms count the first stage's)."""
         if self.tied is None or self.tied.counted:
             return params
@@ -256,7 +267,7 @@ class ParallelModel:
         params = [p for p in self.parameters() if p.grad is not None]
         grads = {p: settled_grad(p) for p in params}
         if norm is None:
-            norm = self._global_norm([grads[p] for p in self._counted(params)])
+            norm = self._global_norm([grads[p] for p in self.counted_in_norms(params)])
         if grads:  # torch's clip_grads_with_norm_ on each shard (a scalar times each: no DTensor plan)
             coef = torch.clamp((max_norm if max_norm > 0 else float("inf")) / (norm + 1e-6), max=1.0)
             torch._foreach_mul_([local_tensor(g) for g in grads.values()], coef)
@@ -264,7 +275,7 @@ class ParallelModel:
 
     @torch.no_grad()
     def param_norm(self) -> torch.Tensor:
-        return self._global_norm([p.detach() for p in self._counted(self.parameters())])
+        return self._global_norm([p.detach() for p in self.counted_in_norms(self.parameters())])
 
     def reduce_loss(self, rank_loss: torch.Tensor) -> torch.Tensor:
         """Sum the rank losses over dp, cp and pp (tp ranks hold copies): one collective."""

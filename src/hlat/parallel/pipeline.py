@@ -79,7 +79,9 @@ def build_schedule(
     n_microbatches: int,
     loss_fn: Callable,
 ):  # type: ignore[no-untyped-def]
-    if n_microbatches < n_stages // len(indices):
+    """`n_microbatches` 1 (train.deterministic: a schedule step per micro-batch) runs as GPipe, which
+    is then every schedule's order: one forward through the stages, then one backward."""
+    if 1 < n_microbatches < n_stages // len(indices):
         raise ConfigError(
             [
                 (
@@ -93,5 +95,5 @@ def build_schedule(
     # Our loss_fn already divides by the global target count, so the schedule must not rescale.
     if name == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
-    cls = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[name]
+    cls = ScheduleGPipe if n_microbatches == 1 else {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[name]
     return cls(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)

@@ -266,6 +266,8 @@ def stage_memory(
     micro = cfg.train.global_batch // dp // cfg.train.micro_batch
     stage_of_rank = index % pp
     in_flight = micro if cfg.parallel.pp_schedule == "gpipe" or pp == 1 else min(micro, pp - stage_of_rank)
+    if cfg.train.deterministic:  # one micro-batch a schedule step (hlat.parallel.parallelize.backward_each)
+        in_flight = 1
     cp = degrees.cp
     acts = activation_bytes_per_layer(cfg, tp, cp) * len(layers) * (1 if pp == 1 else in_flight)
     acts += ring_buffer_bytes(cfg, tp, cp) if len(layers) else 0.0

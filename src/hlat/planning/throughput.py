@@ -225,7 +225,9 @@ def step_time(cfg: RunConfig, world: int, system: System, layout: LayoutChoice |
         virtual = cfg.parallel.pp_stages_per_rank
         # each TP rank sends its sequence-parallel slice of the activations
         pp_s = _seconds(2 * micro * virtual * activation / lay.tp, _bandwidth(system, 2 * lay.dp * lay.tp))
-        bubble = (compute + tp_s) * (lay.pp - 1) / (micro * virtual)
+        # train.deterministic runs each micro-batch as a schedule step of its own: a bubble each
+        per_pass = 1 if cfg.train.deterministic else micro
+        bubble = (compute + tp_s) * (lay.pp - 1) / (per_pass * virtual)
     return StepTime(
         compute + muon_compute, tp_s, dp_s, pp_s, bubble, tokens, world, model_flops, system.peak_tflops, cp_s,
         gather_s + reduce_s + after_s,

@@ -350,7 +350,8 @@ def _model(cfg: RunConfig, layout: Layout, device: torch.device, accum: int, flo
             layout=layout,
             device=device,
             seed=cfg.train.seed,
-            n_microbatches=accum,
+            # train.deterministic takes a pipeline's micro-batches one schedule step each (backward_each)
+            n_microbatches=1 if cfg.train.deterministic else accum,
             precision=cfg.precision,
             compiled=compiled.enabled,
             float8=float8,

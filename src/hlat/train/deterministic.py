@@ -66,7 +66,10 @@ class DeterministicTrainModule(TrainModule):
         self.cp_group = layout.group("cp") if layout.cp > 1 else None
         # FSDP2's shard group: within a replica under HSDP, else dp x cp (CanonicalNorm skips one of 1 rank)
         shard_group = layout.group("dp_shard" if layout.dp_replicate > 1 else "dp_cp") if self.sharded else None
-        self.norm = CanonicalNorm(shard_group, layout.group("tp") if layout.tp > 1 else None)
+        self.norm = CanonicalNorm(
+            shard_group, layout.group("tp") if layout.tp > 1 else None, layout.group("pp") if layout.pp > 1 else None
+        )
+        self.pp_group = layout.group("pp") if layout.pp > 1 else None
         self.dp = layout.dp
 
     def _target_count(self, micro_batches: Sequence[Batch]) -> torch.Tensor:
@@ -147,8 +150,11 @@ class DeterministicTrainModule(TrainModule):
 
     def _ordered_loss(self, losses: torch.Tensor) -> torch.Tensor:
         """Each micro-batch's loss share (its cp parts summed in cp rank order), from every dp rank,
-        summed as a tree in global index order."""
+        summed as a tree in global index order; under a pipeline, the last stage's, sent to every
+        stage (the others add zeros)."""
         ordered_all_reduce_([losses], self.cp_group)
+        if self.pp_group is not None:
+            dist.all_reduce(losses, group=self.pp_group)
         if self.dp_group is None:
             return tree_sum(list(losses))
         every = torch.empty(self.dp * losses.numel(), dtype=losses.dtype, device=losses.device)
@@ -157,8 +163,9 @@ class DeterministicTrainModule(TrainModule):
         return tree_sum(list(by_index))
 
     def _clip(self) -> tuple[torch.Tensor, torch.Tensor]:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return clip(self.model, self.grad_clip, self.max_grad_norm, self.norm(grads))
+        params = self.model.counted_in_norms([p for p in self.model.parameters() if p.grad is not None])
+        norm = self.norm([p.grad for p in params], self._skipped.device)
+        return clip(self.model, self.grad_clip, self.max_grad_norm, norm)
 
     def _step_losses(self, rank_losses: torch.Tensor) -> torch.Tensor:
         """Every rank holds each step's loss already, summed in the canonical order."""
