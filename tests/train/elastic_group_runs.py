@@ -122,11 +122,10 @@ def killed_restarted(ctx: ScenarioContext) -> None:
     (ctx.out / "pids.json").write_text(json.dumps({"dead": sorted(dead), "survivors": sorted(survivors)}))
 
 
-def replay_wrong_computation(ctx: ScenarioContext, steps: int, extra: list[str]) -> None:
-    """Under train.deterministic with replay every step (`extra`: its flags), two runs of two groups
-    of two FSDP2 ranks, a bit flipped in group 1's rank 1 at step 2: under ctx.out/exclude
-    (recovery.wrong_computation exclude) and ctx.out/stop, side by side. exits.json: each group's
-    exit status."""
+def replay_excludes_a_group(ctx: ScenarioContext, steps: int, extra: list[str]) -> None:
+    """Under train.deterministic with replay every step and recovery.wrong_computation exclude
+    (`extra`: their flags), two groups of two FSDP2 ranks in ctx.out, a bit flipped in group 1's
+    rank 1 at step 2. exits.json: each group's exit status."""
     elastic = [
         "--train.steps", str(steps), "--parallel.compile", "false", "--parallel.dp_sharding", "fsdp",
         "--elastic.enabled", "true", "--elastic.max_groups", str(GROUPS), "--elastic.timeout_s", "60",
@@ -134,19 +133,14 @@ def replay_wrong_computation(ctx: ScenarioContext, steps: int, extra: list[str])
     ]  # fmt: skip
     hold = {"HLAT_ELASTIC_HOLD": f"1:{GROUPS}"}
     flip = {"HLAT_FAULT": "flip:2:1"}
-    runs = {action: ctx.out / action for action in ("exclude", "stop")}
-    servers = {action: lighthouse(1) for action in runs}
+    server = lighthouse(1)
     started: list = []
     with outside(ctx), ending(started), contextlib.ExitStack() as stack:
-        for server in servers.values():
-            stack.callback(server.shutdown)
-        procs = {}
-        for action, run in runs.items():
-            run.mkdir()
-            for g in range(GROUPS):
-                args = ["--recovery.wrong_computation", action]
-                env = {**hold, **(flip if g == 1 else {})}
-                procs[action, g] = start_group(ctx.corpus, run, servers[action], g, *args, elastic=elastic, **env)
-        started += procs.values()
-        exits = {f"{action}/group{g}": proc.wait(timeout=DEADLINE_S) for (action, g), proc in procs.items()}
+        stack.callback(server.shutdown)
+        procs = [
+            start_group(ctx.corpus, ctx.out, server, g, elastic=elastic, **hold, **(flip if g == 1 else {}))
+            for g in range(GROUPS)
+        ]
+        started += procs
+        exits = {f"group{g}": proc.wait(timeout=DEADLINE_S) for g, proc in enumerate(procs)}
     (ctx.out / "exits.json").write_text(json.dumps(exits))
