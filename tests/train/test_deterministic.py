@@ -134,6 +134,16 @@ def losses(scenarios: ScenarioResults, name: str) -> list[float]:
     return scenarios.json(name, "summary.rank0.json")["losses"]
 
 
+def assert_same_bits(scenarios: ScenarioResults, tmp_path, names: list[str], steps: int) -> None:
+    """Every scenario of `names` saved and logged what the first did after `steps` steps."""
+    reference, reference_losses = digests(scenarios, names[0], tmp_path, step=steps), losses(scenarios, names[0])
+    assert len(reference_losses) == steps
+    for name in names[1:]:
+        found = digests(scenarios, name, tmp_path, step=steps)
+        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
+        assert losses(scenarios, name) == reference_losses, name
+
+
 def test_every_arrangement_saves_and_logs_the_same_bits(scenarios: ScenarioResults, tmp_path):
     reference = digests(scenarios, "det-dp1", tmp_path)
     assert any(key.startswith("optim.") for key in reference) and any(key.startswith("model.") for key in reference)
@@ -152,37 +162,22 @@ def test_every_arrangement_saves_and_logs_the_same_bits(scenarios: ScenarioResul
 
 
 def test_a_fixed_tensor_parallel_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
-    reference, reference_losses = digests(scenarios, "det-tp2", tmp_path), losses(scenarios, "det-tp2")
+    assert_same_bits(scenarios, tmp_path, list(TP_ARRANGEMENTS), STEPS)
     (reference_loader,) = set(loader_states(scenarios, "det-tp2", 2))
     for name, (world, _) in TP_ARRANGEMENTS.items():
-        found = digests(scenarios, name, tmp_path)
-        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
         assert loader_states(scenarios, name, world) == [reference_loader] * world, name
-        assert losses(scenarios, name) == reference_losses, name
 
 
 def test_a_fixed_context_parallel_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
     """Each micro-batch's parts on its cp ranks are summed in cp rank order, then the dp tree: the
     same bits whether FSDP2 sums them in its reduce-scatter over dp x cp or they are summed here."""
-    reference = digests(scenarios, "det-cp2", tmp_path, step=CP_STEPS)
-    reference_losses = losses(scenarios, "det-cp2")
-    assert len(reference_losses) == CP_STEPS
-    for name in CP_ARRANGEMENTS:
-        found = digests(scenarios, name, tmp_path, step=CP_STEPS)
-        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
-        assert losses(scenarios, name) == reference_losses, name
+    assert_same_bits(scenarios, tmp_path, list(CP_ARRANGEMENTS), CP_STEPS)
 
 
 def test_a_fixed_pipeline_degree_keeps_the_same_bits_over_dp(scenarios: ScenarioResults, tmp_path):
     """Each micro-batch runs a schedule step of its own, so .grad holds it alone when the dp tree
     takes it; the loss comes from the last stage and the norm adds the stages' sums in stage order."""
-    reference = digests(scenarios, "det-pp2", tmp_path, step=CP_STEPS)
-    reference_losses = losses(scenarios, "det-pp2")
-    assert len(reference_losses) == CP_STEPS
-    for name in PP_ARRANGEMENTS:
-        found = digests(scenarios, name, tmp_path, step=CP_STEPS)
-        assert found.keys() == reference.keys() and [k for k in reference if found[k] != reference[k]] == [], name
-        assert losses(scenarios, name) == reference_losses, name
+    assert_same_bits(scenarios, tmp_path, list(PP_ARRANGEMENTS), CP_STEPS)
 
 
 def test_bf16_weights_with_stochastic_rounding_keep_the_same_bits(scenarios: ScenarioResults, tmp_path):
