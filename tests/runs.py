@@ -12,7 +12,8 @@ Everything else runs as a *scenario*: a function `fn(ctx: ScenarioContext, **kwa
 "FILE:function" (FILE relative to tests/, e.g. "train/layout_runs.py:train"). A test module lists
 its scenarios in a module-level `SCENARIOS = [Scenario(...), ...]`; every scenario of every
 collected module runs in ONE torchrun launch (tests/scenario_worker.py) of as many processes as
-the largest scenario needs, in the order listed. Each scenario runs on ranks 0..world-1 in a
+the largest scenario needs, in the order listed (tests/conftest.py runs the waiting ones first,
+then single-process ones that read no multi-process one's files). Each scenario runs on ranks 0..world-1 in a
 process group of its own (world 1: a plain process, no group); the other ranks skip it. Its files
 go to `scenarios.path(name)` (session fixture `scenarios`, tests/conftest.py), which fails the
 asking test with the scenario's traceback if it raised. A scenario may read an earlier one's files
