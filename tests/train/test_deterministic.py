@@ -236,6 +236,14 @@ def test_what_the_mode_cannot_keep_identical_is_refused_by_name(extra, field, sm
     assert field in [name for name, _ in refused.value.problems], refused.value.problems
 
 
+def test_a_pipeline_under_the_mode_needs_no_more_micro_batches_than_one(small_corpus, tmp_path):
+    """Each micro-batch is a schedule step of its own, so a rank may hold fewer than pp of them."""
+    args = tiny_args(small_corpus, tmp_path / "run", *PP, "--train.global_batch", "4", "--train.micro_batch", "2")
+    with pytest.raises(ConfigError, match="pipeline parallel needs at least pp=2 micro-batches"):
+        load_config("tiny", None, args, world=4)
+    load_config("tiny", None, [*args, *ON, "--parallel.dp_sharding", "zero2"], world=4)
+
+
 def test_the_mode_runs_one_intra_op_thread_where_threads_change_a_matmul():
     """The CPU splits a long reduction over its threads (here 64 x 4096 x 64 gave 9e-5 apart on
     two threads): the mode's processes all run one, whatever they were started with."""

@@ -226,7 +226,7 @@ class RunConfig:
                     f"train.micro_batch={micro}; use a multiple of {dp * micro}{fix}",
                 )
             )
-        elif pp > 1 and batch // dp // micro < pp:
+        elif pp > 1 and batch // dp // micro < pp and not self.train.deterministic:  # (it steps one at a time)
             problems.append(
                 (
                     "train.micro_batch",
