@@ -2,7 +2,10 @@
 device record plus the behaviour behind it, so the wiring hlat chooses for that backend runs in
 the suite against the backend's contract rather than the CPU's.
 
-CUDA_LIKE offers CUDA's memory-efficient attention operator, the one context parallelism's ring
+CUDA_LIKE offers CUDA's flash attention operator for the model's attention in fp16 and bf16
+(flash_api.h's contract: those dtypes, head dimensions up to 256, grouped K/V heads read in place,
+a log-sum-exp of [B, H, M] floats), and its memory-efficient attention operator, the one context
+parallelism's ring
 calls per chunk pair there (DeviceRecord.ring_kernel "efficient"), computed on the host with
 the CUDA kernel's conventions (aten/src/ATen/native/transformers/cuda/mem_eff_attention,
 kernel_forward.h and kernel_backward.h, as shipped in torch 2.13's headers): the output laid out
@@ -155,11 +158,91 @@ def _efficient_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
 
 
+def _check_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, causal: bool) -> None:
+    """flash_api.h's mha_fwd / mha_bwd contract, as its checks word it."""
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"FlashAttention only support fp16 and bf16 data type, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.size(-1) > 256:
+        raise RuntimeError(f"FlashAttention forward only supports head dimension at most 256, got {q.size(-1)}")
+    if k.size(1) != v.size(1) or q.size(1) % k.size(1):
+        raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+    if causal and q.size(2) != k.size(2):  # sdp_utils' check_flash_causal_non_square_seqlens: sdpa never asks
+        raise RuntimeError("this profile's flash kernel computes a square causal mask only")
+    if dropout != 0.0:
+        raise RuntimeError("this profile computes dropout 0 only")
+
+
+def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """K or V read by each query head, as the kernel reads a group's one K/V head in place."""
+    return t.repeat_interleave(heads // t.size(1), dim=1)
+
+
+def _flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple:
+    """`_scaled_dot_product_flash_attention` as CUDA returns it (torch/_meta_registrations.py's
+    meta__scaled_dot_product_flash_attention): the output laid out [B, M, H, D] in memory, a
+    log-sum-exp of [B, H, M] floats (no padding, flash_api.h's softmax_lse), no cumulative
+    sequence lengths, the sequence lengths, a philox seed of two uint64 and an offset of one."""
+    _check_flash(q, k, v, dropout_p, is_causal)
+    s = _scores(q, _grouped(k, q.size(1)), None, is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    out = (torch.exp(s - lse[..., None]) @ _grouped(v, q.size(1)).float()).to(q.dtype)
+    out = out.transpose(1, 2).contiguous().transpose(1, 2)
+    seed, offset = torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
+    no_mask = torch.empty(0, dtype=q.dtype)
+    return out, lse, None, None, q.size(2), k.size(2), seed, offset, no_mask
+
+
+def _flash_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    cum_seq_q: torch.Tensor | None,
+    cum_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    philox_seed: torch.Tensor,
+    philox_offset: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients from the forward's own log-sum-exp ([B, H, M], read as is); a K/V head's
+    gradient summed over the query heads of its group."""
+    _check_flash(q, k, v, dropout_p, is_causal)
+    if logsumexp.shape != q.shape[:3]:
+        raise RuntimeError(f"flash attention backward: softmax_lse of shape {tuple(logsumexp.shape)} for {q.shape[:3]}")
+    heads, groups = q.size(1), q.size(1) // k.size(1)
+    kk, vv = _grouped(k, heads).float(), _grouped(v, heads).float()
+    softmax_scale = q.size(-1) ** -0.5 if scale is None else scale
+    p = torch.exp(_scores(q, kk, None, is_causal, scale) - logsumexp[..., None].float())
+    g = grad_out.float()
+    dv = p.transpose(-1, -2) @ g
+    ds = p * (g @ vv.transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
+    dq, dk = (ds @ kk) * softmax_scale, (ds.transpose(-1, -2) @ q.float()) * softmax_scale
+    b, _, n, d = dk.shape
+    dk, dv = (t.view(b, k.size(1), groups, n, d).sum(2) for t in (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 # What of CUDA's row the simulated device can take: its fused AdamW (the CPU's fused kernel on the
-# host data), the memory-efficient attention operator for the model's attention (where CUDA would
-# pick it among what this profile offers) and the ring's, and `selective` saving fused attention.
-# Not here: compiled blocks (the simulated device's tensors break a captured graph), FlexAttention
-# (compiled only), pinned copies (no pinned allocator), the flash and cuDNN kernels.
+# host data), the flash and memory-efficient attention operators for the model's attention (where
+# CUDA would pick them among what this profile offers), the memory-efficient one for the ring's, and
+# `selective` saving fused attention. Not here: compiled blocks (the simulated device's tensors
+# break a captured graph), FlexAttention (compiled only), pinned copies (no pinned allocator), the
+# cuDNN kernel.
 def _cuda_like_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -170,10 +253,21 @@ def _cuda_like_sdpa(
     scale: float | None,
     enable_gqa: bool,
 ) -> torch.Tensor:
-    """scaled_dot_product_attention as CUDA picks it for what this profile offers: the
-    memory-efficient kernel where it takes the inputs (as many key as query heads: it has no
-    grouped-query support), else the math path. Its backward is the operator's own
-    (derivatives.yaml), so recompute policies see CUDA's operator."""
+    """scaled_dot_product_attention as CUDA picks it for what this profile offers, in CUDA's order:
+    the flash kernel where it takes the inputs (fp16 or bf16, no mask, head dim at most 256,
+    grouped-query attention read in place), the memory-efficient one where it does (as many key as
+    query heads: it has no grouped-query support), else the math path; each as
+    torch.nn.attention.sdpa_kernel allows. Its backward is the operator's own (derivatives.yaml),
+    so recompute policies see CUDA's operator."""
+    flash = (
+        torch.backends.cuda.flash_sdp_enabled()
+        and attn_mask is None
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.size(-1) <= 256
+        and (k.size(1) == q.size(1) or enable_gqa)
+    )
+    if flash:
+        return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)[0]
     if k.size(1) != q.size(1) or not torch.backends.cuda.mem_efficient_sdp_enabled():
         math = torch.ops.aten._scaled_dot_product_attention_math
         return math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
@@ -199,6 +293,8 @@ _HOST_KERNELS = {
     CUDA_LIKE: {
         "_scaled_dot_product_efficient_attention": _efficient_forward,
         "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
+        "_scaled_dot_product_flash_attention": _flash_forward,
+        "_scaled_dot_product_flash_attention_backward": _flash_backward,
         "sdpa": _cuda_like_sdpa,
     }
 }

@@ -3,8 +3,9 @@ runs DDP and FSDP2 on two processes with the CPU's numbers, evaluates with its l
 pair of {cpu, cuda-like, neuron-like}: fused AdamW state (the CPU's, CUDA's) resumed by foreach
 (Neuron's) and back.
 
-cuda-like runs the CPU's fused AdamW kernel but CUDA's choice of attention kernel (the math path for
-the tiny model's grouped-query attention, where the CPU runs its flash kernel); neuron-like runs
+cuda-like runs the CPU's fused AdamW kernel but CUDA's choice of attention kernel (in fp32 the math
+path for the tiny model's grouped-query attention, where the CPU runs its flash kernel; CUDA's flash
+operator in bf16); neuron-like runs
 foreach AdamW, whose rounding differs from the fused kernel's in the last bits: both asserted
 within 1e-6 relative of the CPU's losses."""
 
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from device import profiles, simulated_device
 from device.device_runs import train_here
@@ -138,20 +140,53 @@ def test_two_processes_on_each_profile_give_the_cpu_losses(scenarios: ScenarioRe
 
 
 @pytest.mark.parametrize(("recompute_attention", "calls"), [("auto", 1), ("true", 2)])
-def test_selective_saves_cudas_fused_attention(recompute_attention, calls):
-    """`selective` on the cuda-like profile saves the memory-efficient operator's output (its record's
+@pytest.mark.parametrize(
+    ("mode", "kv_heads", "operator"),
+    [("fp32", 4, "_scaled_dot_product_efficient_attention"), ("mixed", 2, "_scaled_dot_product_flash_attention")],
+)
+def test_selective_saves_cudas_fused_attention(recompute_attention, calls, mode, kv_heads, operator):
+    """`selective` on the cuda-like profile saves the fused operator's output (its record's
     recompute_fused_attention false, as CUDA's): one forward call per layer and step; replayed
-    with parallel.recompute_attention true: two. Multi-head attention, which CUDA's kernel takes."""
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=64, max_seq_len=32)
+    with parallel.recompute_attention true: two. In fp32, multi-head attention, which CUDA's
+    memory-efficient kernel takes; in mixed (bf16), grouped-query attention, which its flash one does."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=kv_heads, ffn_dim=64, max_seq_len=32)
     par = ParallelConfig(activation_checkpoint="selective", recompute_attention=recompute_attention)
     counted: Counter[str] = Counter()
     with profiles.profile(profiles.CUDA_LIKE), profiles.counted_kernels(counted):
         device = torch.device(simulated_device.TYPE)
         model = build_parallel_model(
             cfg, parallel=par, layout=setup(par, device), device=device, seed=0, n_microbatches=1,
-            precision=PrecisionConfig(),
+            precision=PrecisionConfig(mode=mode),
         )  # fmt: skip
         tokens = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
         batches = [Batch(tokens, labels_for(tokens)).to(device)]
         model.forward_backward(batches, global_target_count(batches, model.layout))
-    assert counted["_scaled_dot_product_efficient_attention"] == calls * cfg.n_layers
+    assert counted[operator] == calls * cfg.n_layers
+    assert counted[f"{operator}_backward"] == cfg.n_layers
+
+
+def test_cudas_flash_operator_keeps_its_contract_and_computes_attention():
+    """The profile's flash operator: bf16 grouped-query attention (4 query heads over 2 K/V heads)
+    within bf16's rounding of fp32 attention of the same values on the CPU, forward and backward,
+    with its outputs laid out as CUDA's; fp32 inputs refused as CUDA's kernel refuses them."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, weights = (torch.randn(2, h, 16, 8, generator=gen).bfloat16().float() for h in (4, 2, 2, 4))
+    want = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = F.scaled_dot_product_attention(*want, is_causal=True, enable_gqa=True)
+    (reference * weights).sum().backward()
+    with profiles.profile(profiles.CUDA_LIKE):
+        device = torch.device(simulated_device.TYPE)
+        got = [t.to(device, torch.bfloat16).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*got, is_causal=True, enable_gqa=True)
+        (out.float() * weights.to(device)).sum().backward()
+        raw = torch.ops.aten._scaled_dot_product_flash_attention(*(t.detach() for t in got), 0.0, True)
+        with pytest.raises(RuntimeError, match="FlashAttention only support fp16 and bf16"):
+            torch.ops.aten._scaled_dot_product_flash_attention(*(t.detach().float() for t in got), 0.0, True)
+    # one rounding to bf16's 8 bits; the backward reads the bf16 output (as CUDA's does), whose
+    # rounding its row sums then cancel: within that rounding of the largest gradient
+    torch.testing.assert_close(out.float().cpu(), reference.detach(), rtol=2**-7, atol=1e-3)
+    for mine, theirs in zip(got, want):
+        torch.testing.assert_close(mine.grad.float().cpu(), theirs.grad, rtol=0, atol=2**-7 * theirs.grad.abs().max())
+    lse, lengths = raw[1], raw[4:6]
+    assert lse.shape == (2, 4, 16) and lse.dtype == torch.float32 and lengths == (16, 16)
+    assert raw[0].transpose(1, 2).is_contiguous()  # [B, M, H, D] in memory
