@@ -18,6 +18,7 @@ by a plain all-reduce, and the fp64 norm replaced by the default one. Replay: se
 import hashlib
 import json
 import re
+import socket
 
 import pytest
 import torch
@@ -277,6 +278,7 @@ def test_replay_names_the_rank_that_computed_wrong(scenarios: ScenarioResults):
         json.loads(line) for line in (four / "run" / "metrics.jsonl").read_text().splitlines() if "replay" in line
     ]
     assert named["step"] == 2 and named["replay"]["ranks"] == [3]
+    assert named["replay"]["hosts"] == [socket.gethostname()]  # what scripts/slurm.sbatch leaves out
     two = json.loads((scenarios.path("replay-flip-2") / "refused.rank0.json").read_text())["message"]
     assert "no third" in two and "data-parallel rank 0 (" in two and "data-parallel rank 1 (" in two
 

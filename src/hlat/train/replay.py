@@ -74,9 +74,11 @@ class Replay:
         self.device = device
         self.replays = 0
         index = device.index if device.index is not None else os.environ.get("LOCAL_RANK", 0)
-        where = f"global rank {dist.get_rank()}, host {socket.gethostname()}, device {device.type}:{index}"
-        self.where: list[str] = [""] * ranks
-        dist.all_gather_object(self.where, where, group=group)
+        host = socket.gethostname()
+        where = f"global rank {dist.get_rank()}, host {host}, device {device.type}:{index}"
+        every_rank: list[tuple[str, str]] = [("", "")] * ranks
+        dist.all_gather_object(every_rank, (where, host), group=group)
+        self.where, self.hosts = [w for w, _ in every_rank], [h for _, h in every_rank]
 
     def due(self, step: int) -> bool:
         return self.ranks > 1 and step % self.every == 0
@@ -133,7 +135,12 @@ class Replay:
             record = {
                 "step": step,
                 "time": time.time(),
-                "replay": {"ranks": named, "where": [self.where[r] for r in named]},
+                # hosts: what a scheduler leaves out of the job (scripts/slurm.sbatch)
+                "replay": {
+                    "ranks": named,
+                    "where": [self.where[r] for r in named],
+                    "hosts": [self.hosts[r] for r in named],
+                },
             }
             with self.record.open("a") as f:
                 f.write(json.dumps(record) + "\n")
