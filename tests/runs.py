@@ -231,13 +231,27 @@ class SharedLaunch:
         return sum(float(f.read_text()) for f in (self.root / name).glob("cpu.rank*"))
 
     def stop(self) -> None:
-        """End of session: a launch still running (a run cut short, e.g. -x) is killed."""
+        """End of session: a launch still running (a run cut short, e.g. -x) is killed, its ranks
+        first: torchrun starts each in a session of its own, which killing its group would miss."""
         if self.process is not None and self.process.poll() is None:
+            for pid in _children(self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):  # it ended just now
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         if self in _RUNNING:
             _RUNNING.remove(self)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc; elsewhere none are found)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
 
 
 _RUNNING: list[SharedLaunch] = []
