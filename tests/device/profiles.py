@@ -4,15 +4,17 @@ the suite against the backend's contract rather than the CPU's.
 
 CUDA_LIKE offers CUDA's flash attention operator for the model's attention in fp16 and bf16
 (flash_api.h's contract: those dtypes, head dimensions up to 256, grouped K/V heads read in place,
-a log-sum-exp of [B, H, M] floats), and its memory-efficient attention operator, the one context
-parallelism's ring
-calls per chunk pair there (DeviceRecord.ring_kernel "efficient"), computed on the host with
-the CUDA kernel's conventions (aten/src/ATen/native/transformers/cuda/mem_eff_attention,
-kernel_forward.h and kernel_backward.h, as shipped in torch 2.13's headers): the output laid out
-[B, M, H, D] in memory; a log-sum-exp of [B, H, ceil(M / 32) * 32] floats, its padding +inf; a
-fully masked row's output 0 and log-sum-exp 0; the bias of the query's dtype with its batch,
-head and row strides multiples of 16 elements ("attn_bias is not correctly aligned"); the same
-number of query and key heads; a backward that reads the log-sum-exp in whole 32-query blocks.
+a log-sum-exp of [B, H, M] floats); its cuDNN attention operator, with the refusals of
+aten/src/ATen/native/transformers/cuda/sdp_utils.cpp's can_use_cudnn_attention on an H100 (sm90)
+and the outputs of torch/_meta_registrations.py's meta__scaled_dot_product_cudnn_attention; and
+its memory-efficient attention operator, the one context parallelism's ring calls per chunk pair
+there (DeviceRecord.ring_kernel "efficient"), computed on the host with the CUDA kernel's
+conventions (aten/src/ATen/native/transformers/cuda/mem_eff_attention, kernel_forward.h and
+kernel_backward.h, as shipped in torch 2.13's headers): the output laid out [B, M, H, D] in memory;
+a log-sum-exp of [B, H, ceil(M / 32) * 32] floats, its padding +inf; a fully masked row's output 0
+and log-sum-exp 0; the bias of the query's dtype with its batch, head and row strides multiples of
+16 elements ("attn_bias is not correctly aligned"); the same number of query and key heads; a
+backward that reads the log-sum-exp in whole 32-query blocks.
 
 NEURON_LIKE follows TorchNeuron (awsdocs-neuron, "torch.compile backend reference", 2026-10-14):
 its compile backend rejects dynamic=True ("dynamic=True is rejected during compilation ...
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo import register_backend
 from torch.fx.experimental.symbolic_shapes import free_symbols
+from torch.nn.attention import SDPBackend
 
 from device import simulated_device
 from hlat.device import record
@@ -237,12 +241,162 @@ def _flash_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+# sdp_utils.cpp's check_cudnn_tensor_shapes on sm90 (the file read at pytorch commit 001f694a: torch
+# 2.13 ships its headers, not it): head dims up to 128, each a multiple of 8; batch and heads up to
+# 65535. The profile's H100 has a cuDNN runtime older than 9.11: no 192 x 128 head dims (from 9.11)
+# nor 256 (after 9.22, with frontend 1.24), and cuDNN is not first in the priority order
+# (check_prefer_cudnn_attention: after 9.15.0, a runtime its comment says CUDA 12 wheels lack).
+_CUDNN_HEAD_DIM, _CUDNN_HEAD_ALIGN, _CUDNN_MAX_DIM = 128, 8, 65535
+
+
+def _cudnn_kernel_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
+    """What of q, k, v cuDNN's SDPA graph cannot take on sm90: sdp_utils.cpp's
+    check_dtypes_low_precision, check_tensor_shapes, check_cudnn_tensor_shapes and the head count of
+    check_batch_size_and_num_heads_dense (grouped K/V heads dividing the query's); None: it takes them."""
+    d_qk, d_v = q.size(-1), v.size(-1)
+    refusals = (
+        (
+            q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16),
+            f"query, key and value of dtype {{Half, BFloat16}}, got {q.dtype}, {k.dtype}, {v.dtype}",
+        ),
+        (q.dim() == k.dim() == v.dim() == 4, "4-dimensional query, key and value"),
+        (max(q.size(0), q.size(1)) <= _CUDNN_MAX_DIM, f"batch size and heads at most {_CUDNN_MAX_DIM}"),
+        (max(d_qk, d_v) <= _CUDNN_HEAD_DIM, f"head_dim no more than {_CUDNN_HEAD_DIM}, got {d_qk} and {d_v}"),
+        (not (d_qk % _CUDNN_HEAD_ALIGN or d_v % _CUDNN_HEAD_ALIGN), f"head_dim a multiple of 8, got {d_qk}, {d_v}"),
+        (k.size(2) != 1, "a key/value sequence longer than 1"),
+        (
+            q.size(0) == k.size(0) == v.size(0) and q.size(1) % k.size(1) == 0 and q.size(1) % v.size(1) == 0,
+            "one batch size, and key/value heads dividing the query's",
+        ),
+    )
+    return next((f"cuDNN SDPA needs {needs}" for ok, needs in refusals if not ok), None)
+
+
+def _cudnn_sdpa_refusal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout: float, enable_gqa: bool
+) -> str | None:
+    """sdp_utils.cpp's can_use_cudnn_attention for dense inputs on sm90 (check_cudnn_hardware_support
+    passes there): the backend enabled, not under deterministic algorithms, a mask of no gradient
+    and a shape check_attn_mask_shape takes, dropout in 1/16ths, K/V heads as many as the query's
+    unless enable_gqa, a last dimension of stride 1, then what the kernel takes."""
+    mask_dims = (
+        (q.size(2), k.size(2)) if mask is None or mask.dim() == 2 else (q.size(0), q.size(1), q.size(2), k.size(2))
+    )
+    refusals = (
+        (torch.backends.cuda.cudnn_sdp_enabled(), "cuDNN attention has been runtime disabled"),
+        (
+            not torch.are_deterministic_algorithms_enabled() or torch.is_deterministic_algorithms_warn_only_enabled(),
+            "cuDNN SDPA is not deterministic",
+        ),
+        (
+            mask is None
+            or (
+                not mask.requires_grad
+                and mask.dim() == len(mask_dims)
+                and all(m in (1, n) for m, n in zip(mask.shape, mask_dims))
+            ),
+            "an attn_mask of no gradient, 2-d or 4-d, each dim 1 or the inputs'",
+        ),
+        (dropout * 16 == math.floor(dropout * 16), "a dropout probability in multiples of 1/16"),
+        (
+            enable_gqa or q.size(1) == k.size(1) == v.size(1),
+            "as many key/value heads as query heads without enable_gqa",
+        ),
+        (
+            all(t.stride(-1) == 1 for t in (q, k, v)) or q.size(-1) == 1,
+            "query, key and value with a last dimension of stride 1",
+        ),
+        (mask is None or mask.stride(-1) == 1, "an attn_mask with a last dimension of stride 1"),
+        (min(q.size(2), k.size(2)) > 0, "nonzero sequence lengths"),
+    )
+    refused = next((f"cuDNN SDPA needs {needs}" for ok, needs in refusals if not ok), None)
+    return refused or _cudnn_kernel_refusal(q, k, v)
+
+
+def _check_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> None:
+    """The operator called as it is, outside SDPA's selection: what its kernel cannot compute."""
+    if (refused := _cudnn_kernel_refusal(q, k, v)) is not None:
+        raise RuntimeError(refused)
+    if dropout != 0.0:
+        raise RuntimeError("this profile computes dropout 0 only")
+
+
+def _in_query_layout(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`t` laid out as _meta_registrations' alloc_with_matching_layout lays the output out: like the
+    query where the shapes agree, else its dimensions in the query's order of strides."""
+    if t.shape == q.shape:
+        return torch.empty_like(q).copy_(t)
+    order = sorted(range(q.dim()), key=q.stride, reverse=True)
+    return t.permute(order).contiguous().permute([order.index(d) for d in range(q.dim())])
+
+
+def _cudnn_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    compute_log_sumexp: bool,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    return_debug_mask: bool = False,
+    *,
+    scale: float | None = None,
+) -> tuple:
+    """`_scaled_dot_product_cudnn_attention` as meta__scaled_dot_product_cudnn_attention gives it:
+    the output [B, H, M, Dv] laid out as the query, a log-sum-exp of [B, H, M, 1] floats (allocated
+    whether asked for or not), no cumulative sequence lengths, the sequence lengths, a philox seed
+    and offset of 0-d int64, no debug mask. Grouped K/V heads are read in place; the bias (the
+    query's dtype, broadcast over batch and heads) adds to the scaled scores."""
+    _check_cudnn(q, k, v, dropout_p)
+    s = _scores(q, _grouped(k, q.size(1)), attn_bias, is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    out = _in_query_layout(q, (torch.exp(s - lse) @ _grouped(v, q.size(1)).float()).to(q.dtype))
+    seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
+    return out, lse, None, None, q.size(2), k.size(2), seed, offset, None
+
+
+def _cudnn_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    philox_seed: torch.Tensor,
+    philox_offset: torch.Tensor,
+    attn_bias: torch.Tensor | None,
+    cum_seq_q: torch.Tensor | None,
+    cum_seq_k: torch.Tensor | None,
+    max_q: int,
+    max_k: int,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients from the forward's own [B, H, M, 1] log-sum-exp, laid out as q, k and v
+    (meta__scaled_dot_product_cudnn_backward); a K/V head's summed over its group's query heads."""
+    _check_cudnn(q, k, v, dropout_p)
+    if logsumexp.shape != (*q.shape[:3], 1):
+        raise RuntimeError(
+            f"cuDNN attention backward: softmax stats of shape {tuple(logsumexp.shape)} for {q.shape[:3]}"
+        )
+    kk, vv = _grouped(k, q.size(1)).float(), _grouped(v, q.size(1)).float()
+    softmax_scale = q.size(-1) ** -0.5 if scale is None else scale
+    p = torch.exp(_scores(q, kk, attn_bias, is_causal, scale) - logsumexp.float())
+    g = grad_out.float()
+    ds = p * (g @ vv.transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
+    dq, dk = (ds @ kk) * softmax_scale, (ds.transpose(-1, -2) @ q.float()) * softmax_scale
+    dk = dk.unflatten(1, (k.size(1), -1)).sum(2)
+    dv = (p.transpose(-1, -2) @ g).unflatten(1, (v.size(1), -1)).sum(2)
+    return tuple(torch.empty_like(like).copy_(grad) for like, grad in ((q, dq), (k, dk), (v, dv)))
+
+
 # What of CUDA's row the simulated device can take: its fused AdamW (the CPU's fused kernel on the
-# host data), the flash and memory-efficient attention operators for the model's attention (where
-# CUDA would pick them among what this profile offers), the memory-efficient one for the ring's, and
-# `selective` saving fused attention. Not here: compiled blocks (the simulated device's tensors
-# break a captured graph), FlexAttention (compiled only), pinned copies (no pinned allocator), the
-# cuDNN kernel.
+# host data), the flash, memory-efficient and cuDNN attention operators for the model's attention
+# (where CUDA would pick them among what this profile offers), the memory-efficient one for the
+# ring's, and `selective` saving fused attention. Not here: compiled blocks (the simulated device's
+# tensors break a captured graph), FlexAttention (compiled only), pinned copies (no pinned allocator).
 def _cuda_like_sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -253,26 +407,44 @@ def _cuda_like_sdpa(
     scale: float | None,
     enable_gqa: bool,
 ) -> torch.Tensor:
-    """scaled_dot_product_attention as CUDA picks it for what this profile offers, in CUDA's order:
-    the flash kernel where it takes the inputs (fp16 or bf16, no mask, head dim at most 256,
-    grouped-query attention read in place), the memory-efficient one where it does (as many key as
-    query heads: it has no grouped-query support), else the math path; each as
-    torch.nn.attention.sdpa_kernel allows. Its backward is the operator's own (derivatives.yaml),
-    so recompute policies see CUDA's operator."""
-    flash = (
-        torch.backends.cuda.flash_sdp_enabled()
+    """scaled_dot_product_attention as sdp_utils.cpp's select_sdp_backend picks it: the first backend
+    of torch's priority order that is enabled (torch.nn.attention.sdpa_kernel) and takes the inputs;
+    none: "No available kernel", after warning why cuDNN's refused. The flash kernel takes fp16 or
+    bf16, no mask, head dim at most 256, grouped-query attention read in place; the memory-efficient
+    one as many key as query heads (it has no grouped-query support here); the cuDNN one what
+    _cudnn_sdpa_refusal lets through. The order is the CUDA build's default, flash, memory-efficient,
+    math, cuDNN (ATen/Context.h): priority_order moves cuDNN first only where
+    check_prefer_cudnn_attention holds (a cuDNN runtime newer than 9.15.0 on sm90 or sm10x), which the
+    profile's H100 does not (its runtime: the note above _CUDNN_HEAD_DIM); sdpa_kernel(...,
+    set_priority=True) reorders it as on CUDA. Each operator's backward is its own (derivatives.yaml),
+    so recompute policies see CUDA's."""
+    cudnn_refusal = _cudnn_sdpa_refusal(q, k, v, attn_mask, dropout_p, enable_gqa)
+    takes = {
+        SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled()
         and attn_mask is None
         and q.dtype in (torch.float16, torch.bfloat16)
         and q.size(-1) <= 256
-        and (k.size(1) == q.size(1) or enable_gqa)
-    )
-    if flash:
+        and (k.size(1) == q.size(1) or enable_gqa),
+        SDPBackend.EFFICIENT_ATTENTION: torch.backends.cuda.mem_efficient_sdp_enabled() and k.size(1) == q.size(1),
+        SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
+        SDPBackend.CUDNN_ATTENTION: cudnn_refusal is None,
+    }
+    backend = next((b for b in map(SDPBackend, torch._C._get_sdp_priority_order()) if takes.get(b)), None)
+    if backend is None:
+        warnings.warn(f"cuDNN attention kernel not used because: {cudnn_refusal}", stacklevel=2)
+        raise RuntimeError("No available kernel. Aborting execution.")
+    if backend == SDPBackend.FLASH_ATTENTION:
         return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, scale=scale)[0]
-    if k.size(1) != q.size(1) or not torch.backends.cuda.mem_efficient_sdp_enabled():
-        math = torch.ops.aten._scaled_dot_product_attention_math
-        return math(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
+    if backend == SDPBackend.MATH:
+        math_sdpa = torch.ops.aten._scaled_dot_product_attention_math
+        return math_sdpa(q, k, v, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=enable_gqa)[0]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:  # additive, as attention.cpp converts it
         attn_mask = torch.zeros(attn_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~attn_mask, -math.inf)
+    if backend == SDPBackend.CUDNN_ATTENTION:
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))  # should_compute_logsumexp
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, attn_mask, grad, dropout_p, is_causal, scale=scale
+        )[0]
     if attn_mask is not None:  # broadcast and row-aligned, as torch's sdpa prepares it for the kernel
         tk = attn_mask.size(-1)
         attn_mask = F.pad(attn_mask, (0, -tk % _BIAS_ALIGN))[..., :tk].expand(q.size(0), q.size(1), q.size(2), tk)
@@ -285,6 +457,7 @@ def _cuda_like_sdpa(
 CUDA_LIKE = record.DeviceRecord(
     simulated_device.TYPE,
     fused_adamw=True,
+    sdpa_backends=record.RECORDS["cuda"].sdpa_backends,  # train.attention_backend: CUDA's choices
     recompute_fused_attention=False,
     ring_kernel="efficient",
     ring_attention=True,
@@ -295,6 +468,8 @@ _HOST_KERNELS = {
         "_scaled_dot_product_efficient_attention_backward": _efficient_backward,
         "_scaled_dot_product_flash_attention": _flash_forward,
         "_scaled_dot_product_flash_attention_backward": _flash_backward,
+        "_scaled_dot_product_cudnn_attention": _cudnn_forward,
+        "_scaled_dot_product_cudnn_attention_backward": _cudnn_backward,
         "sdpa": _cuda_like_sdpa,
     }
 }

@@ -141,14 +141,19 @@ def test_two_processes_on_each_profile_give_the_cpu_losses(scenarios: ScenarioRe
 
 @pytest.mark.parametrize(("recompute_attention", "calls"), [("auto", 1), ("true", 2)])
 @pytest.mark.parametrize(
-    ("mode", "kv_heads", "operator"),
-    [("fp32", 4, "_scaled_dot_product_efficient_attention"), ("mixed", 2, "_scaled_dot_product_flash_attention")],
+    ("mode", "kv_heads", "attention", "operator"),
+    [
+        ("fp32", 4, "auto", "_scaled_dot_product_efficient_attention"),
+        ("mixed", 2, "auto", "_scaled_dot_product_flash_attention"),
+        ("mixed", 2, "cudnn", "_scaled_dot_product_cudnn_attention"),
+    ],
 )
-def test_selective_saves_cudas_fused_attention(recompute_attention, calls, mode, kv_heads, operator):
+def test_selective_saves_cudas_fused_attention(recompute_attention, calls, mode, kv_heads, attention, operator):
     """`selective` on the cuda-like profile saves the fused operator's output (its record's
     recompute_fused_attention false, as CUDA's): one forward call per layer and step; replayed
     with parallel.recompute_attention true: two. In fp32, multi-head attention, which CUDA's
-    memory-efficient kernel takes; in mixed (bf16), grouped-query attention, which its flash one does."""
+    memory-efficient kernel takes; in mixed (bf16), grouped-query attention, which its flash one
+    does, and its cuDNN one under train.attention_backend cudnn."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=kv_heads, ffn_dim=64, max_seq_len=32)
     par = ParallelConfig(activation_checkpoint="selective", recompute_attention=recompute_attention)
     counted: Counter[str] = Counter()
@@ -156,7 +161,7 @@ def test_selective_saves_cudas_fused_attention(recompute_attention, calls, mode,
         device = torch.device(simulated_device.TYPE)
         model = build_parallel_model(
             cfg, parallel=par, layout=setup(par, device), device=device, seed=0, n_microbatches=1,
-            precision=PrecisionConfig(mode=mode),
+            precision=PrecisionConfig(mode=mode), attention=attention,
         )  # fmt: skip
         tokens = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
         batches = [Batch(tokens, labels_for(tokens)).to(device)]
