@@ -141,10 +141,10 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: t
         max_grad_norm=0.0,
     )
     losses, norms = [], []
-    for tokens in global_batches(model_cfg.vocab_size):
+    for number, tokens in enumerate(global_batches(model_cfg.vocab_size), 1):
         mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
         batches = [rows(case, mine[i : i + micro]).to(device) for i in range(0, per_dp, micro)]
-        norms.append(module.step(batches, LR).grad_norm.item())
+        norms.append(module.step(batches, LR, number).grad_norm.item())
         (loss,), skipped = module.read_losses()
         assert skipped == 0, f"{case.id}: a step was skipped"
         losses.append(loss)

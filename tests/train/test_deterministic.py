@@ -28,6 +28,7 @@ from hlat.config.load import load_config
 from hlat.errors import ConfigError
 from hlat.train.deterministic import fix_numerics
 from hlat.train.replay import WrongComputation
+from hlat.train.trainer import Trainer
 from runs import Scenario, ScenarioResults, checkpoint_tensors, tiny_args
 
 STEPS, MIDDLE = 8, 4
@@ -243,6 +244,30 @@ def test_a_pipeline_under_the_mode_needs_no_more_micro_batches_than_one(small_co
     with pytest.raises(ConfigError, match="pipeline parallel needs at least pp=2 micro-batches"):
         load_config("tiny", None, args, world=4)
     load_config("tiny", None, [*args, *ON, "--parallel.dp_sharding", "zero2"], world=4)
+
+
+class _AskedSteps:
+    """A replay that records which steps it is asked about and checks none."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def due(self, step: int) -> bool:
+        self.asked.append(step)
+        return False
+
+
+def test_a_resumed_run_replays_at_the_run_s_steps(small_corpus, tmp_path):
+    """Replay's schedule, the step its line and record name, and HLAT_FAULT's flip count the run's
+    steps: a run resumed at step 2 asks about steps 3 and 4, as the uninterrupted run does (counted
+    by the process, it asked about 1 and 2: a record naming the wrong step, checks moved)."""
+    for steps in (2, 4):
+        trainer = Trainer(
+            load_config("tiny", None, tiny_args(small_corpus, tmp_path, *ON, "--train.steps", str(steps)))
+        )
+        trainer.module.replay = replay = _AskedSteps()
+        trainer.fit()
+    assert replay.asked == [3, 4]
 
 
 def test_the_mode_runs_one_intra_op_thread_where_threads_change_a_matmul():

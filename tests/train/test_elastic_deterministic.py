@@ -56,7 +56,7 @@ def module(rank: int, replicas: Replicas, found: str | None = None) -> tuple[Ela
     self = ElasticDeterministicTrainModule.__new__(ElasticDeterministicTrainModule)
     self.model = SimpleNamespace(parameters=lambda: [weight])
     self.group = SimpleNamespace(present=GROUPS, rank=rank, data=SimpleNamespace(shares=SHARES), replicas=replicas)
-    self.found, self.steps = found, 2
+    self.found, self.number = found, 2
     return self, [weight, loss]
 
 

@@ -57,7 +57,7 @@ class DeterministicTrainModule(TrainModule):
 
     def __init__(self, model: ParallelModel, *, replay: Replay | None = None, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
-        self.replay, self.steps = replay, 0  # the steps this process ran (replay's schedule)
+        self.replay = replay
         layout = model.layout
         self.sharded = isinstance(model.parts[0], FSDPModule)  # else each dp rank holds whole tensors
         self.dp_group = layout.group("dp") if layout.dp > 1 else None
@@ -85,8 +85,7 @@ class DeterministicTrainModule(TrainModule):
     def _accumulate(self, micro_batches: Sequence[Batch], n_targets: torch.Tensor) -> torch.Tensor:
         """The global batch's gradient in .grad as a tree over its micro-batches; the step's loss,
         the same bits on every rank."""
-        self.steps += 1
-        replaying = self.replay is not None and self.replay.due(self.steps)
+        replaying = self.replay is not None and self.replay.due(self.number)
         params, sums, losses = self.model.parameters(), PairwiseSum(), []
         digest = b""
         for slot, loss in enumerate(self._backward_each(micro_batches, n_targets, replaying)):
@@ -102,7 +101,7 @@ class DeterministicTrainModule(TrainModule):
         for param, grad in zip(params, sums.total()):
             param.grad = grad
         if replaying:
-            found = self.replay.check(self.steps, micro_batches[0], digest, lambda b: self._recompute(b, n_targets))
+            found = self.replay.check(self.number, micro_batches[0], digest, lambda b: self._recompute(b, n_targets))
             if found:
                 self._computing_wrong(found)
         return self._ordered_loss(torch.stack(losses))
@@ -116,7 +115,7 @@ class DeterministicTrainModule(TrainModule):
     ) -> Iterator[torch.Tensor]:
         """The model's backward_each, the first micro-batch's gradients fed to the tap on a replay
         step (and computed wrong where HLAT_FAULT="flip:STEP:RANK" asks: hlat.faults)."""
-        fault = flip_one_bit(self.model.parts[0]) if flips(self.steps, self.model.layout.rank) else None
+        fault = flip_one_bit(self.model.parts[0]) if flips(self.number, self.model.layout.rank) else None
         if replaying:
             self.model.gradient_tap.open()
         for loss in self.model.backward_each(micro_batches, n_targets):

@@ -76,12 +76,15 @@ class TrainModule:
         self.optimizers = Optimizers(model.parts, build)
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         self._rank_losses: list[torch.Tensor] = []  # this rank's part of each step's loss since the last read
+        self.number = 0  # the run's step being taken (step())
 
     def train(self) -> None:
         self.model.train()
 
-    def step(self, micro_batches: Sequence[Batch], lr: float) -> StepOutput:
-        """One optimizer step at learning rate `lr` (hlat.train.step); no host sync."""
+    def step(self, micro_batches: Sequence[Batch], lr: float, number: int) -> StepOutput:
+        """The run's optimizer step `number` (1-based, as logged: a resumed or healed run goes on
+        counting) at learning rate `lr` (hlat.train.step); no host sync."""
+        self.number = number
         self.optimizers.set_lr(lr)
         rank_loss = self._reduce(self._accumulate(micro_batches, self._target_count(micro_batches)))
         grad_norm, bad = self._clip()

@@ -232,7 +232,7 @@ class Trainer:
             computing = time.thread_time()  # grows with this rank's work, not while it waits for the others
             with watch(self.layout, "training step (forward, backward, gradient reduction, optimizer)", self.step + 1):
                 maybe_slow(self.step + 1, self.layout.rank)
-                output = self.module.step(batches, lr)
+                output = self.module.step(batches, lr, self.step + 1)
             window.compute_s += time.thread_time() - computing
             if output.committed:
                 break

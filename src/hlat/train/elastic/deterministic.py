@@ -84,5 +84,5 @@ class ElasticDeterministicTrainModule(ElasticTrainModule, DeterministicTrainModu
             raise WrongComputation(f"{self.found}; {stop}: take the named node out of the job before resuming")
         raise WrongComputation(
             f"replay: replica rank(s) {finders} of this step's quorum found a node computing wrong at step "
-            f"{self.steps} (their log names it); {stop}"
+            f"{self.number} (their log names it); {stop}"
         )
