@@ -78,8 +78,8 @@ def _trajectory(
     module = TrainModule(
         model, optim=OptimConfig(), precision=PrecisionConfig(mode=mode), dp_sharding="ddp", seed=0, max_grad_norm=1.0
     )
-    for micro in steps:
-        module.step([b.to(device) for b in micro], OptimConfig().lr)
+    for number, micro in enumerate(steps, 1):
+        module.step([b.to(device) for b in micro], OptimConfig().lr, number)
     losses, _ = module.read_losses()
     weights = {canonical_name(n): p.detach().float().cpu() for part in model.parts for n, p in part.named_parameters()}
     return losses, weights

@@ -243,9 +243,9 @@ def _throughput(spec: Throughput, device: torch.device, sizes: Sizes, first_loss
     )
     meter = MemoryMeter(device)
     times = []
-    for _ in range(sizes.steps):
+    for number in range(1, sizes.steps + 1):
         start = time.perf_counter()
-        module.step(batches, cfg.optim.lr)
+        module.step(batches, cfg.optim.lr, number)
         synchronize(device)
         times.append(time.perf_counter() - start)
     losses, _ = module.read_losses()
