@@ -58,7 +58,7 @@ def test_trainer_path_converts_before_recompute_and_initialises_the_same(monkeyp
     require("torchao")
     import hlat.parallel.parallelize as parallelize
 
-    monkeypatch.setattr(parallelize, "check_float8", lambda device, tp=1: None)  # let the CPU through
+    monkeypatch.setattr(parallelize, "check_float8", lambda *args: None)  # let the CPU through
     layout, cpu = Layout(1, 0, Degrees(), None), torch.device("cpu")
     plain = build_parallel_model(
         CFG,
@@ -88,6 +88,30 @@ def test_trainer_path_converts_before_recompute_and_initialises_the_same(monkeyp
     assert all(p.grad is not None and p.grad.isfinite().all() for p in f8.raw_parts[0].parameters())
 
 
+def test_tensor_parallel_converts_what_each_rank_can_multiply():
+    require("torchao")
+    from torch.distributed.tensor.parallel import PrepareModuleInput, RowwiseParallel
+
+    from hlat.model.spec import model_spec
+    from hlat.parallel.tensor_parallel import _STYLES, _float8_styles
+
+    with torch.device("meta"):
+        model = Llama(CFG)
+    # ffn_dim 176 is a multiple of 16, its tp 2 shards (88) are not, which _scaled_mm refuses on
+    # GPUs: under tp 2 the feed-forward stays in the mode's dtype and the attention converts
+    assert convert_to_float8(copy.deepcopy(model)) == 7 * CFG.n_layers
+    assert convert_to_float8(model, tp=2) == 4 * CFG.n_layers
+    block, plan = model.layers["0"], model_spec(CFG).tensor_parallel
+    styles = _float8_styles(block, plan, {name: _STYLES[role](CFG, 2) for name, role in plan.items()})
+    # the attention's input gathered in float8 for wq, wk and wv; the feed-forward's in the mode's dtype
+    assert {name: type(styles[name]).__name__ for name in ("attention", "attention.wq", "attention.wo")} == {
+        "attention": "PrepareFloat8ModuleInput",
+        "attention.wq": "Float8ColwiseParallel",
+        "attention.wo": "Float8RowwiseParallel",
+    }
+    assert type(styles["feed_forward"]) is PrepareModuleInput and type(styles["feed_forward.w2"]) is RowwiseParallel
+
+
 def test_refused_without_float8_matmuls(monkeypatch):
     with pytest.raises(ConfigError, match=r"precision\.float8: .*this run is on cpu.*--precision\.float8 false"):
         check_float8(torch.device("cpu"))
@@ -98,8 +122,14 @@ def test_refused_without_float8_matmuls(monkeypatch):
     with pytest.raises(ConfigError, match=r"A100-SXM4-80GB has CUDA capability 8\.0, and float8 matmuls need >= 8\.9"):
         check_float8(torch.device("cuda", 0))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    with pytest.raises(ConfigError, match=r"tensor parallelism \(parallel\.tp = 2\)"):
-        check_float8(torch.device("cuda", 0), tp=2)
+    check_float8(torch.device("cuda", 0), tp=2, n_kv_heads=2)  # KV heads split over tp: torchao's float8 styles
+    # more tp ranks than KV heads replicates wk and wv, which have no float8 form
+    with pytest.raises(
+        ConfigError,
+        match=r"precision\.float8: parallel\.tp 4 > model\.n_kv_heads 2 replicates the KV projections.*"
+        r"--parallel\.tp to at most 2 or --precision\.float8 false",
+    ):
+        check_float8(torch.device("cuda", 0), tp=4, n_kv_heads=2)
     # The trainer's path refuses before any model is built.
     with pytest.raises(ConfigError, match=r"precision\.float8"):
         build_parallel_model(

@@ -1,5 +1,6 @@
 """Build this rank's share of the model for a layout, in one fixed order:
-pipeline split -> tensor/sequence parallel -> activation checkpointing -> compile -> data parallel.
+pipeline split -> float8 conversion -> tensor/sequence parallel -> activation checkpointing -> compile
+-> data parallel.
 
 `ParallelModel` then runs one step's forward and backward over its micro-batches, whatever the
 layout, and computes the true global gradient norm across every shard and stage.
@@ -322,7 +323,7 @@ def build_parallel_model(
     check_layout(model_cfg, parallel, layout)
     check_grad_accum(precision, parallel.dp_sharding, layout.degrees.dp_cp)
     if float8:
-        check_float8(device, layout.tp)
+        check_float8(device, layout.tp, model_cfg.n_kv_heads)
     check_attention_backend(attention, device)
     recompute_attention = attention_recomputed(parallel.recompute_attention, device)
     if layout.cp > 1 and not device_record(device.type).ring_attention:
@@ -349,10 +350,10 @@ def build_parallel_model(
     tap = GradientTap() if deterministic else None
     parts = []
     for module in raw:
+        if float8:  # before TP, whose plan picks torchao's float8 styles for Float8Linears
+            convert_to_float8(module, layout.tp)
         if layout.tp > 1:
             apply_tensor_parallel(module, layout.mesh["tp"])
-        if float8:
-            convert_to_float8(module)
         apply_activation_checkpoint(
             module, parallel.activation_checkpoint, parallel.recompute_every_other_mm, compiled, recompute_attention
         )

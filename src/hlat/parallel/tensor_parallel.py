@@ -22,11 +22,20 @@ computed by each rank from its own heads, is summed over the tp ranks; each head
 whole on one rank, so the sharding leaves the norm exact. Over replicated KV projections each
 rank's k holds the one head it computes, and the sum adds each copy's share of that head's
 gradient.
+
+Float8 blocks (precision.float8: torchao's Float8Linear) take torchao's float8 styles for their
+linears and their inputs, as torchtitan does: the same shardings, but each block input is cast to
+float8 before its all-gather (gathered in float8, once for wq, wk and wv or w1 and w3) and each
+linear's output gradient to float8 in backward. The casts' dynamic scales come from the amax of
+the whole DTensor (a max over the tp ranks), so every scale is the one the unsharded tensor would
+get and float8 under TP computes what it computes without TP. Replicated KV projections compute
+outside the Float8Linear, so float8 refuses tp > n_kv_heads (hlat.float8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,6 +52,7 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.parallel.style import ParallelStyle
 
 from hlat.config.model import ModelConfig
+from hlat.float8 import is_float8_linear
 from hlat.model.llama import linear
 from hlat.model.spec import TPRole, model_spec
 
@@ -100,18 +110,22 @@ def _kv_style(cfg: ModelConfig, tp: int) -> ParallelStyle:
     return ReplicatedKV(cfg.attn_head_dim, cfg.n_kv_heads) if cfg.n_kv_heads < tp else ColwiseParallel()
 
 
-# each role's DTensor style, from the model config and the tp degree
-_STYLES: dict[TPRole, Callable[[ModelConfig, int], ParallelStyle]] = {
-    "sequence_norm": lambda cfg, tp: SequenceParallel(),
-    # (x, cos, sin, attn_mask): only x is sharded; the RoPE tables and mask are replicated
-    "attention_input": lambda cfg, tp: PrepareModuleInput(
+# the sequence-sharded input gathered before attention (x, cos, sin, attn_mask: only x is sharded,
+# the RoPE tables and the mask are replicated) and before the feed-forward
+_INPUTS: dict[TPRole, dict[str, Any]] = {
+    "attention_input": dict(
         input_layouts=(Shard(1), None, None, None),
         desired_input_layouts=(Replicate(), None, None, None),
         use_local_output=True,
     ),
-    "ffn_input": lambda cfg, tp: PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-    ),
+    "ffn_input": dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),
+}
+
+# each role's DTensor style, from the model config and the tp degree
+_STYLES: dict[TPRole, Callable[[ModelConfig, int], ParallelStyle]] = {
+    "sequence_norm": lambda cfg, tp: SequenceParallel(),
+    "attention_input": lambda cfg, tp: PrepareModuleInput(**_INPUTS["attention_input"]),
+    "ffn_input": lambda cfg, tp: PrepareModuleInput(**_INPUTS["ffn_input"]),
     "column": lambda cfg, tp: ColwiseParallel(),
     "row": lambda cfg, tp: RowwiseParallel(output_layouts=Shard(1)),
     "kv": _kv_style,
@@ -119,8 +133,39 @@ _STYLES: dict[TPRole, Callable[[ModelConfig, int], ParallelStyle]] = {
 }
 
 
+def _float8_styles(
+    block: nn.Module, plan: Mapping[str, TPRole], styles: dict[str, ParallelStyle]
+) -> dict[str, ParallelStyle]:
+    """`styles` with torchao's float8 styles for `block`'s Float8Linears, and for an input gathered
+    only into Float8Linears (a linear left unconverted, by its width, takes the gathered input in
+    the mode's dtype and its neighbours cast it after the gather)."""
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    def float8(name: str) -> bool:
+        return is_float8_linear(block.get_submodule(name))
+
+    out = dict(styles)
+    for name, role in plan.items():
+        if role in ("column", "kv") and float8(name):
+            if isinstance(styles[name], ReplicatedKV):
+                raise ValueError(f"{name}: float8 cannot run replicated KV projections (tp > n_kv_heads)")
+            out[name] = Float8ColwiseParallel()
+        elif role == "row" and float8(name):
+            out[name] = Float8RowwiseParallel(output_layouts=Shard(1))
+        elif role in _INPUTS:
+            readers = [n for n, r in plan.items() if n.startswith(f"{name}.") and r in ("column", "kv")]
+            if all(float8(n) for n in readers):
+                out[name] = PrepareFloat8ModuleInput(**_INPUTS[role])
+    return out
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard `model` (a full model of any family, or a pipeline stage of one) over `tp_mesh` in place."""
+    """Shard `model` (a full model of any family, or a pipeline stage of one) over `tp_mesh` in
+    place; float8 blocks (hlat.float8.convert_to_float8, called before this) with float8 styles."""
     cfg: ModelConfig = model.cfg
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
@@ -132,4 +177,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     parallelize_module(model, tp_mesh, top)
     plan = model_spec(cfg).tensor_parallel
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, {name: _STYLES[role](cfg, tp_mesh.size()) for name, role in plan.items()})
+        styles = {name: _STYLES[role](cfg, tp_mesh.size()) for name, role in plan.items()}
+        if any(is_float8_linear(m) for m in block.modules()):
+            styles = _float8_styles(block, plan, styles)
+        parallelize_module(block, tp_mesh, styles)

@@ -185,7 +185,7 @@ def _placement(cfg: RunConfig, out: Out) -> tuple[RunConfig, torch.device, Layou
     # and the compile probe, which take minutes on large models (and the probe, restricted to an SDPA
     # backend the device lacks, would fail as if the compiler had)
     if float8:
-        check_float8(device, layout.tp)
+        check_float8(device, layout.tp, cfg.model.n_kv_heads)
     check_attention_backend(cfg.train.attention_backend, device)
     out = out if layout.is_main else (lambda _: None)
     if cfg.train.deterministic:  # before any kernel runs (the compile probe, the initialisation)
