@@ -228,17 +228,32 @@ def _flash_backward(
     _check_flash(q, k, v, dropout_p, is_causal)
     if logsumexp.shape != q.shape[:3]:
         raise RuntimeError(f"flash attention backward: softmax_lse of shape {tuple(logsumexp.shape)} for {q.shape[:3]}")
-    heads, groups = q.size(1), q.size(1) // k.size(1)
-    kk, vv = _grouped(k, heads).float(), _grouped(v, heads).float()
+    dq, dk, dv = _grouped_attention_grads(grad_out, q, k, v, out, logsumexp[..., None], None, is_causal, scale)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _grouped_attention_grads(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    bias: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 gradients of attention from its output and [B, H, M, 1] log-sum-exp, K/V heads read in
+    place for their group of query heads (a K/V head's gradient summed over the group)."""
+    kk, vv = _grouped(k, q.size(1)).float(), _grouped(v, q.size(1)).float()
     softmax_scale = q.size(-1) ** -0.5 if scale is None else scale
-    p = torch.exp(_scores(q, kk, None, is_causal, scale) - logsumexp[..., None].float())
+    p = torch.exp(_scores(q, kk, bias, is_causal, scale) - logsumexp.float())
     g = grad_out.float()
-    dv = p.transpose(-1, -2) @ g
     ds = p * (g @ vv.transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
     dq, dk = (ds @ kk) * softmax_scale, (ds.transpose(-1, -2) @ q.float()) * softmax_scale
-    b, _, n, d = dk.shape
-    dk, dv = (t.view(b, k.size(1), groups, n, d).sum(2) for t in (dk, dv))
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dk = dk.unflatten(1, (k.size(1), -1)).sum(2)
+    dv = (p.transpose(-1, -2) @ g).unflatten(1, (v.size(1), -1)).sum(2)
+    return dq, dk, dv
 
 
 # sdp_utils.cpp's check_cudnn_tensor_shapes on sm90 (the file read at pytorch commit 001f694a: torch
@@ -381,14 +396,7 @@ def _cudnn_backward(
         raise RuntimeError(
             f"cuDNN attention backward: softmax stats of shape {tuple(logsumexp.shape)} for {q.shape[:3]}"
         )
-    kk, vv = _grouped(k, q.size(1)).float(), _grouped(v, q.size(1)).float()
-    softmax_scale = q.size(-1) ** -0.5 if scale is None else scale
-    p = torch.exp(_scores(q, kk, attn_bias, is_causal, scale) - logsumexp.float())
-    g = grad_out.float()
-    ds = p * (g @ vv.transpose(-1, -2) - (g * out.float()).sum(-1, keepdim=True))
-    dq, dk = (ds @ kk) * softmax_scale, (ds.transpose(-1, -2) @ q.float()) * softmax_scale
-    dk = dk.unflatten(1, (k.size(1), -1)).sum(2)
-    dv = (p.transpose(-1, -2) @ g).unflatten(1, (v.size(1), -1)).sum(2)
+    dq, dk, dv = _grouped_attention_grads(grad_out, q, k, v, out, logsumexp, attn_bias, is_causal, scale)
     return tuple(torch.empty_like(like).copy_(grad) for like, grad in ((q, dq), (k, dk), (v, dv)))
 
 
