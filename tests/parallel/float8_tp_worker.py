@@ -25,6 +25,7 @@ from hlat.data.batch import Batch, labels_for
 from hlat.float8 import is_float8_linear
 from hlat.parallel.mesh import Layout, make_layout
 from hlat.train.train_module import TrainModule
+from parallel.parity_worker import train_steps
 
 # d_model and every tp 2 shard of the block linears multiples of 16 (`_scaled_mm`'s rule); vocabulary
 # 127: the embedding and the head (never float8) shard unevenly under tp 2, as hlat does it
@@ -85,14 +86,11 @@ def run(layout: Layout, float8: bool) -> dict:
             max_grad_norm=0.0,
         )
         gen = torch.Generator().manual_seed(DATA_SEED)
-        losses, norms = [], []
-        for number in range(1, STEPS + 1):
-            tokens = torch.randint(0, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen)
-            batches = [Batch(rows, labels_for(rows)) for rows in tokens.split(MICRO)]
-            norms.append(module.step(batches, LR, number).grad_norm.item())
-            (loss,), skipped = module.read_losses()
-            assert skipped == 0, f"tp {tp}: a step was skipped"
-            losses.append(loss)
+        steps = (
+            [Batch(rows, labels_for(rows)) for rows in tokens.split(MICRO)]
+            for tokens in (torch.randint(0, MODEL.vocab_size, (GLOBAL_BATCH, SEQ), generator=gen) for _ in range(STEPS))
+        )
+        losses, norms = train_steps(module, steps, LR, f"tp {tp}")
     float8_linears = sum(is_float8_linear(m) for m in model.raw_parts[0].modules())
     return {"losses": losses, "grad_norms": norms, "float8_linears": float8_linears, "float8_gathers": gathers[0]}
 

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from unittest import mock
 
@@ -140,14 +141,12 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: t
         seed=0,
         max_grad_norm=0.0,
     )
-    losses, norms = [], []
-    for number, tokens in enumerate(global_batches(model_cfg.vocab_size), 1):
-        mine = tokens[layout.dp_rank * per_dp : (layout.dp_rank + 1) * per_dp]
-        batches = [rows(case, mine[i : i + micro]).to(device) for i in range(0, per_dp, micro)]
-        norms.append(module.step(batches, LR, number).grad_norm.item())
-        (loss,), skipped = module.read_losses()
-        assert skipped == 0, f"{case.id}: a step was skipped"
-        losses.append(loss)
+    first = layout.dp_rank * per_dp  # this dp rank's rows of each global batch
+    steps = [
+        [rows(case, tokens[first + i : first + i + micro]).to(device) for i in range(0, per_dp, micro)]
+        for tokens in global_batches(model_cfg.vocab_size)
+    ]
+    losses, norms = train_steps(module, steps, LR, case.id)
     full = {}
     for part in model.parts:
         full.update(get_model_state_dict(part, options=StateDictOptions(full_state_dict=True)))
@@ -159,6 +158,20 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: t
         (out / f"{tag}.json").write_text(
             json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops})
         )
+
+
+def train_steps(
+    module: TrainModule, steps: Iterable[list[Batch]], lr: float, what: str
+) -> tuple[list[float], list[float]]:
+    """One optimizer step of `module` per list of micro-batches, at `lr`: each step's loss and
+    pre-clip gradient norm (a skipped step fails, naming `what`)."""
+    losses, norms = [], []
+    for number, batches in enumerate(steps, 1):
+        norms.append(module.step(batches, lr, number).grad_norm.item())
+        (loss,), skipped = module.read_losses()
+        assert skipped == 0, f"{what}: a step was skipped"
+        losses.append(loss)
+    return losses, norms
 
 
 def rows(case: Case, tokens: torch.Tensor) -> Batch:
