@@ -6,7 +6,8 @@ CUDA_LIKE offers CUDA's flash attention operator for the model's attention in fp
 (flash_api.h's contract: those dtypes, head dimensions up to 256, grouped K/V heads read in place,
 a log-sum-exp of [B, H, M] floats); its cuDNN attention operator, with the refusals of
 aten/src/ATen/native/transformers/cuda/sdp_utils.cpp's can_use_cudnn_attention on an H100 (sm90)
-and the outputs of torch/_meta_registrations.py's meta__scaled_dot_product_cudnn_attention; and
+under the cuDNN runtime torch 2.13.0's Linux wheel installs (first in SDPA's order there), and the
+outputs of torch/_meta_registrations.py's meta__scaled_dot_product_cudnn_attention; and
 its memory-efficient attention operator, the one context parallelism's ring calls per chunk pair
 there (DeviceRecord.ring_kernel "efficient"), computed on the host with the CUDA kernel's
 conventions (aten/src/ATen/native/transformers/cuda/mem_eff_attention, kernel_forward.h and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -256,12 +258,24 @@ def _grouped_attention_grads(
     return dq, dk, dv
 
 
-# sdp_utils.cpp's check_cudnn_tensor_shapes on sm90 (the file read at pytorch commit 001f694a: torch
-# 2.13 ships its headers, not it): head dims up to 128, each a multiple of 8; batch and heads up to
-# 65535. The profile's H100 has a cuDNN runtime older than 9.11: no 192 x 128 head dims (from 9.11)
-# nor 256 (after 9.22, with frontend 1.24), and cuDNN is not first in the priority order
-# (check_prefer_cudnn_attention: after 9.15.0, a runtime its comment says CUDA 12 wheels lack).
+# The profile's H100 runs torch 2.13.0's Linux x86_64 wheel from PyPI, a CUDA 13 build whose METADATA
+# requires nvidia-cudnn-cu13==9.20.0.48: cuDNN runtime 9.20.0, as versionRuntimeCuDNN counts it. What
+# that runtime decides in sdp_utils.cpp (read at pytorch commit 001f694a; torch 2.13 ships its
+# headers, not it), on sm90:
+# - check_prefer_cudnn_attention: a runtime above 9.15.0 on sm90 (minor 0 or 3 only in CUDA 12
+#   builds) puts cuDNN first, unless TORCH_CUDNN_SDPA_DEPRIORITIZED is true;
+# - check_cudnn_tensor_shapes: head dims up to 128, or a query and key of 192 with a value of 128
+#   (from 9.11); 256 only above 9.22 with cuDNN frontend 1.24; each a multiple of 8; batch and
+#   heads up to 65535;
+# - dropout is refused only by runtimes 9.11 to 9.13 (this profile computes dropout 0 only).
+_CUDNN_RUNTIME = 92000
 _CUDNN_HEAD_DIM, _CUDNN_HEAD_ALIGN, _CUDNN_MAX_DIM = 128, 8, 65535
+_CUDNN_FIRST = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def _cudnn_head_dim_limit(d_qk: int, d_v: int) -> int:
+    """check_cudnn_tensor_shapes' head_dim_limit on sm90 at _CUDNN_RUNTIME."""
+    return 192 if _CUDNN_RUNTIME >= 91100 and (d_qk, d_v) == (192, 128) else _CUDNN_HEAD_DIM
 
 
 def _cudnn_kernel_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
@@ -276,7 +290,10 @@ def _cudnn_kernel_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         ),
         (q.dim() == k.dim() == v.dim() == 4, "4-dimensional query, key and value"),
         (max(q.size(0), q.size(1)) <= _CUDNN_MAX_DIM, f"batch size and heads at most {_CUDNN_MAX_DIM}"),
-        (max(d_qk, d_v) <= _CUDNN_HEAD_DIM, f"head_dim no more than {_CUDNN_HEAD_DIM}, got {d_qk} and {d_v}"),
+        (
+            max(d_qk, d_v) <= (limit := _cudnn_head_dim_limit(d_qk, d_v)),
+            f"head_dim no more than {limit}, got {d_qk} and {d_v}",
+        ),
         (not (d_qk % _CUDNN_HEAD_ALIGN or d_v % _CUDNN_HEAD_ALIGN), f"head_dim a multiple of 8, got {d_qk}, {d_v}"),
         (k.size(2) != 1, "a key/value sequence longer than 1"),
         (
@@ -326,6 +343,22 @@ def _cudnn_sdpa_refusal(
     )
     refused = next((f"cuDNN SDPA needs {needs}" for ok, needs in refusals if not ok), None)
     return refused or _cudnn_kernel_refusal(q, k, v)
+
+
+_priority_set = False  # sdp_utils.cpp's priority_order_init_: once a process (here: each profile() entered)
+
+
+def _priority_order() -> list[SDPBackend]:
+    """sdp_utils.cpp's priority_order: at a process's first selection, cuDNN first where
+    check_prefer_cudnn_attention holds (_CUDNN_RUNTIME above 9.15.0 on sm90, unless
+    TORCH_CUDNN_SDPA_DEPRIORITIZED is "1", c10::utils::check_env's true), then the global order as it
+    stands, which sdpa_kernel(..., set_priority=True) sets."""
+    global _priority_set
+    if not _priority_set:
+        _priority_set = True
+        if _CUDNN_RUNTIME > 91500 and os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED") != "1":
+            torch._C._set_sdp_priority_order([int(b) for b in _CUDNN_FIRST])
+    return [SDPBackend(b) for b in torch._C._get_sdp_priority_order()]
 
 
 def _check_cudnn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> None:
@@ -420,12 +453,11 @@ def _cuda_like_sdpa(
     none: "No available kernel", after warning why cuDNN's refused. The flash kernel takes fp16 or
     bf16, no mask, head dim at most 256, grouped-query attention read in place; the memory-efficient
     one as many key as query heads (it has no grouped-query support here); the cuDNN one what
-    _cudnn_sdpa_refusal lets through. The order is the CUDA build's default, flash, memory-efficient,
-    math, cuDNN (ATen/Context.h): priority_order moves cuDNN first only where
-    check_prefer_cudnn_attention holds (a cuDNN runtime newer than 9.15.0 on sm90 or sm10x), which the
-    profile's H100 does not (its runtime: the note above _CUDNN_HEAD_DIM); sdpa_kernel(...,
-    set_priority=True) reorders it as on CUDA. Each operator's backward is its own (derivatives.yaml),
-    so recompute policies see CUDA's."""
+    _cudnn_sdpa_refusal lets through. The order is _priority_order's: cuDNN, flash, memory-efficient,
+    math on the profile's H100 (the build's default, ATen/Context.h's flash, memory-efficient, math,
+    cuDNN, where TORCH_CUDNN_SDPA_DEPRIORITIZED=1); sdpa_kernel(..., set_priority=True) reorders it
+    as on CUDA. Each operator's backward is its own (derivatives.yaml), so recompute policies see
+    CUDA's."""
     cudnn_refusal = _cudnn_sdpa_refusal(q, k, v, attn_mask, dropout_p, enable_gqa)
     takes = {
         SDPBackend.FLASH_ATTENTION: torch.backends.cuda.flash_sdp_enabled()
@@ -437,7 +469,7 @@ def _cuda_like_sdpa(
         SDPBackend.MATH: torch.backends.cuda.math_sdp_enabled(),
         SDPBackend.CUDNN_ATTENTION: cudnn_refusal is None,
     }
-    backend = next((b for b in map(SDPBackend, torch._C._get_sdp_priority_order()) if takes.get(b)), None)
+    backend = next((b for b in _priority_order() if takes.get(b)), None)
     if backend is None:
         warnings.warn(f"cuDNN attention kernel not used because: {cudnn_refusal}", stacklevel=2)
         raise RuntimeError("No available kernel. Aborting execution.")
@@ -485,15 +517,22 @@ _HOST_KERNELS = {
 
 @contextlib.contextmanager
 def profile(device_record: record.DeviceRecord) -> Iterator[None]:
-    """The simulated device, present, under `device_record` and the host kernels behind it."""
+    """The simulated device, present, under `device_record` and the host kernels behind it. Each
+    entry starts as a process does (SDPA's priority order not yet set: _priority_order), and the
+    order torch had is restored after."""
+    global _priority_set
     simulated_device.register()
     kernels = _HOST_KERNELS.get(device_record, {})
-    with (
-        simulated_device.present(),
-        mock.patch.dict(record.RECORDS, {simulated_device.TYPE: device_record}),
-        mock.patch.dict(simulated_device.HOST_KERNELS, kernels),
-    ):
-        yield
+    order, _priority_set = torch._C._get_sdp_priority_order(), False
+    try:
+        with (
+            simulated_device.present(),
+            mock.patch.dict(record.RECORDS, {simulated_device.TYPE: device_record}),
+            mock.patch.dict(simulated_device.HOST_KERNELS, kernels),
+        ):
+            yield
+    finally:
+        torch._C._set_sdp_priority_order(order)
 
 
 PROFILES = {"cuda-like": CUDA_LIKE, "neuron-like": NEURON_LIKE}  # by the names tests and scenarios use

@@ -106,6 +106,9 @@ def _deterministic() -> Iterator[None]:
 REFUSED = {  # inputs (bf16 unless fp32), sdpa's keywords, the setting around, the reason sdp_utils.cpp gives
     "fp32": (_inputs(), {"enable_gqa": True}, contextlib.nullcontext, "dtype {Half, BFloat16}"),
     "head-dim-136": (_inputs(d=136), {"enable_gqa": True}, contextlib.nullcontext, "head_dim no more than 128"),
+    # cuDNN 9.20 on sm90 takes 192 x 128 (query and key x value) but not 192 throughout, nor 256
+    "head-dim-192": (_inputs(d=192), {"enable_gqa": True}, contextlib.nullcontext, "head_dim no more than 128"),
+    "head-dim-256": (_inputs(d=256), {"enable_gqa": True}, contextlib.nullcontext, "head_dim no more than 128"),
     "head-dim-12": (_inputs(d=12), {"enable_gqa": True}, contextlib.nullcontext, "head_dim a multiple of 8"),
     "key-length-1": (_inputs(kv_len=1), {"enable_gqa": True}, contextlib.nullcontext, "sequence longer than 1"),
     "grouped-kv-without-enable-gqa": (_inputs(), {}, contextlib.nullcontext, "without enable_gqa"),
@@ -137,20 +140,49 @@ def test_inputs_cudnn_refuses_are_refused_as_on_cuda(case: str):
                 torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True)
 
 
-def test_cudnn_comes_where_torchs_priority_order_puts_it():
-    """bf16 grouped-query attention with every backend enabled: flash, first in the CUDA build's
-    default order; cuDNN once the order puts it first (as check_prefer_cudnn_attention does for a
-    cuDNN newer than 9.15.0 on sm90), as sdpa_kernel(..., set_priority=True) sets it."""
+def _first_kernel(inputs: list[torch.Tensor]) -> str:
+    """The fused operator one bf16 grouped-query SDPA call on the profile runs."""
+    counted: Counter[str] = Counter()
+    with profiles.counted_kernels(counted):
+        F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
+    (name,) = (name for name in counted if name != "sdpa")
+    return name
+
+
+def test_cudnn_comes_first_on_the_profiles_h100_unless_deprioritized(monkeypatch: pytest.MonkeyPatch):
+    """torch 2.13.0's Linux wheel brings cuDNN 9.20: on an H100 the first SDPA call puts cuDNN
+    first (sdp_utils.cpp's priority_order, once a process), so bf16 grouped-query attention with
+    every backend enabled runs cuDNN's operator; sdpa_kernel(..., set_priority=True) reorders it;
+    with TORCH_CUDNN_SDPA_DEPRIORITIZED=1 the build's default order stands and flash runs. A
+    process's order does not outlive it."""
+    default = torch._C._get_sdp_priority_order()
     q, k, v = _inputs()
-    first = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    flash_first = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
+    with profiles.profile(profiles.CUDA_LIKE):
+        inputs = [t.to(DEVICE, torch.bfloat16) for t in (q, k, v)]
+        assert _first_kernel(inputs) == CUDNN
+        with sdpa_kernel(flash_first, set_priority=True):
+            assert _first_kernel(inputs) == "_scaled_dot_product_flash_attention"
+        assert _first_kernel(inputs) == CUDNN
+    assert torch._C._get_sdp_priority_order() == default
+    monkeypatch.setenv("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")
+    with profiles.profile(profiles.CUDA_LIKE):
+        assert _first_kernel([t.to(DEVICE, torch.bfloat16) for t in (q, k, v)]) == "_scaled_dot_product_flash_attention"
+        assert torch._C._get_sdp_priority_order() == default
+
+
+def test_cudnn_takes_a_192_query_head_with_a_128_value_head():
+    """The one head-dim pair above 128 cuDNN 9.20 takes on sm90 (check_cudnn_tensor_shapes): a
+    query and key of 192 with a value of 128, forward and backward through its operator."""
+    q, k, v = _inputs(d=192, d_v=128)
     counted: Counter[str] = Counter()
     with profiles.profile(profiles.CUDA_LIKE), profiles.counted_kernels(counted):
-        inputs = [t.to(DEVICE, torch.bfloat16) for t in (q, k, v)]
-        F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
-        assert counted == {"sdpa": 1, "_scaled_dot_product_flash_attention": 1}
-        with sdpa_kernel(first, set_priority=True):
-            F.scaled_dot_product_attention(*inputs, is_causal=True, enable_gqa=True)
-    assert counted[CUDNN] == 1 and counted["_scaled_dot_product_flash_attention"] == 1
+        got = [t.to(DEVICE, torch.bfloat16).requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(*got, is_causal=True, enable_gqa=True)
+            out.float().sum().backward()
+    assert out.shape == (2, 4, 16, 128) and got[0].grad.shape == q.shape
+    assert counted[CUDNN] == counted[f"{CUDNN}_backward"] == 1
 
 
 def _train(corpus: Path, run: Path, backend: str, counted: Counter[str]) -> list[float]:

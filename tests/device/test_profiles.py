@@ -4,8 +4,8 @@ pair of {cpu, cuda-like, neuron-like}: fused AdamW state (the CPU's, CUDA's) res
 (Neuron's) and back.
 
 cuda-like runs the CPU's fused AdamW kernel but CUDA's choice of attention kernel (in fp32 the math
-path for the tiny model's grouped-query attention, where the CPU runs its flash kernel; CUDA's flash
-operator in bf16); neuron-like runs
+path for the tiny model's grouped-query attention, where the CPU runs its flash kernel; CUDA's cuDNN
+operator in bf16, first on an H100); neuron-like runs
 foreach AdamW, whose rounding differs from the fused kernel's in the last bits: both asserted
 within 1e-6 relative of the CPU's losses."""
 
@@ -144,16 +144,16 @@ def test_two_processes_on_each_profile_give_the_cpu_losses(scenarios: ScenarioRe
     ("mode", "kv_heads", "attention", "operator"),
     [
         ("fp32", 4, "auto", "_scaled_dot_product_efficient_attention"),
-        ("mixed", 2, "auto", "_scaled_dot_product_flash_attention"),
-        ("mixed", 2, "cudnn", "_scaled_dot_product_cudnn_attention"),
+        ("mixed", 2, "auto", "_scaled_dot_product_cudnn_attention"),
+        ("mixed", 2, "flash", "_scaled_dot_product_flash_attention"),
     ],
 )
 def test_selective_saves_cudas_fused_attention(recompute_attention, calls, mode, kv_heads, attention, operator):
     """`selective` on the cuda-like profile saves the fused operator's output (its record's
     recompute_fused_attention false, as CUDA's): one forward call per layer and step; replayed
     with parallel.recompute_attention true: two. In fp32, multi-head attention, which CUDA's
-    memory-efficient kernel takes; in mixed (bf16), grouped-query attention, which its flash one
-    does, and its cuDNN one under train.attention_backend cudnn."""
+    memory-efficient kernel takes; in mixed (bf16), grouped-query attention, which its cuDNN one
+    takes on an H100 (first there), and its flash one under train.attention_backend flash."""
     cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=kv_heads, ffn_dim=64, max_seq_len=32)
     par = ParallelConfig(activation_checkpoint="selective", recompute_attention=recompute_attention)
     counted: Counter[str] = Counter()

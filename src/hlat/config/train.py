@@ -43,7 +43,8 @@ class TrainConfig:
     rank's); docs/devices.md."""
     attention_backend: Literal["auto", "cudnn", "flash", "efficient", "math"] = "auto"
     """The SDPA kernel attention runs (torch.nn.attention.sdpa_kernel, forward and backward):
-    "auto" = torch's choice; "cudnn" (cuDNN's fused attention, on Hopper often the fastest),
+    "auto" = torch's choice (cuDNN first on Hopper and Blackwell with torch 2.13's CUDA 13 wheels,
+    unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1); "cudnn" (cuDNN's fused attention),
     "flash", "efficient" (memory-efficient) or "math" (the reference) only, where the device has
     it (CUDA: all four; CPU: flash and math; docs/devices.md). FlexAttention (document masking on
     CUDA) is not SDPA and ignores it."""
