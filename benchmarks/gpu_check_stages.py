@@ -54,6 +54,10 @@ STAGE_DEADLINE = math.inf  # time.monotonic() at which the running stage is kill
 def stage_env(out: Results, device: torch.device, sizes: Sizes, dry: bool) -> None:
     def versions() -> dict[str, Any]:
         found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+        # cuDNN's runtime decides SDPA's order on sm90/sm100: above 9.15.0 cuDNN attention comes first
+        # (torch 2.13's PyPI wheel: 9.20), unless TORCH_CUDNN_SDPA_DEPRIORITIZED=1 (docs/devices.md)
+        found["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        found["cudnn_sdpa_deprioritized"] = os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED")
         for name in ("triton", "torchao"):
             try:
                 found[name] = __import__(name).__version__
