@@ -183,6 +183,16 @@ def _grouped(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.size(1), dim=1)
 
 
+def _grouped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, is_causal: bool, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 attention with grouped K/V heads read in place, and its log-sum-exp [B, H, M, 1]: the
+    flash and cuDNN kernels' forward, before each lays its outputs out as its own."""
+    s = _scores(q, _grouped(k, q.size(1)), bias, is_causal, scale)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    return torch.exp(s - lse) @ _grouped(v, q.size(1)).float(), lse
+
+
 def _flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -198,10 +208,8 @@ def _flash_forward(
     log-sum-exp of [B, H, M] floats (no padding, flash_api.h's softmax_lse), no cumulative
     sequence lengths, the sequence lengths, a philox seed of two uint64 and an offset of one."""
     _check_flash(q, k, v, dropout_p, is_causal)
-    s = _scores(q, _grouped(k, q.size(1)), None, is_causal, scale)
-    lse = torch.logsumexp(s, dim=-1)
-    out = (torch.exp(s - lse[..., None]) @ _grouped(v, q.size(1)).float()).to(q.dtype)
-    out = out.transpose(1, 2).contiguous().transpose(1, 2)
+    out, lse = _grouped_attention(q, k, v, None, is_causal, scale)
+    out, lse = out.to(q.dtype).transpose(1, 2).contiguous().transpose(1, 2), lse.squeeze(-1)
     seed, offset = torch.zeros(2, dtype=torch.uint64), torch.zeros((), dtype=torch.uint64)
     no_mask = torch.empty(0, dtype=q.dtype)
     return out, lse, None, None, q.size(2), k.size(2), seed, offset, no_mask
@@ -396,9 +404,8 @@ def _cudnn_forward(
     and offset of 0-d int64, no debug mask. Grouped K/V heads are read in place; the bias (the
     query's dtype, broadcast over batch and heads) adds to the scaled scores."""
     _check_cudnn(q, k, v, dropout_p)
-    s = _scores(q, _grouped(k, q.size(1)), attn_bias, is_causal, scale)
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    out = _in_query_layout(q, (torch.exp(s - lse) @ _grouped(v, q.size(1)).float()).to(q.dtype))
+    out, lse = _grouped_attention(q, k, v, attn_bias, is_causal, scale)
+    out = _in_query_layout(q, out.to(q.dtype))
     seed, offset = torch.zeros((), dtype=torch.long), torch.zeros((), dtype=torch.long)
     return out, lse, None, None, q.size(2), k.size(2), seed, offset, None
 

@@ -18,21 +18,19 @@ import torch
 import hlat.parallel.parallelize as parallelize
 from hlat.config.layout import Degrees
 from hlat.config.model import ModelConfig
-from hlat.config.optim import OptimConfig
 from hlat.config.parallel import ParallelConfig
 from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch, labels_for
 from hlat.float8 import is_float8_linear
 from hlat.parallel.mesh import Layout, make_layout
-from hlat.train.train_module import TrainModule
-from parallel.parity_worker import train_steps
+from parallel.parity_worker import LR, fp32_module, train_steps
 
 # d_model and every tp 2 shard of the block linears multiples of 16 (`_scaled_mm`'s rule); vocabulary
 # 127: the embedding and the head (never float8) shard unevenly under tp 2, as hlat does it
 MODEL = ModelConfig(vocab_size=127, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=16)
 # the CPU's float8 matmul is slow (~10 ms for 64 x 64 x 64): 2 micro-batches of 16 tokens a step keep both
 # scenarios at about 8 CPU-seconds
-GLOBAL_BATCH, SEQ, MICRO, STEPS, LR, DATA_SEED = 2, 16, 1, 4, 1e-3, 1234
+GLOBAL_BATCH, SEQ, MICRO, STEPS, DATA_SEED = 2, 16, 1, 4, 1234
 CPU = torch.device("cpu")
 
 
@@ -77,14 +75,7 @@ def run(layout: Layout, float8: bool) -> dict:
             precision=PrecisionConfig(mode="fp32"),
             float8=float8,
         )
-        module = TrainModule(
-            model,
-            optim=OptimConfig(lr=LR),
-            precision=PrecisionConfig(mode="fp32"),
-            dp_sharding="ddp",
-            seed=0,
-            max_grad_norm=0.0,
-        )
+        module = fp32_module(model, "ddp")
         gen = torch.Generator().manual_seed(DATA_SEED)
         steps = (
             [Batch(rows, labels_for(rows)) for rows in tokens.split(MICRO)]

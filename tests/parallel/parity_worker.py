@@ -25,7 +25,7 @@ from hlat.config.precision import PrecisionConfig
 from hlat.data.batch import Batch, labels_for, make_batch
 from hlat.parallel.compile import compile_blocks
 from hlat.parallel.mesh import Layout, make_layout
-from hlat.parallel.parallelize import build_parallel_model
+from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.train.train_module import TrainModule
 
 MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
@@ -132,15 +132,7 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: t
         precision=PrecisionConfig(mode="fp32"),
         compiled=compiled,
     )
-    # the optimizers as the trainer builds them (ZeRO-1's sharded one included), stepped as it steps them
-    module = TrainModule(
-        model,
-        optim=OptimConfig(lr=LR),
-        precision=PrecisionConfig(mode="fp32"),
-        dp_sharding=sharding,
-        seed=0,
-        max_grad_norm=0.0,
-    )
+    module = fp32_module(model, sharding)
     first = layout.dp_rank * per_dp  # this dp rank's rows of each global batch
     steps = [
         [rows(case, tokens[first + i : first + i + micro]).to(device) for i in range(0, per_dp, micro)]
@@ -158,6 +150,13 @@ def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: t
         (out / f"{tag}.json").write_text(
             json.dumps({"losses": losses, "grad_norms": norms, "graphs": graphs, "kv_flops": kv_flops})
         )
+
+
+def fp32_module(model: ParallelModel, dp_sharding: str) -> TrainModule:
+    """The fp32 optimizers as the trainer builds them (ZeRO-1's sharded one included), AdamW at LR
+    without clipping, stepped as it steps them (train_steps)."""
+    optim, precision = OptimConfig(lr=LR), PrecisionConfig(mode="fp32")
+    return TrainModule(model, optim=optim, precision=precision, dp_sharding=dp_sharding, seed=0, max_grad_norm=0.0)
 
 
 def train_steps(
