@@ -7,6 +7,7 @@ tests/train/test_elastic_rogue.py)."""
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from datetime import timedelta
@@ -95,3 +96,22 @@ def test_the_state_goes_only_to_a_receiver_that_proves_the_secret(tmp_path):
     finally:
         for transport in transports:
             transport.shutdown()
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_shutdown_stops_serving_and_closes_the_port(wait):
+    """torchft's manager ends a run with shutdown(wait=False): the serving thread must end too,
+    not poll its closed socket (a core spinning until the process exits), and the port is closed."""
+    transport = _transport(b"k" * 32)
+    address = transport.metadata()
+    transport.shutdown(wait=wait)
+    transport._thread.join(timeout=10)
+    assert not transport._thread.is_alive(), "the state server still serves after shutdown"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # (without wait, the socket closes just after the loop ends)
+        try:
+            urllib.request.urlopen(f"{address}/challenge", timeout=1).close()
+        except urllib.error.URLError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{address} still answers after shutdown")

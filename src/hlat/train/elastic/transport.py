@@ -197,8 +197,17 @@ class AuthenticatedTransport(CheckpointTransport[dict[str, Any]]):
         return _streaming_load(io.BytesIO(payload), weights_only=True)
 
     def shutdown(self, wait: bool = True) -> None:
+        """Stop serving, then close the socket; `wait`: until both are done (torchft's manager
+        asks without, at the end of a run). Closing the socket under a running loop would leave
+        its poll returning at once on the closed descriptor: a core spinning until the process
+        exits."""
+        stop = threading.Thread(target=self._stop, daemon=True, name="hlat-state-server-stop")
+        stop.start()
         if wait:
-            self._server.shutdown()
+            stop.join()
+
+    def _stop(self) -> None:
+        self._server.shutdown()  # returns once serve_forever has (within its 0.5 s poll)
         self._server.server_close()
 
 
