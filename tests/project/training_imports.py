@@ -1,6 +1,7 @@
 """Run a tiny `hlat train` and print, as JSON, the top-level modules hlat's own code imports
-outside the standard library and torch (tests/project/test_offline_install.py). torch.utils.tensorboard
-counts as tensorboard, which it imports. Usage: python tests/project/training_imports.py WORK_DIR"""
+outside the standard library and torch (torch.utils.tensorboard counts as tensorboard, which it
+imports), and whether torch.distributed.optim was loaded (tests/project/test_offline_install.py).
+Usage: python tests/project/training_imports.py WORK_DIR"""
 
 import builtins
 import json
@@ -38,4 +39,5 @@ code = main(
      "--model.vocab_size", "512", "--model.n_layers", "1", "--model.d_model", "64", "--model.ffn_dim", "160",
      "--data.seq_len", "64"]
 )  # fmt: skip
-print(json.dumps({"exit_code": code, "imported": sorted(imported)}))
+# torch.distributed.optim compiles TorchScript on import: only a ZeRO-1 run should pay for it
+print(json.dumps({"exit_code": code, "imported": sorted(imported), "zero1": "torch.distributed.optim" in sys.modules}))

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from hlat.config.optim import OptimConfig
 from hlat.config.precision import PrecisionConfig
@@ -26,7 +25,7 @@ from hlat.optim import adamw_class, build_adamw, decay_groups
 from hlat.optim.muon import muon_class, muon_groups
 from hlat.parallel.parallelize import ParallelModel
 from hlat.precision import bf16_rounding
-from hlat.train.optimizers import Optimizers
+from hlat.train.optimizers import Optimizers, zero1_optimizer
 from hlat.train.step import accumulate, clip, target_count, update
 
 
@@ -65,9 +64,7 @@ class TrainModule:
             cls, kwargs = (muon_class if muon else adamw_class)(optim, rounding, seed, compile, device.type, part)
             groups = (muon_groups if muon else decay_groups)(part, optim)
             if zero1:
-                return ZeroRedundancyOptimizer(
-                    groups, optimizer_class=cls, process_group=model.layout.group("dp"), **kwargs
-                )
+                return zero1_optimizer(groups, cls, model.layout.group("dp"), **kwargs)
             if muon:  # DDP's ranks hold every matrix alike: they share out Muon's orthogonalisations
                 ddp = model.layout.group("dp") if model.layout.dp > 1 and dp_sharding == "ddp" else None
                 return cls(groups, **kwargs, spread_group=ddp)
