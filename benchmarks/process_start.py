@@ -84,8 +84,8 @@ def main() -> None:
             check_imports_from(src)
         seen: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
         for i in range(args.runs):
-            for name, src in trees.items():
-                seen[name].append(one_run(src, Path(scratch) / f"run{i}-{len(seen[name])}-{hash(name)}"))
+            for j, (name, src) in enumerate(trees.items()):
+                seen[name].append(one_run(src, Path(scratch) / f"run{i}-{j}"))
                 print(f"{name}: {seen[name][-1][0]:.2f} CPU-s", file=sys.stderr, flush=True)
     print(f"`hlat train` tiny run, {args.runs} runs each, interleaved: CPU-seconds and wall seconds per process\n")
     print("| tree | CPU-s, median (min-max) | wall s, median |")

@@ -8,6 +8,7 @@ import shutil
 import sys
 import sysconfig
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,10 +146,10 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     terminalreporter.write_sep("=", "the tests that used most CPU in this process, and their files")
     for name, s in sorted(_TEST_CPU.items(), key=lambda item: -item[1])[:15]:
         terminalreporter.write_line(f"{s:8.1f} s CPU  {name}")
-    files: dict[str, float] = {}  # a cut is often a file's many small tests, none of them in the list above
+    files: Counter[str] = Counter()  # a cut is often a file's many small tests, none of them in the list above
     for name, s in _TEST_CPU.items():
-        files[name.split("::")[0]] = files.get(name.split("::")[0], 0.0) + s
-    for name, s in sorted(files.items(), key=lambda item: -item[1])[:10]:
+        files[name.split("::")[0]] += s
+    for name, s in files.most_common(10):
         terminalreporter.write_line(f"{s:8.1f} s CPU  {name}")
 
 
