@@ -1,7 +1,7 @@
 """Our harness against EleutherAI's lm-evaluation-harness on the same exported model, the same
 local data and the same task YAML files, one per output type: per-example log-likelihoods agree to
 4e-5, accuracies and exact matches exactly, generations character for character and perplexities
-to 1e-6 relative. One simple_evaluate call runs all four tasks (lm-eval indexes only their folder)."""
+to 4e-5 relative. One simple_evaluate call runs all four tasks (lm-eval indexes only their folder)."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from hlat.eval.harness import TaskResult
 from hlat.eval.tasks.task_file import load_task_files
 from task_files import ARC_ROWS, TEXT, write_jsonl
 
-# Measured: multiple-choice log-likelihoods at most 3.8e-6 apart (one fp32 step at |ll| ~ 42; the
-# two sides batch the choices differently), loglikelihood, rolling and perplexities identical.
-LL_ABS = 4e-5  # 10x
-PPL_REL = 1e-6
+# Measured: log-likelihoods at most 7.6e-6 apart (two fp32 steps at |ll| ~ 42: the two sides batch
+# differently, and the kernels a batch shape picks differ by host), rolling ones identical.
+LL_ABS = 4e-5  # 5x
+# A perplexity is exp(-mean ll): its relative difference is the mean ll's absolute difference, so
+# the per-example bound is the bound here (measured 2.5e-6 on an AMD EPYC host, 0 on others).
+PPL_REL = LL_ABS
 DATA = "dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\n{shots}test_split: test\n"
 # few-shot: the first 2 examples of a train split, as lm-eval's first_n sampler takes them
 SHOTS = "    train: {data}\nfewshot_split: train\nnum_fewshot: 2\nfewshot_config:\n  sampler: first_n\n"
