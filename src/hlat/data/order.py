@@ -77,10 +77,12 @@ def _plan(heap: list[Key], lengths: dict[int, int], num_shards: int, perms: _Per
 
 
 def _chunks(plan: Iterator[tuple[Key, int]], docs: DocumentTokens) -> Iterator[list[Segment]]:
-    """Segments in batches: documents are tokenized in calls growing to ~64k tokens, so each call
-    is worth it; a long document's pieces are tokenized one by one and batches of them handed on
-    as they reach ~64k tokens, so that no more than a window of it is held."""
-    n = 16
+    """Segments in batches: documents are tokenized in calls growing from one document to ~64k
+    tokens, so each call is worth it once the run is going, while the first batch waits for one
+    document only and a short run tokenizes little it never reads (the queue holds two calls'
+    worth ahead); a long document's pieces are tokenized one by one and batches of them handed
+    on as they reach ~64k tokens, so that no more than a window of it is held."""
+    n = 1
     while True:
         keyed = [next(plan) for _ in range(n)]
         out: list[Segment] = []
