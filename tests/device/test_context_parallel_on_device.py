@@ -11,8 +11,8 @@ import pytest
 
 from device import simulated_device
 from parallel.parity_worker import Case
-from parallel.test_parity import REFERENCES, check, results
 from parallel.test_parity import SCENARIOS as PARITY_SCENARIOS
+from parallel.test_parity import check, references
 from runs import Scenario
 
 TWO = [Case(cp=2), Case(cp=2, recompute="selective", variant="documents")]
@@ -42,5 +42,5 @@ SCENARIOS = [
     ids=lambda v: v.id if isinstance(v, Case) else str(v),
 )
 def test_context_parallel_on_the_cuda_like_device_matches_one_process(scenarios, world, case):
-    reference = {variant: results(scenarios.path("parity-1"), REFERENCES[variant]) for variant in ("", "documents")}
+    reference = references(scenarios)
     check(reference, scenarios.path(f"parity-cuda-like-{world}"), case)

@@ -28,7 +28,12 @@ from hlat.parallel.mesh import Layout, make_layout
 from hlat.parallel.parallelize import ParallelModel, build_parallel_model
 from hlat.train.train_module import TrainModule
 
-MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+# Two layers: every layout shards, syncs and recomputes each block alike, so a second block catches
+# nothing a first misses and doubles DTensor's per-op cost. A pipelined case's model has
+# PIPELINE_LAYERS, so its stages hold several layers (or, interleaved, 4 stages one each) split by
+# the spec's costs (Case.layers).
+MODEL = ModelConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=32)
+PIPELINE_LAYERS = 4
 VARIANTS = {
     "": MODEL,
     "tied": dataclasses.replace(MODEL, tie_embeddings=True),  # a Case's variant
@@ -70,10 +75,19 @@ class Case:
     variant: str = ""
     dp_replicate: int = 1
     cp: int = 1
+    n_layers: int = 0  # 0: MODEL's, PIPELINE_LAYERS under pipeline parallelism (Case.layers)
+
+    @property
+    def layers(self) -> int:
+        return self.n_layers or (PIPELINE_LAYERS if self.pp > 1 else MODEL.n_layers)
+
+    @property
+    def model(self) -> ModelConfig:
+        return dataclasses.replace(VARIANTS[self.variant], n_layers=self.layers)
 
     @property
     def id(self) -> str:
-        """Readable and unique, e.g. pp2-dp2x2-tp1-fsdp-1f1b-none-tied; names its result files."""
+        """Readable and unique, e.g. pp2-dp2x2-tp1-fsdp-1f1b-none-tied-4l; names its result files."""
         dp = f"{self.dp_replicate}x{self.dp // self.dp_replicate}" if self.dp_replicate > 1 else str(self.dp)
         stages = f"x{self.stages_per_rank}" if self.stages_per_rank > 1 else ""
         return "-".join(
@@ -88,6 +102,7 @@ class Case:
                     self.schedule,
                     self.recompute,
                     self.variant,
+                    f"{self.layers}l",
                 ),
             )
         )
@@ -107,7 +122,7 @@ def global_batches(vocab_size: int = MODEL.vocab_size) -> list[torch.Tensor]:
 def run(case: Case, layout: Layout, out: Path, compiled: bool = False, device: torch.device = CPU) -> None:
     """Train STEPS steps under `case` on `device` and save its results as files named by case.id.
     `compiled`: each block torch.compiled."""
-    model_cfg, sharding = VARIANTS[case.variant], case.dp_sharding
+    model_cfg, sharding = case.model, case.dp_sharding
     par = ParallelConfig(
         tp=case.tp,
         pp=case.pp,

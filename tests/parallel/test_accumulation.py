@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from parallel.accumulation_worker import Run
-from parallel.parity_worker import STEPS
+from parallel.parity_worker import MODEL, STEPS
 from runs import Scenario, ScenarioResults
 
 FP32 = Run()
@@ -37,7 +37,7 @@ SCENARIOS = [
     )
     for world, runs in ((1, ONE), (2, TWO))
 ]
-GROUPS = 5  # FSDP2 parameter groups: 4 blocks and the root
+GROUPS = MODEL.n_layers + 1  # FSDP2 parameter groups: one per block and the root
 
 
 def result(scenarios: ScenarioResults, spec: Run) -> tuple[dict, dict[str, torch.Tensor]]:

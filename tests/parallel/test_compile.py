@@ -24,8 +24,8 @@ from hlat.parallel.compile import decide_compile
 from hlat.train.trainer import Trainer
 from parallel.parity_worker import Case
 from runs import Scenario, tiny_args
-from test_parity import REFERENCES, check, results
 from test_parity import SCENARIOS as PARITY_SCENARIOS
+from test_parity import check, references, results
 
 CPU = torch.device("cpu")
 MODEL = ModelConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, max_seq_len=64)
@@ -195,7 +195,7 @@ SCENARIOS = [
 
 
 def test_compiled_layouts_match_eager_single_process(scenarios):
-    reference = {variant: results(scenarios.path("parity-1"), REFERENCES[variant]) for variant in ("", "documents")}
+    reference = references(scenarios)
     for case in COMPILED:
         assert results(scenarios.path("parity-compiled-2"), case)[0]["graphs"] > 0, f"{case.id}: nothing was compiled"
         check(reference, scenarios.path("parity-compiled-2"), case)

@@ -3,7 +3,7 @@
 fp32 on gloo/CPU; tolerances: losses and grad norms 1e-5 relative; weights 2e-5 absolute after
 2 AdamW steps at LR 1e-3 (Adam divides by sqrt(v), so near-zero gradient entries turn the
 summation-order noise that separates layouts into visible weight differences; 2e-5 is 2% of one
-step's largest update).
+step's largest update). The model has 2 layers, 4 under pipeline parallelism (parity_worker.Case.layers).
 """
 
 import dataclasses
@@ -13,11 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from parallel.parity_worker import SEQ, VARIANTS, Case
+from parallel.parity_worker import MODEL, PIPELINE_LAYERS, SEQ, VARIANTS, Case
 from runs import Scenario, ScenarioResults
 
-# the single-process run of each model variant (parity_worker.VARIANTS)
-REFERENCES = {variant: Case(variant=variant) for variant in ("", "tied", "bias", "odd", "qwen3", "documents")}
+# the single-process run of each model variant (parity_worker.VARIANTS) at each depth (Case.layers)
+REFERENCES = {
+    (variant, layers): Case(variant=variant, n_layers=layers)
+    for variant in ("", "tied", "bias", "odd", "qwen3", "documents")
+    for layers in (MODEL.n_layers, PIPELINE_LAYERS)
+}
 
 TWO = [
     Case(dp=2),
@@ -105,13 +109,18 @@ def results(out: Path, case: Case) -> tuple[dict, dict]:
     return json.loads((out / f"{tag}.json").read_text()), weights
 
 
+def references(scenarios: ScenarioResults) -> dict[tuple[str, int], tuple[dict, dict]]:
+    """parity-1's results by (variant, layers), what `check` compares a case with."""
+    return {key: results(scenarios.path("parity-1"), case) for key, case in REFERENCES.items()}
+
+
 @pytest.fixture(scope="module")
 def reference(scenarios: ScenarioResults):
-    return {variant: results(scenarios.path("parity-1"), case) for variant, case in REFERENCES.items()}
+    return references(scenarios)
 
 
 def check(reference, out: Path, case: Case) -> None:
-    (ref_metrics, ref_weights), (metrics, weights) = reference[case.variant], results(out, case)
+    (ref_metrics, ref_weights), (metrics, weights) = reference[case.variant, case.layers], results(out, case)
     assert metrics["losses"] == pytest.approx(ref_metrics["losses"], rel=1e-5), case.id
     assert metrics["grad_norms"] == pytest.approx(ref_metrics["grad_norms"], rel=1e-5), case.id
     assert weights.keys() == ref_weights.keys(), case.id
