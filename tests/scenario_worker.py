@@ -21,9 +21,10 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._redistribute import clear_redistribute_planner_cache
-from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -62,8 +63,11 @@ def forget_meshes() -> None:
     """Drop DTensor's caches of sharding decisions and redistribution plans. They are keyed by
     DeviceMesh equality, which ignores process groups: without this, a later scenario whose mesh
     equals an earlier one's (same ranks, dims and names) reuses plans that name the destroyed
-    groups and fails with "Could not resolve the process group"."""
-    _clear_sharding_prop_cache()
+    groups and fails with "Could not resolve the process group". The two sharding caches are
+    cleared as torch.distributed.tensor.debug._clear_sharding_prop_cache does: importing that
+    module imports torch's runtime estimator and inductor (0.5 CPU-s a rank)."""
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()
     clear_redistribute_planner_cache()
 
 
