@@ -36,11 +36,15 @@ SCENARIOS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def reference(scenarios):
+    return references(scenarios)
+
+
 @pytest.mark.parametrize(
     ("world", "case"),
     [(2, c) for c in TWO] + [(4, c) for c in FOUR],
     ids=lambda v: v.id if isinstance(v, Case) else str(v),
 )
-def test_context_parallel_on_the_cuda_like_device_matches_one_process(scenarios, world, case):
-    reference = references(scenarios)
+def test_context_parallel_on_the_cuda_like_device_matches_one_process(reference, scenarios, world, case):
     check(reference, scenarios.path(f"parity-cuda-like-{world}"), case)
